@@ -1,0 +1,3 @@
+from fissure.cli import main
+
+raise SystemExit(main())

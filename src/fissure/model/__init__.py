@@ -1,0 +1,1 @@
+"""Pure throughput models of pipelined fission: no I/O, no Spark."""

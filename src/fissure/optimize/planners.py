@@ -1,0 +1,66 @@
+"""The planners behind `fissure plan`: one entry point, one method name each."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from fissure.model.throughput import Evaluation, evaluate
+from fissure.model.types import Machine, OperatorStats, Plan
+from fissure.optimize.chain import ChainModel, RegionShape
+from fissure.optimize.exhaustive import SearchSpace, optimal_regions
+from fissure.optimize.heuristic import heuristic, paper_heuristic
+
+METHODS = ("heuristic", "paper-heuristic", "optimal", "fission-only", "pipelining-only", "sequential")
+
+
+@dataclass(frozen=True)
+class PlanResult:
+    """A plan, the model's verdict on it, and how long planning took."""
+
+    plan: Plan
+    evaluation: Evaluation
+    solve_ms: float
+    max_threads: int
+
+
+def default_max_threads(cores: int) -> int:
+    """M of the paper: the thread budget of every planner, 2 C by default."""
+    return 2 * cores
+
+
+def plan_regions(model: ChainModel, method: str, max_threads: int) -> list[RegionShape]:
+    """The regions `method` picks for the chain in `model`."""
+    if method == "heuristic":
+        return heuristic(model, max_threads)
+    if method == "paper-heuristic":
+        return paper_heuristic(model, max_threads)
+    if method == "optimal":
+        return optimal_regions(model, SearchSpace(max_threads))
+    if method == "fission-only":
+        return optimal_regions(model, SearchSpace(max_threads, allow_pipelining=False))
+    if method == "pipelining-only":
+        return optimal_regions(model, SearchSpace(max_threads, allow_replication=False))
+    if method == "sequential":
+        return [RegionShape(0, model.size)]
+    raise ValueError(f"unknown planning method {method!r}; choose one of {', '.join(METHODS)}")
+
+
+def plan_chain(
+    operators: Sequence[OperatorStats],
+    machine: Machine,
+    method: str = "heuristic",
+    max_threads: int | None = None,
+    clock=time.perf_counter,
+) -> PlanResult:
+    """Plan the chain `operators` on `machine` with `method`; M defaults to 2 C."""
+    threads = default_max_threads(machine.cores) if max_threads is None else max_threads
+    if threads < 1:
+        raise ValueError(f"max_threads must be >= 1, got {threads}")
+    started = clock()
+    model = ChainModel(operators, machine)
+    regions = plan_regions(model, method, threads)
+    solve_ms = (clock() - started) * 1e3
+    plan = model.to_plan(regions, method)
+    return PlanResult(plan, evaluate(operators, plan, machine), solve_ms, threads)
