@@ -22,15 +22,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from fissure.model.throughput import replication_problem
 from fissure.model.types import Kind, Machine, OperatorStats, Plan, RegionPlan
 
 
-@dataclass(frozen=True)
-class RegionShape:
-    """A region in the planners' index form: operators [start, end), cut before each `cuts`."""
+class RegionShape(NamedTuple):
+    """A region in the planners' index form: operators [start, end), cut before each `cuts`.
+
+    A named tuple rather than a dataclass: planners hash millions of them."""
 
     start: int
     end: int
@@ -76,6 +77,7 @@ class ChainModel:
         # planners revisit the same regions thousands of times: memoize per region and position
         self._pipeline_works: dict[RegionShape, tuple[float, ...]] = {}
         self._region_terms: dict[tuple[RegionShape, bool, bool], tuple[float, float]] = {}
+        self._throughputs: dict[tuple[RegionShape, ...], float] = {}
 
     # -- segment properties -------------------------------------------------------------------
 
@@ -165,8 +167,12 @@ class ChainModel:
 
     def throughput(self, regions: Sequence[RegionShape]) -> float:
         """Bounded throughput R(P, C) in tuples per microsecond (eq. 13)."""
-        capacity, work = self.terms(regions)
-        return min(capacity, self.cores / work)
+        key = tuple(regions)
+        value = self._throughputs.get(key)
+        if value is None:
+            capacity, work = self.terms(key)
+            value = self._throughputs[key] = min(capacity, self.cores / work)
+        return value
 
     def unbounded(self, regions: Sequence[RegionShape]) -> tuple[float, float]:
         """(unbounded throughput R(P), utilization U(P)) per microsecond (eqs. 12, 14)."""

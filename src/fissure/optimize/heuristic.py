@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from fissure.model.types import Kind
 from fissure.optimize.chain import ChainModel, RegionShape, merge_unreplicated
@@ -144,7 +144,7 @@ def pipeline_splits(
                 best_cut, best_work = cut, work
         if best_work >= before:  # the split does not raise this pipeline's throughput
             return steps
-        regions[i] = replace(region, cuts=tuple(sorted(region.cuts + (best_cut,))))
+        regions[i] = region._replace(cuts=tuple(sorted(region.cuts + (best_cut,))))
 
 
 def configure_pipelines(
@@ -175,7 +175,7 @@ def configure_replicas(
             or region.replicas >= model.useful_replicas(region.start, region.end, max_threads)
         ):
             return regions
-        regions[bottleneck] = replace(region, replicas=region.replicas + 1)
+        regions[bottleneck] = region._replace(replicas=region.replicas + 1)
         if model.unbounded(regions)[0] <= throughput:
             regions[bottleneck] = region
             return regions
@@ -237,10 +237,11 @@ def heuristic(model: ChainModel, max_threads: int, alpha_us: float | None = None
             shape = tuple(merge_unreplicated(regions))
             if shape not in candidates and sum(region.threads for region in shape) <= max_threads:
                 candidates[shape] = model.throughput(shape)
-    starts = sorted(candidates, key=candidates.get, reverse=True)[:LOCAL_SEARCH_STARTS]
+    long_chain = model.size > LONG_CHAIN_OPERATORS
+    starts = sorted(candidates, key=candidates.get, reverse=True)[: 1 if long_chain else LOCAL_SEARCH_STARTS]
     best, best_value = list(starts[0]), candidates[starts[0]]
     for start in starts:
-        regions = local_search(model, list(start), max_threads)
+        regions = local_search(model, list(start), max_threads, transfers=not long_chain)
         value = model.throughput(regions)
         if value > best_value:
             best, best_value = regions, value
@@ -272,31 +273,43 @@ def _neighbours(model: ChainModel, regions: list[RegionShape], max_threads: int)
         head, tail = regions[:i], regions[i + 1:]
         # one more or one fewer replica
         if region.replicas > 1:
-            yield head + [replace(region, replicas=region.replicas - 1)] + tail
+            yield head + [region._replace(replicas=region.replicas - 1)] + tail
         if (
             threads + region.pipeline_count <= max_threads
             and model.replicable(region.start, region.end)
             and region.replicas < model.useful_replicas(region.start, region.end, max_threads)
         ):
-            yield head + [replace(region, replicas=region.replicas + 1)] + tail
+            yield head + [region._replace(replicas=region.replicas + 1)] + tail
         # add, remove or shift one pipeline cut
         cuts = region.cuts
         for k, cut in enumerate(cuts):
-            yield head + [replace(region, cuts=cuts[:k] + cuts[k + 1:])] + tail
+            yield head + [region._replace(cuts=cuts[:k] + cuts[k + 1:])] + tail
             for moved in (cut - 1, cut + 1):
                 low = cuts[k - 1] if k > 0 else region.start
                 high = cuts[k + 1] if k + 1 < len(cuts) else region.end
                 if low < moved < high:
-                    yield head + [replace(region, cuts=cuts[:k] + (moved,) + cuts[k + 1:])] + tail
+                    yield head + [region._replace(cuts=cuts[:k] + (moved,) + cuts[k + 1:])] + tail
         if threads + region.replicas <= max_threads:
             for cut in range(region.start + 1, region.end):
                 if cut not in cuts:
-                    yield head + [replace(region, cuts=tuple(sorted(cuts + (cut,))))] + tail
+                    yield head + [region._replace(cuts=tuple(sorted(cuts + (cut,))))] + tail
         # split the region in two at one of its pipeline cuts (both halves keep the replicas)
         for k, cut in enumerate(cuts):
             left = RegionShape(region.start, cut, cuts[:k], region.replicas)
             right = RegionShape(cut, region.end, cuts[k + 1:], region.replicas)
             yield head + [left, right] + tail
+        # carve one pipeline out into a region of its own with another replica count
+        if len(cuts) > 0 or region.replicas > 1:
+            spans = region.bounds()
+            for k, (a, b) in enumerate(spans):
+                if not model.replicable(a, b):
+                    continue
+                left = [RegionShape(region.start, a, cuts[:k - 1] if k > 0 else (), region.replicas)] if k > 0 else []
+                right = [RegionShape(b, region.end, cuts[k + 1:], region.replicas)] if k + 1 < len(spans) else []
+                spare = max_threads - threads + region.replicas
+                for replicas in range(2, model.useful_replicas(a, b, spare) + 1):
+                    if replicas != region.replicas:
+                        yield head + left + [RegionShape(a, b, (), replicas)] + right + tail
         # move the boundary with the next region by one operator, or merge with it
         if tail:
             following = tail[0]
@@ -314,15 +327,21 @@ def _neighbours(model: ChainModel, regions: list[RegionShape], max_threads: int)
 
 
 def _valid(model: ChainModel, regions: Sequence[RegionShape], max_threads: int) -> bool:
-    if sum(region.threads for region in regions) > max_threads:
-        return False
-    return all(region.replicas == 1 or model.replicable(region.start, region.end) for region in regions)
+    threads = 0
+    for start, end, cuts, replicas in regions:
+        if replicas > 1 and not model.replicable(start, end):
+            return False
+        threads += replicas * (len(cuts) + 1)
+    return threads <= max_threads
 
 
-LOCAL_SEARCH_STARTS = 3
-# Thread transfers (a move that frees threads followed by one that spends them) cost the square
-# of the neighbourhood; they run only while the neighbourhood is at most this large.
-TRANSFER_NEIGHBOURHOOD_LIMIT = 150
+# Effort of the local search. Long chains (where no exhaustive optimum can be checked anyway)
+# get one start and no thread transfers, to keep planning within milliseconds.
+LOCAL_SEARCH_STARTS = 2
+LONG_CHAIN_OPERATORS = 24
+# A thread transfer frees threads with one move and spends them with another; only the least
+# harmful freeing moves are followed, which keeps the cost linear in the neighbourhood.
+TRANSFER_FREEING_MOVES = 4
 
 
 def _best_move(model: ChainModel, candidates, max_threads: int, floor: float):
@@ -337,7 +356,7 @@ def _best_move(model: ChainModel, candidates, max_threads: int, floor: float):
 
 
 def local_search(
-    model: ChainModel, regions: list[RegionShape], max_threads: int, max_rounds: int = 200
+    model: ChainModel, regions: list[RegionShape], max_threads: int, max_rounds: int = 200, transfers: bool = True
 ) -> list[RegionShape]:
     """Best-improvement hill climbing over the moves of `_neighbours`; at a local optimum, one
     thread transfer (free threads with one move, spend them with another) to escape it."""
@@ -345,11 +364,15 @@ def local_search(
     for _ in range(max_rounds):
         neighbours = list(_neighbours(model, current, max_threads))
         best, best_value = _best_move(model, neighbours, max_threads, current_value)
-        if best is None and len(neighbours) <= TRANSFER_NEIGHBOURHOOD_LIMIT:
+        if best is None and transfers:
             threads = sum(region.threads for region in current)
-            for freed in neighbours:
-                if sum(region.threads for region in freed) >= threads:
-                    continue
+            freeing = [
+                candidate
+                for candidate in neighbours
+                if sum(region.threads for region in candidate) < threads and _valid(model, candidate, max_threads)
+            ]
+            freeing.sort(key=model.throughput, reverse=True)
+            for freed in freeing[:TRANSFER_FREEING_MOVES]:
                 freed = merge_unreplicated(freed)
                 moved, value = _best_move(model, _neighbours(model, freed, max_threads), max_threads, best_value)
                 if moved is not None:

@@ -1,0 +1,1 @@
+"""Control: pure decisions of the adaptive loop, each a frozen value that carries its reason."""

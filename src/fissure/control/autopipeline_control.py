@@ -1,0 +1,178 @@
+"""Evaluate, blacklist, halt: what autopipelining does after each round of insertions.
+
+Tang and Gedik, TPDS 2013, Section 5. After the optimizer's threads are inserted, the throughput
+of every port that received one is measured. If all of them went up, the insertions stay and
+the next round starts. Otherwise the ports that did not improve lose their new thread and join
+the blacklist, which the optimizer excludes from then on; when the blacklisted share of all
+input ports exceeds alpha, the process halts. It also halts when the optimizer finds nothing.
+
+Every decision is a frozen value with its reason; the clock and the measurements come in as
+arguments. A missing or NaN measurement means "no change yet" and a log line.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import Enum
+
+from fissure.optimize.autopipeline import AutopipelinePlan
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class AutopipelineControlConfig:
+    """The control stage's settings, with their defaults."""
+
+    # Halt once more than this share of all input ports is blacklisted. The paper leaves the
+    # value open; half keeps going while most of the graph is still worth trying.
+    alpha: float = 0.5
+    # Time the runtime gets after an insertion before its throughput is judged (the paper's
+    # adaptation period in Section 8.2.4).
+    settle_s: float = 5.0
+    # Relative gain a port's throughput must show to count as "increased". The paper uses any
+    # increase (0.0); on a noisy machine a margin of a few percent avoids keeping noise.
+    min_gain: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.alpha <= 1.0:
+            raise ValueError(
+                f"alpha must be in [0, 1] (a share of the input ports), got {self.alpha}"
+            )
+        if not self.settle_s >= 0.0:
+            raise ValueError(f"settle_s must be >= 0 seconds, got {self.settle_s}")
+        if not self.min_gain >= 0.0:
+            raise ValueError(f"min_gain must be >= 0 (0.05 means 5 %), got {self.min_gain}")
+
+
+class ControlAction(str, Enum):
+    INSERT = "insert"  # apply the optimizer's insertions
+    WAIT = "wait"  # change nothing yet: settling, or measurements missing
+    CONTINUE = "continue"  # keep `keep`, remove `revert`, then optimize again
+    HALT = "halt"  # remove `revert` and stop adapting
+
+
+@dataclass(frozen=True)
+class InsertionRound:
+    """The ports that got a new thread in one round, when, and their throughput before it."""
+
+    operators: tuple[str, ...]
+    applied_at_s: float
+    throughput_before_per_s: Mapping[str, float]
+
+
+@dataclass(frozen=True)
+class AutopipelineControlDecision:
+    """What to do with the threads of a round; `blacklist` is the whole blacklist afterwards."""
+
+    action: ControlAction
+    reason: str
+    blacklist: frozenset[str]
+    insert: tuple[str, ...] = ()
+    keep: tuple[str, ...] = ()
+    revert: tuple[str, ...] = ()
+
+    @classmethod
+    def wait(cls, reason: str, blacklist: frozenset[str]) -> AutopipelineControlDecision:
+        return cls(ControlAction.WAIT, reason, blacklist)
+
+    @classmethod
+    def halt(
+        cls,
+        reason: str,
+        blacklist: frozenset[str],
+        keep: tuple[str, ...] = (),
+        revert: tuple[str, ...] = (),
+    ) -> AutopipelineControlDecision:
+        return cls(ControlAction.HALT, reason, blacklist, keep=keep, revert=revert)
+
+
+def decide_after_optimization(
+    plan: AutopipelinePlan, blacklist: frozenset[str]
+) -> AutopipelineControlDecision:
+    """Insert the plan's threads, or halt when the optimizer found no insertion."""
+    if not plan.insertions:
+        return AutopipelineControlDecision.halt(
+            f"the optimizer found nothing: {plan.reason}", blacklist
+        )
+    operators = tuple(insertion.operator for insertion in plan.insertions)
+    return AutopipelineControlDecision(
+        ControlAction.INSERT,
+        f"insert threads at {', '.join(operators)}: {plan.reason}",
+        blacklist,
+        insert=operators,
+    )
+
+
+def _usable(value: float | None) -> bool:
+    return isinstance(value, (int, float)) and not math.isnan(value) and value >= 0.0
+
+
+def evaluate_round(
+    inserted: InsertionRound,
+    throughput_after_per_s: Mapping[str, float],
+    now_s: float,
+    blacklist: frozenset[str],
+    input_port_count: int,
+    config: AutopipelineControlConfig = AutopipelineControlConfig(),
+) -> AutopipelineControlDecision:
+    """Section 5: keep the round, or revert and blacklist the ports that did not improve."""
+    if input_port_count < 1:
+        raise ValueError(
+            "input_port_count must be >= 1 (the graph's non-source input ports), got"
+            f" {input_port_count}"
+        )
+    elapsed_s = now_s - inserted.applied_at_s
+    if elapsed_s < config.settle_s:
+        return AutopipelineControlDecision.wait(
+            f"settling: {elapsed_s:.1f} s of {config.settle_s:.1f} s since the insertion", blacklist
+        )
+    unmeasured = [
+        port
+        for port in inserted.operators
+        if not (
+            _usable(inserted.throughput_before_per_s.get(port))
+            and _usable(throughput_after_per_s.get(port))
+        )
+    ]
+    if unmeasured:
+        log.warning(
+            "autopipelining: no change, throughput before or after missing for port(s) %s",
+            ", ".join(unmeasured),
+        )
+        return AutopipelineControlDecision.wait(
+            f"no change: throughput before or after missing for {', '.join(unmeasured)}", blacklist
+        )
+
+    def improved(port: str) -> bool:
+        before = inserted.throughput_before_per_s[port]
+        return throughput_after_per_s[port] > before * (1.0 + config.min_gain)
+
+    def change(port: str) -> str:
+        before = inserted.throughput_before_per_s[port]
+        return f"{port} {before:g} -> {throughput_after_per_s[port]:g}/s"
+
+    keep = tuple(port for port in inserted.operators if improved(port))
+    revert = tuple(port for port in inserted.operators if not improved(port))
+    if not revert:
+        return AutopipelineControlDecision(
+            ControlAction.CONTINUE,
+            "throughput rose at every new thread: " + ", ".join(map(change, keep)),
+            blacklist,
+            keep=keep,
+        )
+    new_blacklist = blacklist | frozenset(revert)
+    blacklisted_share = len(new_blacklist) / input_port_count
+    reason = (
+        f"no gain at {', '.join(map(change, revert))}: reverted and blacklisted;"
+        f" {len(new_blacklist)} of {input_port_count} input ports blacklisted"
+        f" ({blacklisted_share:.0%}, alpha {config.alpha:.0%})"
+    )
+    if blacklisted_share > config.alpha:
+        return AutopipelineControlDecision.halt(reason + ": halt", new_blacklist, keep, revert)
+    return AutopipelineControlDecision(
+        ControlAction.CONTINUE, reason, new_blacklist, keep=keep, revert=revert
+    )
