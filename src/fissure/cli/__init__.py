@@ -9,7 +9,9 @@ import sys
 # Subcommand modules, in the order `fissure --help` lists them.
 SUBCOMMAND_MODULES = (
     "fissure.cli.plan_cmd",
+    "fissure.cli.run_cmd",
     "fissure.cli.autopipeline_cmd",
+    "fissure.cli.elastic_sim_cmd",
 )
 
 

@@ -1,0 +1,419 @@
+"""The pipeline definition users write: a chain of named operators, each a plain Python function.
+
+    pipeline = (
+        Pipeline("logwatch")
+        .map("parse", parse_line, schema={"host": str, "user": str, "ts": float}, reads=["value"])
+        .filter("failures", lambda record: record["failed"])
+        .partitioned("per_host", count_failures, key="host", schema={...})
+        .stateful("results", keep_totals)
+    )
+
+Operator kinds (the paper's k(o)):
+- stateless: `map`, `filter`, `flat_map` (one record, a dict, in), and `map_batches` /
+  `filter_batches` (a whole Arrow RecordBatch or pandas DataFrame in, for speed);
+- partitioned stateful: `partitioned(name, fn, key=...)`, `fn(state, record)`, one state per key;
+- stateful without a key: `stateful(name, fn)`, `fn(state, record)`, one state for the stream.
+
+A stateful function receives its state object (made by `state_factory`, `dict` by default) and
+mutates it in place; it returns the records it emits: an iterable of dicts, a single dict, or
+None. fissure keeps the state in Spark's state store, so it survives restarts.
+
+Schemas: an operator that changes the shape of its records declares `schema=` (a mapping of
+field name to a Python type such as `str`, `int`, `float`, `bool`, `bytes`, `datetime`,
+`list[str]`, or a pyarrow type; or a pyarrow Schema). Without it the operator emits records of
+the same fields as its input. `reads=` names the input fields an operator needs, so a pipeline
+that does not fit its source fails at start with the operator and the field named.
+"""
+
+from __future__ import annotations
+
+import datetime
+import inspect
+import re
+import typing
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+
+import pyarrow as pa
+
+from fissure.model.types import Kind, OperatorStats
+
+# Planner inputs used until profiles exist: costs in microseconds per record.
+DEFAULT_COST_US = 10.0
+DEFAULT_SELECTIVITY = 1.0
+
+_NAME_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_\-]*$")
+# Field names that fissure uses for its own columns between Spark stages.
+RESERVED_FIELD_PREFIX = "_fissure_"
+
+
+class PipelineError(ValueError):
+    """A pipeline definition that cannot run; the message names the operator and the fix."""
+
+
+class Action(str, Enum):
+    """What an operator's function does with its input."""
+
+    MAP = "map"  # record -> record
+    FILTER = "filter"  # record -> bool
+    FLAT_MAP = "flat_map"  # record -> iterable of records
+    MAP_BATCHES = "map_batches"  # batch -> batch of the same length
+    FILTER_BATCHES = "filter_batches"  # batch -> boolean mask
+    UPDATE = "update"  # (state, record) -> records emitted; stateful kinds only
+
+
+class BatchFormat(str, Enum):
+    """How a per-batch operator receives its batch."""
+
+    ARROW = "arrow"  # pyarrow.RecordBatch
+    PANDAS = "pandas"  # pandas.DataFrame
+
+
+SchemaSpec = typing.Union[pa.Schema, Mapping[str, typing.Any], None]
+
+_PYTHON_TYPES: dict[typing.Any, pa.DataType] = {
+    str: pa.string(),
+    int: pa.int64(),
+    float: pa.float64(),
+    bool: pa.bool_(),
+    bytes: pa.binary(),
+    datetime.datetime: pa.timestamp("us", tz="UTC"),
+    datetime.date: pa.date32(),
+}
+
+
+def arrow_type(python_type: typing.Any, where: str) -> pa.DataType:
+    """The Arrow type for a field's declared type (a Python type, `list[T]` or an Arrow type)."""
+    if isinstance(python_type, pa.DataType):
+        return python_type
+    if python_type in _PYTHON_TYPES:
+        return _PYTHON_TYPES[python_type]
+    if typing.get_origin(python_type) is list:
+        (item_type,) = typing.get_args(python_type) or (None,)
+        if item_type is not None:
+            return pa.list_(arrow_type(item_type, where))
+    supported = ", ".join(sorted(t.__name__ for t in _PYTHON_TYPES)) + ", list[T] or a pyarrow type"
+    raise PipelineError(f"{where}: unsupported field type {python_type!r}; use one of {supported}")
+
+
+def to_arrow_schema(spec: SchemaSpec, where: str) -> pa.Schema | None:
+    """Normalize a declared schema to a pyarrow Schema (None stays None: fields pass through)."""
+    if spec is None or isinstance(spec, pa.Schema):
+        schema = spec
+    elif isinstance(spec, Mapping):
+        schema = pa.schema([pa.field(name, arrow_type(kind, f"{where}, field {name!r}")) for name, kind in spec.items()])
+    else:
+        raise PipelineError(f"{where}: schema must be a mapping of field name to type or a pyarrow Schema, got {spec!r}")
+    if schema is not None:
+        if len(schema) == 0:
+            raise PipelineError(f"{where}: schema declares no field")
+        for name in schema.names:
+            if name.startswith(RESERVED_FIELD_PREFIX):
+                raise PipelineError(f"{where}: field {name!r} uses the prefix {RESERVED_FIELD_PREFIX!r} that fissure reserves")
+    return schema
+
+
+@dataclass(frozen=True)
+class Hints:
+    """What the user tells the planner about an operator before profiles exist."""
+
+    cost_us: float | None = None  # CPU time per input record
+    selectivity: float | None = None  # output records per input record
+    max_scale: float | None = None  # bound u of the bounded-linear scalability; None: linear
+
+
+@dataclass(frozen=True)
+class Operator:
+    """One named step of a pipeline and everything the Spark runner needs to run it."""
+
+    name: str
+    kind: Kind
+    action: Action
+    fn: Callable
+    key: tuple[str, ...] | None = None
+    schema: pa.Schema | None = None  # declared output schema; None: same fields as the input
+    reads: tuple[str, ...] = ()
+    batch_format: BatchFormat | None = None  # per-batch operators only
+    state_factory: Callable[[], typing.Any] | None = None  # stateful kinds only
+    order_by: str | None = None  # stateful kinds: field a key's records are sorted by in a batch
+    hints: Hints = field(default_factory=Hints)
+
+    @property
+    def per_batch(self) -> bool:
+        return self.action in (Action.MAP_BATCHES, Action.FILTER_BATCHES)
+
+    @property
+    def callable_name(self) -> str:
+        return getattr(self.fn, "__qualname__", None) or repr(self.fn)
+
+    def describe(self) -> str:
+        """`name (kind action fn)`, for error messages and listings."""
+        key = f" key={','.join(self.key)}" if self.key else ""
+        return f"{self.name} ({self.kind.value} {self.action.value} {self.callable_name}{key})"
+
+
+@dataclass(frozen=True)
+class OperatorEstimate:
+    """Measured or assumed cost and selectivity of one operator (from a profile, later)."""
+
+    cost_us: float
+    selectivity: float
+
+
+def _positional_capacity(fn: Callable) -> tuple[int, int] | None:
+    """(required, maximum) positional parameters of fn; maximum -1 means *args; None: unknown."""
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return None
+    required = maximum = 0
+    for parameter in signature.parameters.values():
+        if parameter.kind in (parameter.POSITIONAL_ONLY, parameter.POSITIONAL_OR_KEYWORD):
+            maximum += 1
+            if parameter.default is parameter.empty:
+                required += 1
+        elif parameter.kind is parameter.VAR_POSITIONAL:
+            maximum = -1
+        elif parameter.kind is parameter.KEYWORD_ONLY and parameter.default is parameter.empty:
+            return (99, -1)  # a required keyword-only argument can never be supplied
+    return required, maximum
+
+
+_ARITY_HINTS = {
+    1: "it must take exactly one argument: the record (a dict) or, per batch, the batch",
+    2: "it must take exactly two arguments: the state object and the record (a dict)",
+}
+
+
+def _check_arity(name: str, action: Action, fn: Callable, arguments: int) -> None:
+    if not callable(fn):
+        raise PipelineError(f"operator {name!r} ({action.value}): {fn!r} is not callable; pass a function")
+    capacity = _positional_capacity(fn)
+    if capacity is None:
+        return
+    required, maximum = capacity
+    if required <= arguments and (maximum == -1 or maximum >= arguments):
+        return
+    shown = getattr(fn, "__qualname__", repr(fn))
+    try:
+        parameters = str(inspect.signature(fn))
+    except (TypeError, ValueError):
+        parameters = "(...)"
+    raise PipelineError(
+        f"operator {name!r} ({action.value}): {shown}{parameters} cannot be called with "
+        f"{arguments} argument{'s' if arguments > 1 else ''}; {_ARITY_HINTS[arguments]}"
+    )
+
+
+def _normalize_key(name: str, key: str | Sequence[str] | None) -> tuple[str, ...]:
+    if key is None or (not isinstance(key, str) and len(key) == 0) or key == "":
+        raise PipelineError(
+            f"operator {name!r} is partitioned stateful but has no key; pass key='field' (or a list of "
+            f"fields) to partition its state, or use .stateful(...) for one state over the whole stream"
+        )
+    fields = (key,) if isinstance(key, str) else tuple(key)
+    for field_name in fields:
+        if not isinstance(field_name, str) or not field_name:
+            raise PipelineError(f"operator {name!r}: key fields must be non-empty strings, got {key!r}")
+    if len(set(fields)) != len(fields):
+        raise PipelineError(f"operator {name!r}: key {fields} names a field twice")
+    return fields
+
+
+def _normalize_reads(name: str, reads: Iterable[str] | str | None) -> tuple[str, ...]:
+    if reads is None:
+        return ()
+    fields = (reads,) if isinstance(reads, str) else tuple(reads)
+    for field_name in fields:
+        if not isinstance(field_name, str) or not field_name:
+            raise PipelineError(f"operator {name!r}: reads= must list field names, got {reads!r}")
+    return fields
+
+
+class Pipeline:
+    """A chain of named operators, in the order records flow through them.
+
+    Every builder method returns the pipeline itself, so calls chain; a definition error raises
+    PipelineError at once, naming the operator and what to change.
+    """
+
+    def __init__(self, name: str = "pipeline") -> None:
+        self.name = name
+        self._operators: list[Operator] = []
+
+    # --- stateless, per record -------------------------------------------------------------
+    def map(self, name: str, fn: Callable[[dict], dict], *, schema: SchemaSpec = None,
+            reads: Iterable[str] | None = None, cost_us: float | None = None) -> Pipeline:
+        """One record in, one record out."""
+        return self._add(name, Kind.STATELESS, Action.MAP, fn, 1, schema=schema, reads=reads,
+                         hints=Hints(cost_us=cost_us))
+
+    def filter(self, name: str, fn: Callable[[dict], bool], *, reads: Iterable[str] | None = None,
+               cost_us: float | None = None, selectivity: float | None = None) -> Pipeline:
+        """Keep the records for which fn returns a true value."""
+        return self._add(name, Kind.STATELESS, Action.FILTER, fn, 1, reads=reads,
+                         hints=Hints(cost_us=cost_us, selectivity=selectivity))
+
+    def flat_map(self, name: str, fn: Callable[[dict], Iterable[dict]], *, schema: SchemaSpec = None,
+                 reads: Iterable[str] | None = None, cost_us: float | None = None,
+                 selectivity: float | None = None) -> Pipeline:
+        """One record in, any number of records out (an iterable of dicts; None for none)."""
+        return self._add(name, Kind.STATELESS, Action.FLAT_MAP, fn, 1, schema=schema, reads=reads,
+                         hints=Hints(cost_us=cost_us, selectivity=selectivity))
+
+    # --- stateless, per batch --------------------------------------------------------------
+    def map_batches(self, name: str, fn: Callable, *, schema: SchemaSpec = None, format: str = "arrow",
+                    reads: Iterable[str] | None = None, cost_us: float | None = None) -> Pipeline:
+        """A whole batch in (pyarrow.RecordBatch or pandas.DataFrame), as many rows out, in order."""
+        return self._add(name, Kind.STATELESS, Action.MAP_BATCHES, fn, 1, schema=schema, reads=reads,
+                         batch_format=self._batch_format(name, format), hints=Hints(cost_us=cost_us))
+
+    def filter_batches(self, name: str, fn: Callable, *, format: str = "arrow",
+                       reads: Iterable[str] | None = None, cost_us: float | None = None,
+                       selectivity: float | None = None) -> Pipeline:
+        """A whole batch in; a boolean mask out (one value per row: True keeps the row)."""
+        return self._add(name, Kind.STATELESS, Action.FILTER_BATCHES, fn, 1, reads=reads,
+                         batch_format=self._batch_format(name, format),
+                         hints=Hints(cost_us=cost_us, selectivity=selectivity))
+
+    # --- stateful --------------------------------------------------------------------------
+    def partitioned(self, name: str, fn: Callable[[typing.Any, dict], typing.Any], *,
+                    key: str | Sequence[str] | None = None, schema: SchemaSpec = None,
+                    state_factory: Callable[[], typing.Any] = dict, order_by: str | None = None,
+                    reads: Iterable[str] | None = None, cost_us: float | None = None,
+                    selectivity: float | None = None, max_scale: float | None = None) -> Pipeline:
+        """Partitioned stateful: fn(state, record) with one state object per value of `key`.
+
+        Within a micro-batch a key's records arrive in source order (sequence numbers), or sorted
+        by the field `order_by` (an event time, say) when given.
+        """
+        fields = _normalize_key(name, key)
+        return self._add(name, Kind.PARTITIONED, Action.UPDATE, fn, 2, key=fields, schema=schema,
+                         reads=reads, state_factory=self._state_factory(name, state_factory), order_by=order_by,
+                         hints=Hints(cost_us=cost_us, selectivity=selectivity, max_scale=max_scale))
+
+    def stateful(self, name: str, fn: Callable[[typing.Any, dict], typing.Any], *,
+                 schema: SchemaSpec = None, state_factory: Callable[[], typing.Any] = dict,
+                 order_by: str | None = None, reads: Iterable[str] | None = None,
+                 cost_us: float | None = None, selectivity: float | None = None) -> Pipeline:
+        """Stateful without a key: fn(state, record) with one state object for the whole stream."""
+        return self._add(name, Kind.STATEFUL, Action.UPDATE, fn, 2, schema=schema, reads=reads,
+                         state_factory=self._state_factory(name, state_factory), order_by=order_by,
+                         hints=Hints(cost_us=cost_us, selectivity=selectivity))
+
+    # --- reading the definition ------------------------------------------------------------
+    @property
+    def operators(self) -> tuple[Operator, ...]:
+        return tuple(self._operators)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(operator.name for operator in self._operators)
+
+    def operator(self, name: str) -> Operator:
+        for operator in self._operators:
+            if operator.name == name:
+                return operator
+        raise PipelineError(f"pipeline {self.name!r} has no operator {name!r}; it has {', '.join(self.names)}")
+
+    def __len__(self) -> int:
+        return len(self._operators)
+
+    def __repr__(self) -> str:
+        return f"Pipeline({self.name!r}: {' -> '.join(self.names) or 'empty'})"
+
+    def check_not_empty(self) -> None:
+        if not self._operators:
+            raise PipelineError(f"pipeline {self.name!r} has no operator; add one with .map(...), .filter(...), ...")
+
+    def operator_stats(self, estimates: Mapping[str, OperatorEstimate] | None = None) -> list[OperatorStats]:
+        """The planner's input: per operator, the estimate if given, else the hints, else defaults.
+
+        Defaults: DEFAULT_COST_US per record, selectivity DEFAULT_SELECTIVITY (a filter without a
+        hint counts as 1.0: the planner then over-provisions what follows it, never under).
+        """
+        self.check_not_empty()
+        estimates = estimates or {}
+        unknown = sorted(set(estimates) - set(self.names))
+        if unknown:
+            raise PipelineError(f"estimates name operators the pipeline does not have: {', '.join(unknown)}")
+        stats = []
+        for operator in self._operators:
+            estimate = estimates.get(operator.name)
+            hints = operator.hints
+            if estimate is not None:
+                cost_us, selectivity = estimate.cost_us, estimate.selectivity
+            else:
+                cost_us = DEFAULT_COST_US if hints.cost_us is None else hints.cost_us
+                selectivity = DEFAULT_SELECTIVITY if hints.selectivity is None else hints.selectivity
+            stats.append(OperatorStats(name=operator.name, kind=operator.kind, cost_us=cost_us,
+                                       selectivity=selectivity, key=operator.key, max_scale=hints.max_scale))
+        return stats
+
+    # --- building ----------------------------------------------------------------------------
+    @staticmethod
+    def _batch_format(name: str, format: str) -> BatchFormat:
+        try:
+            return BatchFormat(format)
+        except ValueError:
+            raise PipelineError(f"operator {name!r}: format must be 'arrow' or 'pandas', got {format!r}") from None
+
+    @staticmethod
+    def _state_factory(name: str, factory: Callable[[], typing.Any]) -> Callable[[], typing.Any]:
+        if not callable(factory):
+            raise PipelineError(f"operator {name!r}: state_factory must be callable (e.g. dict), got {factory!r}")
+        return factory
+
+    def _add(self, name: str, kind: Kind, action: Action, fn: Callable, arguments: int, *,
+             key: tuple[str, ...] | None = None, schema: SchemaSpec = None, reads=None,
+             batch_format: BatchFormat | None = None, state_factory=None, order_by: str | None = None,
+             hints: Hints = Hints()) -> Pipeline:
+        if not isinstance(name, str) or not _NAME_PATTERN.match(name):
+            raise PipelineError(
+                f"operator name {name!r} ({action.value} {getattr(fn, '__qualname__', fn)!r}) is not valid; "
+                f"use letters, digits, '_' or '-', starting with a letter or '_'"
+            )
+        if name in self.names:
+            raise PipelineError(f"operator name {name!r} is used twice in pipeline {self.name!r}; give each operator its own name")
+        _check_arity(name, action, fn, arguments)
+        for label, value in (("cost_us", hints.cost_us), ("selectivity", hints.selectivity)):
+            if value is not None and not value >= 0:
+                raise PipelineError(f"operator {name!r}: {label} must be a number >= 0, got {value!r}")
+        if order_by is not None and (not isinstance(order_by, str) or not order_by):
+            raise PipelineError(f"operator {name!r}: order_by must name one field, got {order_by!r}")
+        if hints.max_scale is not None and not hints.max_scale >= 1:
+            raise PipelineError(f"operator {name!r}: max_scale must be >= 1, got {hints.max_scale!r}")
+        self._operators.append(Operator(
+            name=name, kind=kind, action=action, fn=fn, key=key,
+            schema=to_arrow_schema(schema, f"operator {name!r}"), reads=_normalize_reads(name, reads),
+            batch_format=batch_format, state_factory=state_factory, order_by=order_by, hints=hints,
+        ))
+        return self
+
+
+def output_schemas(pipeline: Pipeline, source_schema: pa.Schema) -> dict[str, pa.Schema]:
+    """Each operator's output schema, checking that every operator gets the fields it reads.
+
+    Raises PipelineError naming the operator and the missing or reserved field.
+    """
+    pipeline.check_not_empty()
+    for name in source_schema.names:
+        if name.startswith(RESERVED_FIELD_PREFIX):
+            raise PipelineError(f"the source has a field {name!r}; the prefix {RESERVED_FIELD_PREFIX!r} is reserved by fissure")
+    schemas: dict[str, pa.Schema] = {}
+    upstream, upstream_label = source_schema, "the source"
+    for operator in pipeline.operators:
+        needed = list(operator.reads) + list(operator.key or ()) + ([operator.order_by] if operator.order_by else [])
+        for field_name in needed:
+            if field_name not in upstream.names:
+                role = ("is keyed on" if operator.key and field_name in operator.key else
+                        "is ordered by" if field_name == operator.order_by else "reads")
+                raise PipelineError(
+                    f"operator {operator.name!r} ({operator.callable_name}) {role} field {field_name!r}, "
+                    f"but its input from {upstream_label} has only {', '.join(upstream.names)}; "
+                    f"rename the field upstream or declare it in the schema= of an earlier operator"
+                )
+        schemas[operator.name] = operator.schema if operator.schema is not None else upstream
+        upstream, upstream_label = schemas[operator.name], f"operator {operator.name!r}"
+    return schemas

@@ -1,0 +1,244 @@
+"""Plan compilation: a pipeline and a plan turned into the DataFrame operations of one query.
+
+Per region, in chain order (docs/spark-runner.md has the full picture):
+- the region's input is exchanged into its replicas: round-robin `repartition(r)` for a stateless
+  region, hash of the key for a partitioned one, one partition for a stateful one. A stateless
+  region with one replica keeps its input's partitioning (a one-partition source stays one
+  partition: the sequential plan adds no exchange);
+- its stateless operators run in a processing element (PE) inside `mapInArrow`: one fused stage
+  per pipeline, each pipeline in its own process;
+- each stateful operator runs in `groupBy(key).transformWithStateInPandas` with its state in
+  Spark's state store (RocksDB): partitioned ones per key, unkeyed ones under one constant key.
+Records travel between stages as typed Arrow columns (the declared or passed-through schema),
+plus a sequence number and the dead-letter columns (fissure.worker.columns).
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+
+import pyarrow as pa
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from fissure.graph import Operator, Pipeline, PipelineError, output_schemas
+from fissure.model.types import Kind, Plan, RegionPlan
+from fissure.spark.plans import check_plan
+from fissure.spark.sources import arrow_schema_of, spark_schema_of
+from fissure.spark.stages import OperatorStateProcessor, RegionFunction
+from fissure.worker.columns import SINGLE_KEY, carried_schema
+from fissure.worker.fused import FusedStage, Step
+from fissure.worker.keyed import StatefulStep
+
+
+@dataclass(frozen=True)
+class CompiledStage:
+    """One Spark-side step of the compiled query, for listings, tests and the progress line."""
+
+    region: int  # 1-based region of the plan
+    kind: str  # "pe" (mapInArrow), "state" (transformWithStateInPandas) or "sequence" (numbering only)
+    pipelines: tuple[tuple[str, ...], ...]  # operator names per PE process; one for a state stage
+    exchange: str  # "none", "round-robin", "hash" or "single" before this step
+    partitions: int | None  # partitions after the exchange; None: the input's
+    key: tuple[str, ...] | None = None
+
+    @property
+    def processes(self) -> int:
+        return len(self.pipelines) if self.kind == "pe" else 1
+
+
+@dataclass(frozen=True)
+class CompiledQuery:
+    frame: DataFrame  # carried output: result fields, sequence number, dead-letter columns
+    plan: Plan
+    stages: tuple[CompiledStage, ...]
+    result_schema: pa.Schema  # the user's fields of the results
+    state_partitions: int
+
+    @property
+    def max_processes_per_task(self) -> int:
+        return max((stage.processes for stage in self.stages), default=1)
+
+
+def region_kind(operators: list[Operator]) -> Kind:
+    kinds = {operator.kind for operator in operators}
+    if Kind.PARTITIONED in kinds:
+        return Kind.PARTITIONED
+    return Kind.STATEFUL if Kind.STATEFUL in kinds else Kind.STATELESS
+
+
+def state_partitions_for(plan: Plan, pipeline: Pipeline, default: int = 1) -> int:
+    """State partitions of the query: the most replicas of a partitioned region, else `default`."""
+    keyed = [region.replicas for region in plan.regions
+             if any(pipeline.operator(name).kind is Kind.PARTITIONED for name in region.operators)]
+    return max(keyed, default=default)
+
+
+def _step(operator: Operator, output_schema: pa.Schema) -> Step:
+    return Step(name=operator.name, action=operator.action.value, fn=operator.fn, output_schema=output_schema,
+                batch_format=operator.batch_format.value if operator.batch_format else None)
+
+
+def _segments(region: RegionPlan, pipeline: Pipeline) -> list[tuple[str, object]]:
+    """The region cut at its stateful operators: ("pe", [[stateless ops] per pipeline]) and ("state", op)."""
+    segments: list[tuple[str, object]] = []
+    pending: list[list[Operator]] = []
+    for names in region.pipelines:
+        part: list[Operator] = []
+        for name in names:
+            operator = pipeline.operator(name)
+            if operator.kind is Kind.STATELESS:
+                part.append(operator)
+                continue
+            if part:
+                pending.append(part)
+                part = []
+            if pending:
+                segments.append(("pe", pending))
+                pending = []
+            segments.append(("state", operator))
+        if part:
+            pending.append(part)
+    if pending:
+        segments.append(("pe", pending))
+    return segments
+
+
+class _Compiler:
+    def __init__(self, pipeline: Pipeline, plan: Plan, source: DataFrame, state_partitions: int,
+                 resource_profile_for) -> None:
+        self.pipeline = pipeline
+        self.plan = plan
+        self.frame = source
+        self.source_schema = arrow_schema_of(source)
+        self.schemas = output_schemas(pipeline, self.source_schema)
+        self.state_partitions = state_partitions
+        self.resource_profile_for = resource_profile_for
+        self.has_state = any(operator.kind is not Kind.STATELESS for operator in pipeline.operators)
+        self.carried = False  # the frame has fissure's columns (a Python stage ran)
+        self.partitions: int | None = None  # None: the source's partitioning
+        self.user_schema = self.source_schema  # the user's fields of the frame
+        self.stages: list[CompiledStage] = []
+        self.fingerprint = f"{pipeline.name}-{uuid.uuid4().hex[:12]}"
+
+    def compile(self) -> CompiledQuery:
+        for number, region in enumerate(self.plan.regions, start=1):
+            self._region(number, region)
+        if not self.carried:
+            self._sequence_stage(0)
+        return CompiledQuery(self.frame, self.plan, tuple(self.stages), self.user_schema, self.state_partitions)
+
+    def _check_fields(self, fields: tuple[str, ...], operator: Operator, what: str) -> None:
+        for name in fields:
+            if name not in self.user_schema.names:
+                raise PipelineError(
+                    f"operator {operator.name!r} ({operator.callable_name}) is {what} field {name!r}, which the "
+                    f"records entering its region do not have (fields: {', '.join(self.user_schema.names)}); "
+                    f"start the region at the operator that adds {name!r} or later")
+
+    def _region(self, number: int, region: RegionPlan) -> None:
+        operators = [self.pipeline.operator(name) for name in region.operators]
+        kind = region_kind(operators)
+        segments = _segments(region, self.pipeline)
+        if segments[0][0] == "pe":
+            exchange, partitions, key = self._exchange_before_pe(kind, region, operators)
+        else:
+            exchange, partitions, key = "none", None, None
+        for kind_of_segment, content in segments:
+            if kind_of_segment == "pe":
+                self._pe_stage(number, content, exchange, partitions, key)
+            else:
+                self._state_stage(number, content)
+            exchange, partitions, key = "none", None, None
+
+    def _exchange_before_pe(self, kind: Kind, region: RegionPlan, operators: list[Operator]):
+        """Repartition the frame for a region that starts with stateless operators."""
+        if kind is Kind.STATELESS:
+            if region.replicas == 1 and self.partitions in (None, 1):
+                return "none", None, None
+            self._sequence_before_exchange()
+            self.frame = self.frame.repartition(region.replicas)
+            self.partitions = region.replicas
+            return "round-robin", region.replicas, None
+        if region.replicas == 1 and self.partitions in (None, 1):
+            return "none", None, None  # the state stage's own exchange keys the records
+        self._sequence_before_exchange()
+        if kind is Kind.PARTITIONED:
+            keyed = next(operator for operator in operators if operator.kind is Kind.PARTITIONED)
+            self._check_fields(keyed.key, keyed, "keyed on")
+            self.frame = self.frame.repartition(region.replicas, *keyed.key)
+            self.partitions = region.replicas
+            return "hash", region.replicas, keyed.key
+        self.frame = self.frame.repartition(1)
+        self.partitions = 1
+        return "single", 1, None
+
+    def _sequence_before_exchange(self) -> None:
+        # Sequence numbers must come from the source's order, so before the first exchange.
+        if not self.carried and self.has_state:
+            self._sequence_stage(0)
+
+    def _sequence_stage(self, region_number: int) -> None:
+        function = RegionFunction([], f"{self.fingerprint}/sequence", self.source_schema,
+                                  carried_schema(self.user_schema))
+        self.frame = self.frame.mapInArrow(function, spark_schema_of(carried_schema(self.user_schema)))
+        self.carried = True
+        self.stages.append(CompiledStage(region_number, "sequence", (), "none", None))
+
+    def _pe_stage(self, number: int, pipelines: list[list[Operator]], exchange: str,
+                  partitions: int | None, key) -> None:
+        fused = []
+        for operators in pipelines:
+            steps = [_step(operator, self.schemas[operator.name]) for operator in operators]
+            fused.append([FusedStage(steps, self.user_schema)])
+            self.user_schema = steps[-1].output_schema
+        output = carried_schema(self.user_schema)
+        function = RegionFunction(fused, f"{self.fingerprint}/{len(self.stages)}",
+                                  None if self.carried else self.source_schema, output)
+        profile = self.resource_profile_for(len(pipelines))
+        if profile is not None:
+            self.frame = self.frame.mapInArrow(function, spark_schema_of(output), profile=profile)
+        else:
+            self.frame = self.frame.mapInArrow(function, spark_schema_of(output))
+        self.carried = True
+        names = tuple(tuple(operator.name for operator in operators) for operators in pipelines)
+        self.stages.append(CompiledStage(number, "pe", names, exchange, partitions, key))
+
+    def _state_stage(self, number: int, operator: Operator) -> None:
+        if not self.carried:
+            self._sequence_stage(number)
+        carried_input = carried_schema(self.user_schema)
+        output_schema = self.schemas[operator.name]
+        step = StatefulStep(name=operator.name, fn=operator.fn, state_factory=operator.state_factory,
+                            input_schema=self.user_schema, output_schema=output_schema, key=operator.key,
+                            order_by=operator.order_by)
+        if operator.kind is Kind.PARTITIONED:
+            self._check_fields(operator.key, operator, "keyed on")
+            grouping = list(operator.key)
+            exchange = "hash"
+        else:
+            self.frame = self.frame.withColumn(SINGLE_KEY, F.lit(0))
+            grouping = [SINGLE_KEY]
+            exchange = "single"
+        output = carried_schema(output_schema)
+        self.frame = self.frame.groupBy(*grouping).transformWithStateInPandas(
+            OperatorStateProcessor(step, carried_input), spark_schema_of(output), "Append", "None")
+        self.user_schema = output_schema
+        self.carried = True
+        self.partitions = self.state_partitions
+        self.stages.append(CompiledStage(number, "state", ((operator.name,),), exchange, self.state_partitions,
+                                         operator.key))
+
+
+def compile_plan(pipeline: Pipeline, plan: Plan, source: DataFrame, *, state_partitions: int | None = None,
+                 resource_profile_for=lambda processes: None) -> CompiledQuery:
+    """The query for `pipeline` under `plan` over the streaming DataFrame `source`.
+
+    `state_partitions` defaults to the plan's largest partitioned-region replica count (1 without);
+    `resource_profile_for(processes)` may return a ResourceProfile for a PE of that many processes.
+    Raises PipelineError naming the operator and field when the pipeline does not fit the source.
+    """
+    check_plan(plan, pipeline)
+    partitions = state_partitions if state_partitions is not None else state_partitions_for(plan, pipeline)
+    return _Compiler(pipeline, plan, source, partitions, resource_profile_for).compile()

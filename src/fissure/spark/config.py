@@ -1,0 +1,37 @@
+"""The runner's settings, in one typed place, with their defaults and what they are for."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+
+
+@dataclass(frozen=True)
+class RunnerConfig:
+    """How fissure runs a pipeline on Spark. Every field has a default that works out of the box."""
+
+    # Master of the SparkSession fissure creates when the caller passes none (embedded default).
+    master: str = "local[*]"
+    app_name: str = "fissure"
+    # Time between micro-batch starts; 0 starts the next batch as soon as the last one ends.
+    trigger_interval_s: float = 0.0
+    # How often the live progress line is refreshed.
+    progress_interval_s: float = 1.0
+    # Dead letters kept in the driver's memory when no dead-letter path is given (the count is
+    # always exact; older letters are dropped from memory, never from a dead-letter path).
+    dead_letters_kept: int = 1000
+    # State store of every stateful operator. RocksDB: required by transformWithStateInPandas and
+    # by the checkpoint manager's offline state repartitioning.
+    state_store_provider: str = ROCKSDB_PROVIDER
+    # State partitions when a plan has no keyed region of its own to size them (a sequential plan
+    # keeps everything on one partition).
+    default_state_partitions: int = 1
+    # Extra Spark settings for the session fissure creates.
+    spark_conf: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.trigger_interval_s < 0 or self.progress_interval_s <= 0:
+            raise ValueError("trigger_interval_s must be >= 0 and progress_interval_s > 0")
+        if self.dead_letters_kept < 0 or self.default_state_partitions < 1:
+            raise ValueError("dead_letters_kept must be >= 0 and default_state_partitions >= 1")

@@ -1,0 +1,100 @@
+"""Where records come from: Spark's streaming sources, described before a session exists.
+
+A source is any streaming DataFrame, or a description that fissure turns into one once it has a
+session (the embedded default creates the session itself): FileSource for text, JSON, CSV and
+Parquet directories, RateSource, SocketSource, or any callable `spark -> streaming DataFrame`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
+
+from fissure.graph import SchemaSpec, to_arrow_schema as declared_arrow_schema
+
+FILE_FORMATS = ("text", "json", "csv", "parquet")
+
+
+@dataclass(frozen=True)
+class FileSource:
+    """New files in a directory, read in name order. `schema` is needed except for text files."""
+
+    path: str
+    format: str = "text"
+    schema: SchemaSpec = None
+    max_files_per_trigger: int | None = None
+    options: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.format not in FILE_FORMATS:
+            raise ValueError(f"file source {self.path!r}: format must be one of {', '.join(FILE_FORMATS)}, got {self.format!r}")
+        if self.format != "text" and self.schema is None:
+            raise ValueError(f"file source {self.path!r}: a streaming {self.format} source needs schema= "
+                             f"(a mapping of field name to type, e.g. {{'user': str, 'amount': float}})")
+
+    def open(self, spark: SparkSession) -> DataFrame:
+        reader = spark.readStream.format(self.format)
+        if self.schema is not None:
+            reader = reader.schema(from_arrow_schema(declared_arrow_schema(self.schema, f"file source {self.path!r}")))
+        if self.max_files_per_trigger is not None:
+            reader = reader.option("maxFilesPerTrigger", str(self.max_files_per_trigger))
+        if self.format == "csv":
+            reader = reader.option("header", "true")
+        for name, value in self.options.items():
+            reader = reader.option(name, value)
+        return reader.load(self.path)
+
+
+@dataclass(frozen=True)
+class RateSource:
+    """Spark's rate source: `timestamp` and `value` columns, one source partition by default."""
+
+    rows_per_second: int = 1000
+    partitions: int = 1
+
+    def open(self, spark: SparkSession) -> DataFrame:
+        return (spark.readStream.format("rate").option("rowsPerSecond", str(self.rows_per_second))
+                .option("numPartitions", str(self.partitions)).load())
+
+
+@dataclass(frozen=True)
+class SocketSource:
+    """Lines of text from a TCP socket (one `value` column); for tests and demos, not exactly-once."""
+
+    host: str = "127.0.0.1"
+    port: int = 9999
+
+    def open(self, spark: SparkSession) -> DataFrame:
+        return spark.readStream.format("socket").option("host", self.host).option("port", str(self.port)).load()
+
+
+SourceLike = FileSource | RateSource | SocketSource | DataFrame | Callable[[SparkSession], DataFrame]
+
+
+def open_source(source: SourceLike, spark: SparkSession) -> DataFrame:
+    """The streaming DataFrame of any accepted source."""
+    if isinstance(source, DataFrame):
+        frame = source
+    elif hasattr(source, "open"):
+        frame = source.open(spark)
+    elif callable(source):
+        frame = source(spark)
+    else:
+        raise TypeError(f"a source must be a streaming DataFrame, a FileSource/RateSource/SocketSource, "
+                        f"or a callable spark -> DataFrame; got {source!r}")
+    if not isinstance(frame, DataFrame) or not frame.isStreaming:
+        raise TypeError(f"the source {source!r} gave {type(frame).__name__}, not a streaming DataFrame; "
+                        f"build it with spark.readStream")
+    return frame
+
+
+def arrow_schema_of(frame: DataFrame) -> pa.Schema:
+    return to_arrow_schema(frame.schema, timezone="UTC")
+
+
+def spark_schema_of(schema: pa.Schema):
+    return from_arrow_schema(schema)

@@ -1,0 +1,88 @@
+"""The functions Spark ships to its Python workers: a region's PE and a stateful operator's handler.
+
+These run inside the workers; they are the Spark layer's (they read the task's partition id and
+implement Spark's StatefulProcessor) and hand the real work to fissure.worker.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+import pandas as pd
+import pyarrow as pa
+from pyspark.sql.streaming.stateful_processor import StatefulProcessor
+
+from fissure.worker.columns import carried_schema, sequence_numbers
+from fissure.worker.fused import FusedStage
+from fissure.worker.keyed import StatefulStep, run_group
+from fissure.worker.region import processing_element
+
+
+def with_sequence_numbers(batches: Iterator[pa.RecordBatch], source_schema: pa.Schema) -> Iterator[pa.RecordBatch]:
+    """Source batches as carried batches: sequence numbers from the task's partition, no dead letters."""
+    from pyspark import TaskContext
+
+    partition_id = TaskContext.get().partitionId()
+    schema = carried_schema(source_schema)
+    first_row = 0
+    for batch in batches:
+        rows = batch.num_rows
+        columns = [batch.column(batch.schema.get_field_index(name)) for name in source_schema.names]
+        columns.append(sequence_numbers(partition_id, first_row, rows))
+        columns += [pa.nulls(rows, pa.string())] * 3
+        first_row += rows
+        yield pa.RecordBatch.from_arrays(columns, schema=schema)
+
+
+class RegionFunction:
+    """The mapInArrow function of a compiled stage: its pipelines in one processing element."""
+
+    def __init__(self, pipelines: Sequence[Sequence[FusedStage]], fingerprint: str,
+                 source_schema: pa.Schema | None, output_schema: pa.Schema) -> None:
+        self.pipelines = [list(pipeline) for pipeline in pipelines]
+        self.fingerprint = fingerprint
+        self.source_schema = source_schema  # set: this stage assigns the sequence numbers
+        self.output_schema = output_schema  # carried
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        if self.source_schema is not None:
+            batches = with_sequence_numbers(batches, self.source_schema)
+        if not self.pipelines:
+            yield from batches
+            return
+        element = processing_element(self.pipelines, self.fingerprint)
+        for batch in element.process(batches):
+            if batch.num_rows:
+                yield batch
+
+
+class OperatorStateProcessor(StatefulProcessor):
+    """transformWithStateInPandas handler: one fissure stateful operator, its state per key."""
+
+    STATE_NAME = "fissure_state"
+
+    def __init__(self, step: StatefulStep, carried_input: pa.Schema) -> None:
+        self.step = step
+        self.carried_input = carried_input
+        self._state = None
+
+    def init(self, handle) -> None:
+        self._state = handle.getValueState(self.STATE_NAME, "value binary")
+
+    def handleInputRows(self, key, rows, timerValues) -> Iterator[pd.DataFrame]:
+        frames = list(rows)
+        frame = frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)
+        # PySpark renames columns that start with "_" on the way in (namedtuple rules): the
+        # carried columns come first, in order, so take them by position.
+        names = self.carried_input.names
+        frame = frame.iloc[:, :len(names)].set_axis(names, axis=1)
+        batch = pa.RecordBatch.from_pandas(frame, schema=self.carried_input, preserve_index=False)
+        stored = self._state.get()[0] if self._state.exists() else None
+        result = run_group(self.step, batch, stored)
+        if result.state is not None:
+            self._state.update((result.state,))
+        if result.batch.num_rows:
+            yield result.batch.to_pandas()
+
+    def close(self) -> None:
+        pass

@@ -1,0 +1,45 @@
+"""fissure's own columns, carried next to the user's fields between Spark stages.
+
+Every stage's output is the operator's declared fields, then `_fissure_seq` (the record's
+position in the source: source partition << 40 | row in that partition, within a micro-batch;
+records an operator emits inherit the sequence number of the record they came from), then the
+three dead-letter columns, null on live rows. A dead-letter row has null user fields.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+SEQ = "_fissure_seq"
+DEAD_OPERATOR = "_fissure_dead_operator"
+DEAD_ERROR = "_fissure_dead_error"
+DEAD_RECORD = "_fissure_dead_record"
+DEAD_COLUMNS = (DEAD_OPERATOR, DEAD_ERROR, DEAD_RECORD)
+INTERNAL_COLUMNS = (SEQ, *DEAD_COLUMNS)
+# Constant grouping column of a stateful operator without a key: all records share one state.
+SINGLE_KEY = "_fissure_all"
+
+SEQ_PARTITION_SHIFT = 40  # room for 2**40 rows per source partition and micro-batch
+
+INTERNAL_FIELDS = (
+    pa.field(SEQ, pa.int64()),
+    pa.field(DEAD_OPERATOR, pa.string()),
+    pa.field(DEAD_ERROR, pa.string()),
+    pa.field(DEAD_RECORD, pa.string()),
+)
+
+
+def carried_schema(data_schema: pa.Schema) -> pa.Schema:
+    """The schema a stage emits: the user's fields, then fissure's own columns."""
+    return pa.schema(list(data_schema) + list(INTERNAL_FIELDS))
+
+
+def data_schema_of(carried: pa.Schema) -> pa.Schema:
+    """The user's fields of a carried schema."""
+    return pa.schema([field for field in carried if field.name not in INTERNAL_COLUMNS and field.name != SINGLE_KEY])
+
+
+def sequence_numbers(partition_id: int, first_row: int, rows: int) -> pa.Array:
+    """Sequence numbers for `rows` records starting at row `first_row` of a source partition."""
+    start = (partition_id << SEQ_PARTITION_SHIFT) + first_row
+    return pa.array(range(start, start + rows), type=pa.int64())

@@ -1,0 +1,312 @@
+"""Fusion: a list of operators turned into one picklable `RecordBatch -> RecordBatch` stage.
+
+Runs inside a Spark Python worker (or a process the PE forks): no pyspark import, cheap per
+record. Consecutive per-record operators run record by record on Python dicts, with one
+Arrow -> dicts conversion before them and one dicts -> Arrow conversion after them; a per-batch
+operator gets the batch itself. A record an operator raises on (or a record that does not fit the
+declared schema) becomes a dead-letter row carrying the operator's name, the exception and the
+record; the rest of the batch goes on.
+"""
+
+from __future__ import annotations
+
+import json
+import traceback
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from fissure.worker.columns import DEAD_ERROR, DEAD_OPERATOR, DEAD_RECORD, SEQ, carried_schema
+
+RECORD_ACTIONS = ("map", "filter", "flat_map")
+BATCH_ACTIONS = ("map_batches", "filter_batches")
+MAX_DEAD_RECORD_CHARS = 10_000
+
+
+@dataclass(frozen=True)
+class Step:
+    """One stateless operator as the worker runs it."""
+
+    name: str
+    action: str  # one of RECORD_ACTIONS or BATCH_ACTIONS
+    fn: Callable
+    output_schema: pa.Schema  # the user's fields after this step
+    batch_format: str | None = None  # "arrow" or "pandas", per-batch steps only
+
+    def __post_init__(self) -> None:
+        if self.action not in RECORD_ACTIONS + BATCH_ACTIONS:
+            raise ValueError(f"step {self.name!r}: unknown action {self.action!r}")
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    """A record an operator could not process."""
+
+    operator: str
+    error: str
+    record: str  # the record as JSON (values JSON cannot hold shown by repr)
+    seq: int
+
+
+def describe_error(error: BaseException) -> str:
+    """`Type: message` and the innermost frame, enough to find the failing line."""
+    frames = traceback.extract_tb(error.__traceback__)
+    where = f" (at {frames[-1].filename}:{frames[-1].lineno} in {frames[-1].name})" if frames else ""
+    return f"{type(error).__name__}: {error}{where}"
+
+
+def record_text(record: object) -> str:
+    try:
+        text = json.dumps(record, default=repr, sort_keys=True)
+    except (TypeError, ValueError):
+        text = repr(record)
+    return text[:MAX_DEAD_RECORD_CHARS]
+
+
+def normalize_emitted(emitted: object) -> list:
+    """What a flat_map or a stateful update returned, as a list of records."""
+    if emitted is None:
+        return []
+    if isinstance(emitted, Mapping):
+        return [emitted]
+    return list(emitted)
+
+
+def run_record_steps(steps: Sequence[Step], records: Sequence[dict], seqs: Sequence[int],
+                     dead: list[DeadLetter]) -> tuple[list, list[int]]:
+    """Run per-record steps over `records`; returns the emitted records and their sequence numbers."""
+    out_records: list = []
+    out_seqs: list[int] = []
+    for record, seq in zip(records, seqs):
+        current = [record]
+        for step in steps:
+            action, fn = step.action, step.fn
+            following = []
+            for item in current:
+                try:
+                    if action == "map":
+                        result = fn(item)
+                        if not isinstance(result, Mapping):
+                            raise TypeError(f"a map must return a dict, got {type(result).__name__}; "
+                                            f"use filter to drop records, flat_map to emit several")
+                        following.append(result)
+                    elif action == "filter":
+                        if fn(item):
+                            following.append(item)
+                    else:
+                        following.extend(normalize_emitted(fn(item)))
+                except Exception as error:  # noqa: BLE001 - any user error becomes a dead letter
+                    dead.append(DeadLetter(step.name, describe_error(error), record_text(item), seq))
+            current = following
+            if not current:
+                break
+        out_records.extend(current)
+        out_seqs.extend([seq] * len(current))
+    return out_records, out_seqs
+
+
+def records_to_batch(records: list, seqs: list[int], schema: pa.Schema, operator: str,
+                     dead: list[DeadLetter]) -> tuple[pa.RecordBatch, list[int]]:
+    """Records as a batch of `schema`; records that do not fit become dead letters of `operator`."""
+    expected = set(schema.names)
+    fitting, fitting_seqs = [], []
+    for record, seq in zip(records, seqs):
+        if not isinstance(record, Mapping):
+            dead.append(DeadLetter(operator, f"TypeError: emitted a {type(record).__name__}, not a dict",
+                                   record_text(record), seq))
+        elif record.keys() != expected:
+            extra, missing = sorted(set(record) - expected), sorted(expected - set(record))
+            problems = ([f"field(s) {', '.join(map(repr, extra))} not in its schema (declare them in schema=)"] if extra else []) \
+                + ([f"missing field(s) {', '.join(map(repr, missing))} (emit them, None for null)"] if missing else [])
+            dead.append(DeadLetter(operator, "SchemaMismatch: record has " + "; ".join(problems),
+                                   record_text(record), seq))
+        else:
+            fitting.append(record)
+            fitting_seqs.append(seq)
+    try:
+        return pa.RecordBatch.from_pylist(fitting, schema=schema), fitting_seqs
+    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError):
+        pass
+    # Some value does not convert: find the records one by one.
+    kept, kept_seqs = [], []
+    for record, seq in zip(fitting, fitting_seqs):
+        try:
+            pa.RecordBatch.from_pylist([record], schema=schema)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError) as error:
+            dead.append(DeadLetter(operator, f"SchemaMismatch: {type(error).__name__}: {error}",
+                                   record_text(record), seq))
+        else:
+            kept.append(record)
+            kept_seqs.append(seq)
+    return pa.RecordBatch.from_pylist(kept, schema=schema), kept_seqs
+
+
+def conform(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
+    """The columns of `schema`, in its order and types."""
+    if batch.schema.equals(schema):
+        return batch
+    columns = [batch.column(batch.schema.get_field_index(field.name)).cast(field.type) for field in schema]
+    return pa.RecordBatch.from_arrays(columns, schema=schema)
+
+
+def _as_record_batch(result: object, schema: pa.Schema) -> pa.RecordBatch:
+    if isinstance(result, pa.Table):
+        result = result.combine_chunks().to_batches()[0] if result.num_rows else pa.RecordBatch.from_pylist([], schema=schema)
+    if not isinstance(result, pa.RecordBatch):
+        import pandas
+
+        if isinstance(result, pandas.DataFrame):
+            result = pa.RecordBatch.from_pandas(result, preserve_index=False)
+        else:
+            raise TypeError(f"expected a pyarrow RecordBatch or Table or a pandas DataFrame, got {type(result).__name__}")
+    missing = [name for name in schema.names if name not in result.schema.names]
+    if missing:
+        raise TypeError(f"returned batch lacks field(s) {', '.join(missing)} of its schema")
+    return conform(result, schema)
+
+
+def _call_batch_step(step: Step, data: pa.RecordBatch) -> pa.RecordBatch | pa.Array:
+    argument = data.to_pandas() if step.batch_format == "pandas" else data
+    result = step.fn(argument)
+    if step.action == "filter_batches":
+        mask = pa.array(result, type=pa.bool_()) if not isinstance(result, pa.Array) else result
+        if len(mask) != data.num_rows:
+            raise ValueError(f"returned a mask of {len(mask)} values for {data.num_rows} rows")
+        return mask.fill_null(False)
+    output = _as_record_batch(result, step.output_schema)
+    if output.num_rows != data.num_rows:
+        raise ValueError(f"returned {output.num_rows} rows for {data.num_rows}; map_batches keeps one row per "
+                         f"input row (use a per-record flat_map to emit more or fewer)")
+    return output
+
+
+def run_batch_step(step: Step, data: pa.RecordBatch, seqs: list[int],
+                   dead: list[DeadLetter]) -> tuple[pa.RecordBatch, list[int]]:
+    """A per-batch step; if it raises on the batch, row by row, so only the bad rows go dead."""
+    try:
+        result = _call_batch_step(step, data)
+        if step.action == "filter_batches":
+            return data.filter(result), [seq for seq, keep in zip(seqs, result.to_pylist()) if keep]
+        return result, seqs
+    except Exception:  # noqa: BLE001 - retried row by row below
+        pass
+    pieces, kept_seqs = [], []
+    for row, seq in enumerate(seqs):
+        single = data.slice(row, 1)
+        try:
+            result = _call_batch_step(step, single)
+        except Exception as error:  # noqa: BLE001
+            dead.append(DeadLetter(step.name, describe_error(error), record_text(single.to_pylist()[0]), seq))
+            continue
+        if step.action == "filter_batches":
+            if result[0].as_py():
+                pieces.append(single)
+                kept_seqs.append(seq)
+        else:
+            pieces.append(result)
+            kept_seqs.append(seq)
+    schema = data.schema if step.action == "filter_batches" else step.output_schema
+    return (pa.concat_batches(pieces) if pieces else pa.RecordBatch.from_pylist([], schema=schema)), kept_seqs
+
+
+def _segments(steps: Sequence[Step]) -> list[list[Step]]:
+    """Runs of per-record steps, and each per-batch step on its own."""
+    segments: list[list[Step]] = []
+    for step in steps:
+        if step.action in RECORD_ACTIONS and segments and segments[-1][-1].action in RECORD_ACTIONS:
+            segments[-1].append(step)
+        else:
+            segments.append([step])
+    return segments
+
+
+def dead_letter_batch(dead: Sequence[DeadLetter], data_schema: pa.Schema) -> pa.RecordBatch:
+    """Dead letters as rows of the carried schema: null user fields, the dead-letter columns set."""
+    count = len(dead)
+    columns = [pa.nulls(count, field.type) for field in data_schema]
+    columns += [
+        pa.array([letter.seq for letter in dead], pa.int64()),
+        pa.array([letter.operator for letter in dead], pa.string()),
+        pa.array([letter.error for letter in dead], pa.string()),
+        pa.array([letter.record for letter in dead], pa.string()),
+    ]
+    return pa.RecordBatch.from_arrays(columns, schema=carried_schema(data_schema))
+
+
+def live_batch(data: pa.RecordBatch, seqs: Sequence[int]) -> pa.RecordBatch:
+    """Live rows in the carried schema: the user's fields, sequence numbers, null dead letters."""
+    count = data.num_rows
+    columns = list(data.columns) + [pa.array(seqs, pa.int64())] + [pa.nulls(count, pa.string())] * 3
+    return pa.RecordBatch.from_arrays(columns, schema=carried_schema(data.schema))
+
+
+def split_dead(batch: pa.RecordBatch) -> tuple[pa.RecordBatch, pa.RecordBatch | None]:
+    """(live rows, dead-letter rows or None) of a carried batch."""
+    dead_mask = batch.column(batch.schema.get_field_index(DEAD_OPERATOR)).is_valid()
+    if not pc.any(dead_mask).as_py():
+        return batch, None
+    return batch.filter(pc.invert(dead_mask)), batch.filter(dead_mask)
+
+
+def reshape_dead(dead_rows: pa.RecordBatch, data_schema: pa.Schema) -> pa.RecordBatch:
+    """Dead-letter rows that came from upstream, re-emitted in this stage's carried schema."""
+    internal = [dead_rows.column(dead_rows.schema.get_field_index(name)) for name in (SEQ, DEAD_OPERATOR, DEAD_ERROR, DEAD_RECORD)]
+    columns = [pa.nulls(dead_rows.num_rows, field.type) for field in data_schema] + internal
+    return pa.RecordBatch.from_arrays(columns, schema=carried_schema(data_schema))
+
+
+def assemble(parts: Iterable[pa.RecordBatch | None], schema: pa.Schema) -> pa.RecordBatch:
+    present = [part for part in parts if part is not None and part.num_rows]
+    if not present:
+        return pa.RecordBatch.from_pylist([], schema=schema)
+    return present[0] if len(present) == 1 else pa.concat_batches(present)
+
+
+class FusedStage:
+    """Stateless operators fused into one `RecordBatch -> RecordBatch` function over carried batches.
+
+    Picklable when the operators' functions are (cloudpickle, as Spark uses, handles lambdas).
+    """
+
+    def __init__(self, steps: Sequence[Step], input_schema: pa.Schema) -> None:
+        if not steps:
+            raise ValueError("a fused stage needs at least one step")
+        self.steps = tuple(steps)
+        self.input_schema = input_schema  # the user's fields arriving at the first step
+        self.output_schema = self.steps[-1].output_schema
+        self.carried_output_schema = carried_schema(self.output_schema)
+        self._segments = _segments(self.steps)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(step.name for step in self.steps)
+
+    @property
+    def name(self) -> str:
+        return ",".join(self.names)
+
+    def __repr__(self) -> str:
+        return f"FusedStage({' | '.join(self.names)})"
+
+    def __call__(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+        live, upstream_dead = split_dead(batch)
+        data = live.select(self.input_schema.names)
+        seqs = live.column(live.schema.get_field_index(SEQ)).to_pylist()
+        dead: list[DeadLetter] = []
+        for segment in self._segments:
+            if segment[0].action in BATCH_ACTIONS:
+                data, seqs = run_batch_step(segment[0], data, seqs, dead)
+            else:
+                records, seqs = run_record_steps(segment, data.to_pylist(), seqs, dead)
+                data, seqs = records_to_batch(records, seqs, segment[-1].output_schema, segment[-1].name, dead)
+            if not data.num_rows:
+                data = pa.RecordBatch.from_pylist([], schema=self.output_schema)
+                break
+        return assemble(
+            [live_batch(data, seqs),
+             reshape_dead(upstream_dead, self.output_schema) if upstream_dead is not None else None,
+             dead_letter_batch(dead, self.output_schema) if dead else None],
+            self.carried_output_schema,
+        )

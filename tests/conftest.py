@@ -1,0 +1,20 @@
+"""One SparkSession for the whole test run (local[2], UI off, small shuffles, fast JVM start)."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def spark():
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    from fissure.spark.config import RunnerConfig
+    from fissure.spark.session import create_session
+
+    session = create_session(RunnerConfig(master="local[2]", app_name="fissure-tests"))
+    yield session
+    session.stop()

@@ -1,0 +1,115 @@
+"""Fused stages and keyed groups in the worker: results, dead letters, order, schemas."""
+
+from __future__ import annotations
+
+import pickle
+
+import pyarrow as pa
+
+from fissure.worker.columns import DEAD_ERROR, DEAD_OPERATOR, DEAD_RECORD, SEQ, carried_schema
+from fissure.worker.fused import FusedStage, Step, live_batch
+from fissure.worker.keyed import StatefulStep, run_group
+
+NUMBERS = pa.schema([("n", pa.int64())])
+WORDS = pa.schema([("word", pa.string()), ("n", pa.int64())])
+
+
+def carried(rows, schema=NUMBERS, first_seq=0):
+    return live_batch(pa.RecordBatch.from_pylist(rows, schema=schema), list(range(first_seq, first_seq + len(rows))))
+
+
+def inverse(record):
+    return {"n": 100 // record["n"]}
+
+
+def test_record_steps_fuse_map_filter_flat_map_and_keep_seq():
+    stage = FusedStage([
+        Step("inverse", "map", inverse, NUMBERS),
+        Step("odd", "filter", lambda r: r["n"] % 2 == 1, NUMBERS),
+        Step("words", "flat_map", lambda r: [{"word": "x" * i, "n": r["n"]} for i in (1, 2)], WORDS),
+    ], NUMBERS)
+    out = stage(carried([{"n": 4}, {"n": 1}, {"n": 20}]))
+    assert out.schema == carried_schema(WORDS)
+    assert out.select(["word", "n", SEQ]).to_pylist() == [
+        {"word": "x", "n": 25, SEQ: 0}, {"word": "xx", "n": 25, SEQ: 0},
+        {"word": "x", "n": 5, SEQ: 2}, {"word": "xx", "n": 5, SEQ: 2}]
+
+
+def test_raising_record_becomes_dead_letter_and_the_rest_goes_on():
+    stage = FusedStage([Step("inverse", "map", inverse, NUMBERS)], NUMBERS)
+    out = stage(carried([{"n": 5}, {"n": 0}, {"n": 10}]))
+    live = out.filter(pa.compute.is_null(out.column(DEAD_OPERATOR)))
+    dead = out.filter(pa.compute.is_valid(out.column(DEAD_OPERATOR))).to_pylist()
+    assert live.column("n").to_pylist() == [20, 10]
+    assert len(dead) == 1
+    assert dead[0][DEAD_OPERATOR] == "inverse"
+    assert dead[0][DEAD_ERROR].startswith("ZeroDivisionError")
+    assert dead[0][DEAD_RECORD] == '{"n": 0}' and dead[0][SEQ] == 1 and dead[0]["n"] is None
+
+
+def test_dead_letters_pass_through_later_stages():
+    first = FusedStage([Step("inverse", "map", inverse, NUMBERS)], NUMBERS)
+    second = FusedStage([Step("words", "map", lambda r: {"word": str(r["n"]), "n": r["n"]}, WORDS)], NUMBERS)
+    out = second(first(carried([{"n": 0}, {"n": 50}])))
+    assert out.select(["word", DEAD_OPERATOR, SEQ]).to_pylist() == [
+        {"word": "2", DEAD_OPERATOR: None, SEQ: 1}, {"word": None, DEAD_OPERATOR: "inverse", SEQ: 0}]
+
+
+def test_records_that_do_not_fit_the_schema_are_dead_letters():
+    stage = FusedStage([Step("shape", "map", lambda r: {"n": r["n"], "extra": 1} if r["n"] == 1 else
+                             {"n": "text"} if r["n"] == 2 else r, NUMBERS)], NUMBERS)
+    out = stage(carried([{"n": 1}, {"n": 2}, {"n": 3}]))
+    rows = out.to_pylist()
+    assert [row["n"] for row in rows if row[DEAD_OPERATOR] is None] == [3]
+    errors = {row[SEQ]: row[DEAD_ERROR] for row in rows if row[DEAD_OPERATOR] == "shape"}
+    assert "'extra'" in errors[0] and "schema=" in errors[0]
+    assert errors[1].startswith("SchemaMismatch")
+
+
+def test_batch_steps_arrow_and_pandas_with_row_by_row_retry():
+    def halve(batch):
+        values = batch.column("n").to_pylist()
+        if 7 in values:
+            raise ValueError("seven")
+        return pa.RecordBatch.from_pydict({"n": [v // 2 for v in values]})
+
+    stage = FusedStage([
+        Step("halve", "map_batches", halve, NUMBERS, "arrow"),
+        Step("big", "filter_batches", lambda frame: frame["n"] > 1, NUMBERS, "pandas"),
+    ], NUMBERS)
+    out = stage(carried([{"n": 10}, {"n": 7}, {"n": 2}, {"n": 6}]))
+    assert [(r["n"], r[SEQ]) for r in out.to_pylist() if r[DEAD_OPERATOR] is None] == [(5, 0), (3, 3)]
+    assert [r[SEQ] for r in out.to_pylist() if r[DEAD_OPERATOR] == "halve"] == [1]
+
+
+def test_fused_stage_pickles():
+    stage = FusedStage([Step("inverse", "map", inverse, NUMBERS)], NUMBERS)
+    copy = pickle.loads(pickle.dumps(stage))
+    assert copy(carried([{"n": 50}])).column("n").to_pylist() == [2]
+
+
+def running_total(state, record):
+    state["total"] = state.get("total", 0) + record["n"]
+    if record["n"] < 0:
+        raise ValueError("negative")
+    return {"n": state["total"]}
+
+
+def test_keyed_group_runs_in_sequence_order_and_returns_state():
+    step = StatefulStep("total", running_total, dict, NUMBERS, NUMBERS, key=None)
+    batch = live_batch(pa.RecordBatch.from_pylist([{"n": 3}, {"n": 1}, {"n": 2}], schema=NUMBERS), [30, 10, 20])
+    result = run_group(step, batch, None)
+    assert result.batch.select(["n", SEQ]).to_pylist() == [{"n": 1, SEQ: 10}, {"n": 3, SEQ: 20}, {"n": 6, SEQ: 30}]
+    again = run_group(step, carried([{"n": 4}]), result.state)
+    assert again.batch.column("n").to_pylist() == [10]
+    assert pickle.loads(again.state) == {"total": 10}
+
+
+def test_keyed_group_orders_by_field_and_keeps_dead_letters():
+    schema = pa.schema([("t", pa.int64()), ("n", pa.int64())])
+    step = StatefulStep("total", running_total, dict, schema, NUMBERS, key=None, order_by="t")
+    batch = live_batch(pa.RecordBatch.from_pylist([{"t": 2, "n": 5}, {"t": 1, "n": -1}, {"t": 3, "n": 1}],
+                                                  schema=schema), [0, 1, 2])
+    rows = run_group(step, batch, None).batch.to_pylist()
+    assert [(r["n"], r[SEQ]) for r in rows if r[DEAD_OPERATOR] is None] == [(4, 0), (5, 2)]
+    assert [r[SEQ] for r in rows if r[DEAD_OPERATOR] == "total"] == [1]
