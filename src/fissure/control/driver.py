@@ -1,0 +1,275 @@
+"""The adaptive loop without any mechanism: observations in, decisions out, switches realized.
+
+    timeline = run_adaptive(source, realizer, controller, clock)
+    timeline.write_json("run.json"); plot_timeline(timeline, "run.png")
+
+`source.next_batch()` gives one `BatchObservation` per micro-batch (None when the stream ends),
+the `AdaptiveController` decides, and a `PlanRealizer` applies every switch a decision carries
+at the batch boundary, returning what the switch cost. The Spark realizer (stop the query,
+repartition state, restart on the checkpoint; or re-fork a PE's processes) lives in the spark
+layer; `RecordingRealizer` is the fake for tests, and `fissure.control.simulate` a model-driven
+system that is both a source and a realizer. Every decision goes into a `Timeline` (per batch:
+time, throughput, plan in force, decision and reason) with a JSON export and a PNG plot.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Protocol
+
+from fissure.control.adaptive import (
+    Action,
+    AdaptiveController,
+    BatchObservation,
+    Decision,
+    Phase,
+    SwitchCosts,
+    usable,
+)
+from fissure.control.plan_change import SwitchKind, plan_fingerprint
+from fissure.model.types import Plan
+
+log = logging.getLogger(__name__)
+
+
+class ObservationSource(Protocol):
+    def next_batch(self) -> BatchObservation | None:
+        """The next micro-batch's measurements; None when the stream has ended."""
+        ...
+
+
+class PlanRealizer(Protocol):
+    """What touches the engine: applies a plan at a batch boundary.
+
+    `apply` returns the seconds of processing the switch cost (None: the driver times the call).
+    When it raises, the previous plan must still be in force.
+    """
+
+    def apply(self, plan: Plan, kind: SwitchKind) -> float | None: ...
+
+
+@dataclass(frozen=True)
+class RealizedSwitch:
+    plan: str  # fingerprint
+    kind: SwitchKind
+    cost_s: float
+
+
+class RealizerFailure(RuntimeError):
+    """Raised by `RecordingRealizer` for the plans it was told to refuse."""
+
+
+class RecordingRealizer:
+    """The test fake: records every switch and reports the cost `costs` gives its kind.
+
+    Plans whose fingerprint is in `fail_for` raise `RealizerFailure` (and are not recorded).
+    """
+
+    def __init__(self, costs: SwitchCosts | None = None, fail_for: Collection[str] = ()) -> None:
+        self.costs = costs or SwitchCosts()
+        self.fail_for = frozenset(fail_for)
+        self.switches: list[RealizedSwitch] = []
+
+    def apply(self, plan: Plan, kind: SwitchKind) -> float:
+        fingerprint = plan_fingerprint(plan)
+        if fingerprint in self.fail_for:
+            raise RealizerFailure(f"refusing {fingerprint} (told to)")
+        cost_s = self.costs.cost_s(kind)
+        self.switches.append(RealizedSwitch(fingerprint, kind, cost_s))
+        return cost_s
+
+
+@dataclass(frozen=True)
+class TimelineEntry:
+    """One decision, with the batch it was made on."""
+
+    batch_id: int
+    time_s: float
+    throughput_per_s: float | None
+    records_in: int
+    offered_rate_per_s: float | None
+    plan: str  # fingerprint of the plan the batch ran under
+    threads: int  # threads of that plan
+    action: str
+    reason: str
+    plan_after: str  # fingerprint of the plan in force once the decision is realized
+    switch_kind: str | None = None
+    switch_cost_s: float | None = None  # as the realizer measured it
+
+
+@dataclass
+class Timeline:
+    """Every decision of a run, in order, and what the runs' batches measured."""
+
+    entries: list[TimelineEntry] = field(default_factory=list)
+    title: str = "fissure adaptive run"
+
+    def record(self, observation: BatchObservation, plan: Plan, decision: Decision, cost_s: float | None) -> TimelineEntry:
+        switch = decision.switch if cost_s is not None else None
+        entry = TimelineEntry(
+            batch_id=observation.batch_id,
+            time_s=observation.now_s,
+            throughput_per_s=usable(observation.throughput_per_s),
+            records_in=observation.records_in,
+            offered_rate_per_s=usable(observation.offered_rate_per_s),
+            plan=plan_fingerprint(plan),
+            threads=plan.threads,
+            action=decision.action.value,
+            reason=decision.reason,
+            plan_after=decision.plan_in_force,
+            switch_kind=switch.kind.value if switch is not None else None,
+            switch_cost_s=cost_s,
+        )
+        self.entries.append(entry)
+        return entry
+
+    def switches(self) -> list[TimelineEntry]:
+        """The entries whose decision the realizer carried out."""
+        return [entry for entry in self.entries if entry.switch_kind is not None]
+
+    def batches(self) -> list[TimelineEntry]:
+        """One entry per batch (the last decision made on it)."""
+        last: dict[int, TimelineEntry] = {}
+        for entry in self.entries:
+            last[entry.batch_id] = entry
+        return list(last.values())
+
+    def to_dict(self) -> dict:
+        return {"title": self.title, "entries": [asdict(entry) for entry in self.entries]}
+
+    def write_json(self, path: str | os.PathLike) -> None:
+        with open(path, "w", encoding="utf-8") as handle:
+            json.dump(self.to_dict(), handle, indent=1)
+            handle.write("\n")
+
+
+def run_adaptive(
+    source: ObservationSource,
+    realizer: PlanRealizer,
+    controller: AdaptiveController,
+    clock: Callable[[], float],
+    *,
+    injections: Mapping[int, Plan] | None = None,
+    on_decision: Callable[[Decision, TimelineEntry], None] | None = None,
+    timeline: Timeline | None = None,
+) -> Timeline:
+    """Feed every batch to the controller and realize its switches until the source ends.
+
+    `injections` maps a batch id to a plan the loop is made to try from that batch on (as soon as
+    no evaluation runs): scenario (c), or an operator's request. `on_decision` sees every
+    decision with its timeline entry as it is made (`fissure run` shows the plan in force and
+    the last decision).
+    """
+    timeline = timeline if timeline is not None else Timeline()
+    pending = dict(sorted((injections or {}).items()))
+    while (observation := source.next_batch()) is not None:
+        ran_under = controller.plan
+        decisions = [controller.observe(observation)]
+        due = next((batch_id for batch_id in pending if batch_id <= observation.batch_id), None)
+        if due is not None and decisions[-1].switch is None and controller.phase is not Phase.EVALUATING:
+            plan = pending.pop(due)
+            decisions.append(controller.inject(plan, observation.batch_id, observation.now_s, f"injected at batch {due}"))
+        for decision in decisions:
+            for outcome in _realize(decision, realizer, controller, clock):
+                entry = timeline.record(observation, ran_under, outcome.decision, outcome.cost_s)
+                if on_decision is not None:
+                    on_decision(outcome.decision, entry)
+    return timeline
+
+
+@dataclass(frozen=True)
+class _Outcome:
+    decision: Decision
+    cost_s: float | None  # None: no switch made
+
+
+def _realize(
+    decision: Decision, realizer: PlanRealizer, controller: AdaptiveController, clock: Callable[[], float]
+) -> list[_Outcome]:
+    """The decision with what its switch cost; a failed switch adds the controller's answer."""
+    switch = decision.switch
+    if switch is None:
+        return [_Outcome(decision, None)]
+    started = clock()
+    try:
+        reported = realizer.apply(switch.plan, switch.kind)
+    except Exception as error:  # noqa: BLE001 - any realizer failure leaves the old plan in force
+        log.exception("adaptive: the realizer failed to apply %s", switch.change.after)
+        failure = controller.switch_failed(decision.batch_id, clock(), f"{type(error).__name__}: {error}")
+        return [_Outcome(decision, None), _Outcome(failure, None)]
+    cost_s = usable(reported)
+    if cost_s is None:
+        cost_s = max(0.0, clock() - started)
+    controller.switch_applied(switch.kind, cost_s)
+    return [_Outcome(decision, cost_s)]
+
+
+# -- the plot --------------------------------------------------------------------------------------
+
+_MARKERS = {
+    Action.APPLY.value: ("tab:green", "-"),
+    Action.RELEASE.value: ("tab:purple", "-"),
+    Action.KEEP.value: ("tab:blue", ":"),
+    Action.REVERT.value: ("tab:red", "-"),
+    Action.HALT.value: ("black", "-"),
+    Action.REOPEN.value: ("tab:orange", "--"),
+}
+
+
+@dataclass(frozen=True)
+class ReferenceLine:
+    """A horizontal line on the throughput panel, e.g. the best static plan of a phase."""
+
+    label: str | None  # None: not in the legend (a repeated line)
+    throughput_per_s: float
+    from_s: float | None = None
+    to_s: float | None = None
+
+
+def plot_timeline(timeline: Timeline, path: str | os.PathLike, references: Sequence[ReferenceLine] = ()) -> None:
+    """Throughput per batch with the decisions marked, and the threads of the plan in force."""
+    try:
+        import matplotlib
+    except ImportError as error:  # matplotlib is a development dependency only
+        raise RuntimeError("plot_timeline needs matplotlib: pip install fissure[dev]") from error
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    batches = timeline.batches()
+    figure, (top, bottom) = plt.subplots(2, 1, figsize=(10, 6), sharex=True, height_ratios=[3, 1])
+    measured = [(entry.time_s, entry.throughput_per_s) for entry in batches if entry.throughput_per_s is not None]
+    if measured:
+        top.plot([t for t, _ in measured], [v for _, v in measured], ".", color="tab:gray", markersize=4,
+                 label="measured throughput")
+    offered = [(entry.time_s, entry.offered_rate_per_s) for entry in batches if entry.offered_rate_per_s is not None]
+    if offered:
+        top.plot([t for t, _ in offered], [v for _, v in offered], "-", color="tab:cyan", linewidth=1,
+                 label="offered rate")
+    start = batches[0].time_s if batches else 0.0
+    end = batches[-1].time_s if batches else 1.0
+    for line in references:
+        low = start if line.from_s is None else line.from_s
+        high = end if line.to_s is None else line.to_s
+        top.hlines(line.throughput_per_s, low, high, colors="tab:olive", linestyles="--", label=line.label)
+    seen: set[str] = set()
+    for entry in timeline.entries:
+        if entry.action not in _MARKERS:
+            continue
+        color, style = _MARKERS[entry.action]
+        label = None if entry.action in seen else entry.action
+        seen.add(entry.action)
+        top.axvline(entry.time_s, color=color, linestyle=style, linewidth=1, label=label)
+    top.set_ylabel("records/s")
+    top.set_title(timeline.title)
+    top.legend(loc="best", fontsize=7)
+    bottom.step([entry.time_s for entry in batches], [entry.threads for entry in batches], where="pre",
+                color="tab:brown")
+    bottom.set_ylabel("threads")
+    bottom.set_xlabel("time (s)")
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
