@@ -238,7 +238,9 @@ def markdown(results: dict, command: str) -> str:
         "",
         f"- command: `{command}`",
         f"- machine: {results['machine']}",
-        f"- date: {results['date']}, revision {results['revision']}",
+        f"- date: {results['date']}, revision {results['revision']}"
+        + (f" (quality figures from the run of {results['quality_from']}; planning times from this run)"
+           if "quality_from" in results else ""),
         f"- instances: {results['instances_per_point']} seeded random chains per point (Table 1 parameters; "
         "selectivity drawn from a normal clipped to [0.01, 1], cost from a normal clipped to >= 1 us, "
         f"partitioned operators keyed on one of {len(KEY_FIELDS)} fields); M = 2 C threads",
@@ -282,6 +284,11 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="few instances, to check the script runs")
     parser.add_argument("--instances", type=int, help="random chains per sweep point (default 200, quick 5)")
     parser.add_argument("--default-instances", type=int, help="chains at the Table 1 defaults (default 1000)")
+    parser.add_argument(
+        "--timing-from", metavar="JSON",
+        help="reuse the quality figures of an earlier run's JSON and only time the planners again "
+        "(quality does not depend on the machine's load; timing does)",
+    )
     args = parser.parse_args()
     instances = args.instances or (5 if args.quick else 200)
     default_instances = args.default_instances or (20 if args.quick else 1000)
@@ -294,6 +301,29 @@ def main() -> int:
         "workload_defaults": Workload().__dict__,
         "sweeps": {},
     }
+    if args.timing_from:
+        earlier = json.loads(Path(args.timing_from).read_text())
+        for key in ("instances_per_point", "sweeps", "default_point", "default_summary", "overall_summary"):
+            results[key] = earlier[key]
+        results["quality_from"] = f"{earlier['date']}, revision {earlier['revision']}"
+    else:
+        quality(results, instances, default_instances, started)
+    print(f"[{time.monotonic() - started:6.1f} s] timing the planners", file=sys.stderr)
+    results["running_times"] = running_times(args.quick)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    suffix = "_quick" if args.quick else ""
+    prefix = RESULTS / f"planner_model{suffix}"
+    results["plots"] = plot(results, prefix)
+    command = " ".join(["./dev python benchmarks/planner_model.py", *sys.argv[1:]])
+    prefix.with_suffix(".json").write_text(json.dumps(results, indent=1))
+    prefix.with_suffix(".md").write_text(markdown(results, command))
+    print(markdown(results, command).split("## Sweeps")[0])
+    print(f"wrote {prefix}.md, .json and {len(results['plots'])} plots in {time.monotonic() - started:.0f} s", file=sys.stderr)
+    return 0
+
+
+def quality(results: dict, instances: int, default_instances: int, started: float) -> None:
+    """Every method on every sweep point and at the defaults: the ratios to the optimum."""
     all_heuristic, all_paper = [], []
     for seed, (name, values) in enumerate(SWEEPS.items()):
         points = []
@@ -319,18 +349,6 @@ def main() -> int:
         "heuristic": ratio_summary(all_heuristic + default_point["heuristic_over_optimal"]),
         "paper_heuristic": ratio_summary(all_paper + default_point["paper_heuristic_over_optimal"]),
     }
-    print(f"[{time.monotonic() - started:6.1f} s] timing the planners", file=sys.stderr)
-    results["running_times"] = running_times(args.quick)
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    suffix = "_quick" if args.quick else ""
-    prefix = RESULTS / f"planner_model{suffix}"
-    results["plots"] = plot(results, prefix)
-    command = "./dev python benchmarks/planner_model.py" + (" --quick" if args.quick else "")
-    prefix.with_suffix(".json").write_text(json.dumps(results, indent=1))
-    prefix.with_suffix(".md").write_text(markdown(results, command))
-    print(markdown(results, command).split("## Sweeps")[0])
-    print(f"wrote {prefix}.md, .json and {len(results['plots'])} plots in {time.monotonic() - started:.0f} s", file=sys.stderr)
-    return 0
 
 
 if __name__ == "__main__":

@@ -5,16 +5,15 @@
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
-import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import fissure  # noqa: E402
 from fissure import Pipeline  # noqa: E402
+from example_support import example_parser, print_run_summary, run_directory, run_for_people  # noqa: E402
 from fissure.testing import record_files  # noqa: E402
 from generators.trades import generate  # noqa: E402
 
@@ -50,24 +49,22 @@ def build_pipeline() -> Pipeline:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = example_parser(__doc__, files=4)
     parser.add_argument("--trades", type=int, default=20_000)
-    parser.add_argument("--files", type=int, default=4)
-    parser.add_argument("--plan", default="planner")
-    parser.add_argument("--master", default="local[*]")
     args = parser.parse_args(argv)
-    work = tempfile.mkdtemp(prefix="vwap-")
+    directory = run_directory("vwap")
     trades = generate(args.trades)
-    source = record_files(os.path.join(work, "input"), trades, TRADE,
+    source = record_files(os.path.join(directory, "input"), trades, TRADE,
                           records_per_file=-(-len(trades) // args.files), max_files_per_trigger=1)
     sink = fissure.MemorySink()
-    report = fissure.run(build_pipeline(), source, sink, plan=args.plan, checkpoint=os.path.join(work, "ckpt"),
-                         config=fissure.RunnerConfig(master=args.master), progress=True)
+    pipeline = build_pipeline()
+    report = run_for_people(pipeline, source, sink, args, directory)
+    print_run_summary(report, pipeline, directory, what="trades")
     latest = {}
     for record in sink.records():
         if record["ts"] >= latest.get(record["symbol"], {}).get("ts", -1):
             latest[record["symbol"]] = record
-    print(f"\n{report.input_records:,} trades; latest {WINDOW_S:.0f} s VWAP per symbol:")
+    print(f"latest {WINDOW_S:.0f} s VWAP per symbol:")
     for symbol, record in sorted(latest.items()):
         print(f"  {symbol:8s} last {record['price']:10.4f}  vwap {record['vwap']:10.4f}  volume {record['window_volume']:,}")
     return 0

@@ -5,16 +5,15 @@
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
-import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import fissure  # noqa: E402
 from fissure import Pipeline  # noqa: E402
+from example_support import example_parser, print_run_summary, run_directory, run_for_people  # noqa: E402
 from fissure.testing import text_files  # noqa: E402
 from generators.words import generate  # noqa: E402
 
@@ -35,23 +34,21 @@ def build_pipeline() -> Pipeline:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = example_parser(__doc__, files=4)
     parser.add_argument("--lines", type=int, default=20_000)
-    parser.add_argument("--files", type=int, default=4)
-    parser.add_argument("--plan", default="planner")
-    parser.add_argument("--master", default="local[*]")
     args = parser.parse_args(argv)
-    work = tempfile.mkdtemp(prefix="wordcount-")
+    directory = run_directory("wordcount")
     lines = generate(args.lines)
-    source = text_files(os.path.join(work, "input"), lines, lines_per_file=-(-len(lines) // args.files),
+    source = text_files(os.path.join(directory, "input"), lines, lines_per_file=-(-len(lines) // args.files),
                         max_files_per_trigger=1)
     sink = fissure.MemorySink()
-    report = fissure.run(build_pipeline(), source, sink, plan=args.plan, checkpoint=os.path.join(work, "ckpt"),
-                         config=fissure.RunnerConfig(master=args.master), progress=True)
+    pipeline = build_pipeline()
+    report = run_for_people(pipeline, source, sink, args, directory)
+    print_run_summary(report, pipeline, directory, what="lines")
     totals = {}
     for record in sink.records():
         totals[record["word"]] = max(totals.get(record["word"], 0), record["count"])
-    print(f"\n{report.input_records:,} lines, {sum(totals.values()):,} words, {len(totals)} distinct")
+    print(f"{sum(totals.values()):,} words, {len(totals)} distinct; the most frequent:")
     for word, total in sorted(totals.items(), key=lambda item: -item[1])[:10]:
         print(f"  {word:12s} {total:8,d}")
     return 0

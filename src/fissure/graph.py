@@ -23,6 +23,10 @@ field name to a Python type such as `str`, `int`, `float`, `bool`, `bytes`, `dat
 `list[str]`, or a pyarrow type; or a pyarrow Schema). Without it the operator emits records of
 the same fields as its input. `reads=` names the input fields an operator needs, so a pipeline
 that does not fit its source fails at start with the operator and the field named.
+
+Waiting: a stateless per-record operator that waits on I/O (`waits="io"`) or runs native code
+that releases the GIL (`waits="gil-free"`) says so, and runs under the in-worker elastic scheduler
+on as many threads as pay off (docs/elastic-scheduler.md); its function must be thread-safe.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ import inspect
 import re
 import typing
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 
 import pyarrow as pa
@@ -61,6 +65,15 @@ class Action(str, Enum):
     MAP_BATCHES = "map_batches"  # batch -> batch of the same length
     FILTER_BATCHES = "filter_batches"  # batch -> boolean mask
     UPDATE = "update"  # (state, record) -> records emitted; stateful kinds only
+
+
+class Waits(str, Enum):
+    """What a stateless per-record operator declared with `waits=` spends its time on. Such an
+    operator runs under the in-worker elastic scheduler: several threads call its function at once
+    (it must be thread-safe), as many as pay off, results in input order."""
+
+    IO = "io"  # waits on I/O (a web service, a remote store, files): threads help even with the GIL
+    GIL_FREE = "gil-free"  # native code that releases the GIL (NumPy, compression, hashing)
 
 
 class BatchFormat(str, Enum):
@@ -121,6 +134,7 @@ class Hints:
     cost_us: float | None = None  # CPU time per input record
     selectivity: float | None = None  # output records per input record
     max_scale: float | None = None  # bound u of the bounded-linear scalability; None: linear
+    waits: Waits | None = None  # declared waiting: runs under the in-worker elastic scheduler
 
 
 @dataclass(frozen=True)
@@ -150,7 +164,8 @@ class Operator:
     def describe(self) -> str:
         """`name (kind action fn)`, for error messages and listings."""
         key = f" key={','.join(self.key)}" if self.key else ""
-        return f"{self.name} ({self.kind.value} {self.action.value} {self.callable_name}{key})"
+        waits = f" waits={self.hints.waits.value}" if self.hints.waits else ""
+        return f"{self.name} ({self.kind.value} {self.action.value} {self.callable_name}{key}{waits})"
 
 
 @dataclass(frozen=True)
@@ -231,6 +246,31 @@ def _normalize_reads(name: str, reads: Iterable[str] | str | None) -> tuple[str,
     return fields
 
 
+def _normalize_waits(name: str, kind: Kind, action: Action, waits: object) -> Waits | None:
+    """The declared `waits=`, checked: only stateless per-record operators can run on threads."""
+    if waits is None:
+        return None
+    if kind is not Kind.STATELESS:
+        what = "partitioned stateful" if kind is Kind.PARTITIONED else "stateful"
+        raise PipelineError(
+            f"operator {name!r} is {what}: waits={waits!r} would call its function on several threads "
+            f"at once, which breaks the order in which it sees its records and races on its state; "
+            f"move the waiting (the lookup, the call) into a stateless map, filter or flat_map before it and "
+            f"declare waits= there")
+    if action in (Action.MAP_BATCHES, Action.FILTER_BATCHES):
+        raise PipelineError(
+            f"operator {name!r} ({action.value}): waits= is for per-record operators (map, filter, flat_map); "
+            f"a per-batch operator gets one call per Arrow batch, so threads would have no other call to run "
+            f"beside it; declare a per-record operator with waits=, or release the GIL inside the batch function")
+    try:
+        return Waits(waits)
+    except ValueError:
+        raise PipelineError(
+            f"operator {name!r}: waits must be 'io' (it waits on I/O: a service, a store, files) or 'gil-free' "
+            f"(its native code releases the GIL), got {waits!r}; leave it out for pure Python work, which "
+            f"threads do not speed up") from None
+
+
 class Pipeline:
     """A chain of named operators, in the order records flow through them.
 
@@ -244,45 +284,51 @@ class Pipeline:
 
     # --- stateless, per record -------------------------------------------------------------
     def map(self, name: str, fn: Callable[[dict], dict], *, schema: SchemaSpec = None,
-            reads: Iterable[str] | None = None, cost_us: float | None = None) -> Pipeline:
-        """One record in, one record out."""
+            reads: Iterable[str] | None = None, cost_us: float | None = None,
+            waits: str | None = None) -> Pipeline:
+        """One record in, one record out. `waits="io"` or `"gil-free"`: see `Waits`."""
         return self._add(name, Kind.STATELESS, Action.MAP, fn, 1, schema=schema, reads=reads,
-                         hints=Hints(cost_us=cost_us))
+                         hints=Hints(cost_us=cost_us, waits=waits))
 
     def filter(self, name: str, fn: Callable[[dict], bool], *, reads: Iterable[str] | None = None,
-               cost_us: float | None = None, selectivity: float | None = None) -> Pipeline:
-        """Keep the records for which fn returns a true value."""
+               cost_us: float | None = None, selectivity: float | None = None,
+               waits: str | None = None) -> Pipeline:
+        """Keep the records for which fn returns a true value. `waits=`: see `Waits`."""
         return self._add(name, Kind.STATELESS, Action.FILTER, fn, 1, reads=reads,
-                         hints=Hints(cost_us=cost_us, selectivity=selectivity))
+                         hints=Hints(cost_us=cost_us, selectivity=selectivity, waits=waits))
 
     def flat_map(self, name: str, fn: Callable[[dict], Iterable[dict]], *, schema: SchemaSpec = None,
                  reads: Iterable[str] | None = None, cost_us: float | None = None,
-                 selectivity: float | None = None) -> Pipeline:
-        """One record in, any number of records out (an iterable of dicts; None for none)."""
+                 selectivity: float | None = None, waits: str | None = None) -> Pipeline:
+        """One record in, any number of records out (an iterable of dicts; None for none).
+        `waits=`: see `Waits`."""
         return self._add(name, Kind.STATELESS, Action.FLAT_MAP, fn, 1, schema=schema, reads=reads,
-                         hints=Hints(cost_us=cost_us, selectivity=selectivity))
+                         hints=Hints(cost_us=cost_us, selectivity=selectivity, waits=waits))
 
     # --- stateless, per batch --------------------------------------------------------------
     def map_batches(self, name: str, fn: Callable, *, schema: SchemaSpec = None, format: str = "arrow",
-                    reads: Iterable[str] | None = None, cost_us: float | None = None) -> Pipeline:
-        """A whole batch in (pyarrow.RecordBatch or pandas.DataFrame), as many rows out, in order."""
+                    reads: Iterable[str] | None = None, cost_us: float | None = None,
+                    waits: str | None = None) -> Pipeline:
+        """A whole batch in (pyarrow.RecordBatch or pandas.DataFrame), as many rows out, in order.
+        (`waits=` is refused with the reason: it is for per-record operators.)"""
         return self._add(name, Kind.STATELESS, Action.MAP_BATCHES, fn, 1, schema=schema, reads=reads,
-                         batch_format=self._batch_format(name, format), hints=Hints(cost_us=cost_us))
+                         batch_format=self._batch_format(name, format), hints=Hints(cost_us=cost_us, waits=waits))
 
     def filter_batches(self, name: str, fn: Callable, *, format: str = "arrow",
                        reads: Iterable[str] | None = None, cost_us: float | None = None,
-                       selectivity: float | None = None) -> Pipeline:
+                       selectivity: float | None = None, waits: str | None = None) -> Pipeline:
         """A whole batch in; a boolean mask out (one value per row: True keeps the row)."""
         return self._add(name, Kind.STATELESS, Action.FILTER_BATCHES, fn, 1, reads=reads,
                          batch_format=self._batch_format(name, format),
-                         hints=Hints(cost_us=cost_us, selectivity=selectivity))
+                         hints=Hints(cost_us=cost_us, selectivity=selectivity, waits=waits))
 
     # --- stateful --------------------------------------------------------------------------
     def partitioned(self, name: str, fn: Callable[[typing.Any, dict], typing.Any], *,
                     key: str | Sequence[str] | None = None, schema: SchemaSpec = None,
                     state_factory: Callable[[], typing.Any] = dict, order_by: str | None = None,
                     reads: Iterable[str] | None = None, cost_us: float | None = None,
-                    selectivity: float | None = None, max_scale: float | None = None) -> Pipeline:
+                    selectivity: float | None = None, max_scale: float | None = None,
+                    waits: str | None = None) -> Pipeline:
         """Partitioned stateful: fn(state, record) with one state object per value of `key`.
 
         Within a micro-batch a key's records arrive in source order (sequence numbers), or sorted
@@ -291,16 +337,17 @@ class Pipeline:
         fields = _normalize_key(name, key)
         return self._add(name, Kind.PARTITIONED, Action.UPDATE, fn, 2, key=fields, schema=schema,
                          reads=reads, state_factory=self._state_factory(name, state_factory), order_by=order_by,
-                         hints=Hints(cost_us=cost_us, selectivity=selectivity, max_scale=max_scale))
+                         hints=Hints(cost_us=cost_us, selectivity=selectivity, max_scale=max_scale, waits=waits))
 
     def stateful(self, name: str, fn: Callable[[typing.Any, dict], typing.Any], *,
                  schema: SchemaSpec = None, state_factory: Callable[[], typing.Any] = dict,
                  order_by: str | None = None, reads: Iterable[str] | None = None,
-                 cost_us: float | None = None, selectivity: float | None = None) -> Pipeline:
+                 cost_us: float | None = None, selectivity: float | None = None,
+                 waits: str | None = None) -> Pipeline:
         """Stateful without a key: fn(state, record) with one state object for the whole stream."""
         return self._add(name, Kind.STATEFUL, Action.UPDATE, fn, 2, schema=schema, reads=reads,
                          state_factory=self._state_factory(name, state_factory), order_by=order_by,
-                         hints=Hints(cost_us=cost_us, selectivity=selectivity))
+                         hints=Hints(cost_us=cost_us, selectivity=selectivity, waits=waits))
 
     # --- reading the definition ------------------------------------------------------------
     @property
@@ -384,6 +431,7 @@ class Pipeline:
             raise PipelineError(f"operator {name!r}: order_by must name one field, got {order_by!r}")
         if hints.max_scale is not None and not hints.max_scale >= 1:
             raise PipelineError(f"operator {name!r}: max_scale must be >= 1, got {hints.max_scale!r}")
+        hints = replace(hints, waits=_normalize_waits(name, kind, action, hints.waits))
         self._operators.append(Operator(
             name=name, kind=kind, action=action, fn=fn, key=key,
             schema=to_arrow_schema(schema, f"operator {name!r}"), reads=_normalize_reads(name, reads),

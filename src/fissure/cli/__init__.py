@@ -12,6 +12,8 @@ SUBCOMMAND_MODULES = (
     "fissure.cli.run_cmd",
     "fissure.cli.autopipeline_cmd",
     "fissure.cli.elastic_sim_cmd",
+    "fissure.cli.profile_cmd",
+    "fissure.cli.calibrate_cmd",
 )
 
 

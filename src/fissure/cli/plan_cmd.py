@@ -22,12 +22,15 @@ def register(subparsers) -> None:
     parser.add_argument("--cores", type=int, help="override the spec's core count C")
     parser.add_argument("--max-threads", type=int, help="thread budget M (default: 2 x cores)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--model", choices=("paper", "spark"), default="paper",
+                        help="throughput model: the paper's (default) or Spark's, with the constants "
+                             "`fissure calibrate` stored (documented defaults without them)")
     parser.set_defaults(handler=run)
 
 
 def result_json(result: PlanResult) -> dict:
     evaluation = result.evaluation
-    return {
+    document = {
         "method": result.plan.method,
         "cores": evaluation.cores,
         "regions": [
@@ -39,12 +42,17 @@ def result_json(result: PlanResult) -> dict:
             }
             for region in evaluation.regions
         ],
-        "throughput_per_s": evaluation.throughput_per_s,
-        "utilization": evaluation.utilization,
+        "throughput_per_s": result.throughput_per_s,
+        "utilization": evaluation.utilization if result.spark is None else result.spark.utilization,
         "threads": evaluation.threads,
         "solve_ms": result.solve_ms,
         "max_threads": result.max_threads,
     }
+    if result.spark is not None:
+        document["model"] = "spark"
+        document["batch_time_s"] = result.spark.batch_time_s
+        document["batch_records"] = result.spark.batch_records
+    return document
 
 
 def result_table(result: PlanResult) -> str:
@@ -65,11 +73,16 @@ def result_table(result: PlanResult) -> str:
         f"plan: {result.plan.method} on {evaluation.cores} cores (at most {result.max_threads} threads)"
     ]
     lines += ["  ".join(cell.ljust(width) for cell, width in zip(row[:4], widths)) + "  " + row[4] for row in rows]
+    utilization = evaluation.utilization if result.spark is None else result.spark.utilization
     lines.append(
-        f"predicted throughput {evaluation.throughput_per_s:,.1f} tuples/s, "
-        f"utilization {evaluation.utilization:.2f} cores, {evaluation.threads} threads, "
+        f"predicted throughput {result.throughput_per_s:,.1f} tuples/s, "
+        f"utilization {utilization:.2f} cores, {evaluation.threads} threads, "
         f"solved in {result.solve_ms:.2f} ms"
     )
+    if result.spark is not None:
+        lines.append(f"Spark model: micro-batches of {result.spark.batch_records:,} records take "
+                     f"{result.spark.batch_time_s:.3f} s ({result.spark.fixed_s:.3f} s fixed), "
+                     f"{len(result.spark.stages)} Spark stages")
     return "\n".join(lines)
 
 
@@ -80,8 +93,13 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(str(error)) from None
     if args.max_threads is not None and args.max_threads < 1:
         raise UsageError(f"--max-threads must be >= 1, got {args.max_threads}")
+    spark = None
+    if args.model == "spark":
+        from fissure.profile.calibration import stored_spark_model
+
+        spark, _ = stored_spark_model()
     try:
-        result = plan_chain(spec.operators, spec.machine, args.method, args.max_threads)
+        result = plan_chain(spec.operators, spec.machine, args.method, args.max_threads, spark=spark)
     except SearchTooLarge as error:
         raise UsageError(str(error)) from None
     print(json.dumps(result_json(result)) if args.json else result_table(result))

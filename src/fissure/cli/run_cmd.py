@@ -1,6 +1,10 @@
 """`fissure run`: run a pipeline on Spark from a file source to a sink, with a live progress line.
 
     fissure run examples/logwatch.py:build_pipeline --source logs/ --sink out/ --plan planner
+
+The terminal shows the progress line and the results; everything Spark prints goes to
+`spark.log` in the run directory (--run-dir, default a new temporary directory), which the last
+line names. A failed run prints a short reason and points to that log.
 """
 
 from __future__ import annotations
@@ -9,8 +13,12 @@ import argparse
 import importlib
 import importlib.util
 import os
+import sys
+import tempfile
 
 from fissure.cli import UsageError
+
+TYPES = {"str": str, "int": int, "float": float, "bool": bool}
 
 
 def register(subparsers) -> None:
@@ -19,19 +27,24 @@ def register(subparsers) -> None:
     parser.add_argument("pipeline", help="FILE.py:FUNCTION or MODULE:FUNCTION returning a fissure Pipeline")
     parser.add_argument("--source", required=True, help="a directory of input files")
     parser.add_argument("--format", default="text", choices=("text", "json", "csv", "parquet"))
-    parser.add_argument("--schema", help="source fields for json/csv/parquet: name:type,... (str, int, float, bool)")
-    parser.add_argument("--files-per-batch", type=int, default=None, help="maxFilesPerTrigger of the source")
-    parser.add_argument("--sink", help="output directory (Parquet, one folder per batch); default: console")
+    parser.add_argument("--schema", help=f"source fields for json/csv/parquet: name:type,... ({', '.join(TYPES)})")
+    batch = parser.add_mutually_exclusive_group()
+    batch.add_argument("--files-per-batch", type=int, default=None, help="at most this many files per micro-batch")
+    batch.add_argument("--kb-per-batch", type=int, default=None,
+                       help="at most this many KiB of files per micro-batch (default: all new files)")
+    parser.add_argument("--sink", help="output directory (Parquet, one folder per batch); default: print results")
     parser.add_argument("--dead-letters", help="directory for dead letters (JSON); default: counted and kept in memory")
     parser.add_argument("--plan", default="planner", help="planner (default), sequential, or a JSON plan file")
     parser.add_argument("--master", default="local[*]", help="Spark master URL (default: local[*])")
-    parser.add_argument("--checkpoint", help="checkpoint directory (restart from it; default: temporary)")
+    parser.add_argument("--checkpoint", help="checkpoint directory (restart from it; default: in the run directory)")
+    parser.add_argument("--run-dir", help="directory for Spark's log and the default checkpoint "
+                                          "(default: a new temporary directory)")
     parser.add_argument("--follow", action="store_true", help="keep running for new files (default: stop when done)")
     parser.add_argument("--timeout", type=float, default=None, help="with --follow: stop after this many seconds")
+    parser.add_argument("--no-adapt", dest="adapt", action="store_false",
+                        help="keep the starting plan (default: re-plan while running, keep what helps, roll back "
+                             "what does not; the timeline goes to the run directory)")
     parser.set_defaults(handler=handle)
-
-
-TYPES = {"str": str, "int": int, "float": float, "bool": bool}
 
 
 def parse_schema(text: str | None) -> dict | None:
@@ -40,19 +53,23 @@ def parse_schema(text: str | None) -> dict | None:
     schema = {}
     for item in text.split(","):
         name, _, kind = item.partition(":")
-        if not name or kind not in TYPES:
+        if not name.strip() or kind.strip() not in TYPES:
             raise UsageError(f"--schema item {item!r} is not name:type with type one of {', '.join(TYPES)}")
-        schema[name.strip()] = TYPES[kind]
+        schema[name.strip()] = TYPES[kind.strip()]
     return schema
 
 
 def load_pipeline(reference: str):
+    """The Pipeline that FILE.py:FUNCTION or MODULE:FUNCTION names (a function returning one, or one)."""
     location, _, function_name = reference.rpartition(":")
     if not location or not function_name:
-        raise UsageError(f"pipeline {reference!r} must be FILE.py:FUNCTION or MODULE:FUNCTION")
+        raise UsageError(f"pipeline {reference!r} must be FILE.py:FUNCTION or MODULE:FUNCTION, "
+                         f"e.g. examples/logwatch.py:build_pipeline")
     if location.endswith(".py"):
-        if not os.path.exists(location):
+        if not os.path.isfile(location):
             raise UsageError(f"pipeline file {location!r} does not exist")
+        # The file's folder on the path, as `python FILE.py` would have it: its own imports work.
+        sys.path.insert(0, os.path.dirname(os.path.abspath(location)))
         spec = importlib.util.spec_from_file_location(os.path.splitext(os.path.basename(location))[0], location)
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
@@ -63,7 +80,9 @@ def load_pipeline(reference: str):
             raise UsageError(f"cannot import pipeline module {location!r}: {error}") from None
     factory = getattr(module, function_name, None)
     if factory is None:
-        raise UsageError(f"{location!r} has no {function_name!r}")
+        defined = sorted(name for name, value in vars(module).items() if callable(value) and not name.startswith("_"))
+        raise UsageError(f"{location!r} has no {function_name!r}; "
+                         f"it defines {', '.join(defined) or 'nothing callable'}")
     from fissure.graph import Pipeline
 
     pipeline = factory() if callable(factory) and not isinstance(factory, Pipeline) else factory
@@ -76,23 +95,44 @@ def handle(args) -> int:
     import fissure
     from fissure.graph import PipelineError
     from fissure.spark.plans import describe_plan
+    from fissure.spark.session import describe_failure
 
     pipeline = load_pipeline(args.pipeline)
     if not os.path.isdir(args.source):
-        raise UsageError(f"--source {args.source!r} is not a directory")
+        raise UsageError(f"--source {args.source!r} is not a directory; give the directory the input files arrive in")
     try:
         source = fissure.FileSource(args.source, format=args.format, schema=parse_schema(args.schema),
-                                    max_files_per_trigger=args.files_per_batch)
+                                    max_files_per_trigger=args.files_per_batch,
+                                    max_bytes_per_trigger=args.kb_per_batch * 1024 if args.kb_per_batch else None)
     except ValueError as error:
         raise UsageError(str(error)) from None
+    run_dir = args.run_dir or tempfile.mkdtemp(prefix="fissure-run-")
+    os.makedirs(run_dir, exist_ok=True)
+    spark_log = os.path.abspath(os.path.join(run_dir, "spark.log"))
     sink = fissure.FileSink(args.sink) if args.sink else fissure.ConsoleSink()
     dead_letters = fissure.FileSink(args.dead_letters, format="json") if args.dead_letters else None
+    print(f"fissure run: starting Spark (its output goes to {spark_log})", file=sys.stderr)
     try:
-        report = fissure.run(pipeline, source, sink, plan=args.plan, checkpoint=args.checkpoint,
-                             dead_letters=dead_letters, config=fissure.RunnerConfig(master=args.master),
-                             available_now=not args.follow, timeout_s=args.timeout, progress=True)
+        report = fissure.run(pipeline, source, sink, plan=args.plan,
+                             checkpoint=args.checkpoint or os.path.join(run_dir, "checkpoint"),
+                             dead_letters=dead_letters,
+                             config=fissure.RunnerConfig(master=args.master, spark_log=spark_log),
+                             available_now=not args.follow, timeout_s=args.timeout, progress=True,
+                             adaptive=args.adapt, run_dir=run_dir)
     except PipelineError as error:
         raise UsageError(str(error)) from None
-    print(f"{report.input_records:,} records in {report.batches} batches, {report.records_per_s:,.0f} records/s, "
-          f"{report.dead_letters} dead letters; plan {describe_plan(report.plan)}")
+    except KeyboardInterrupt:
+        print(f"\nfissure run: interrupted; Spark's output: {spark_log}", file=sys.stderr)
+        return 130
+    except Exception as error:  # noqa: BLE001 - shown to people, the traceback goes to the log
+        print(f"\nfissure run: the run failed: {describe_failure(error, spark_log)}", file=sys.stderr)
+        return 1
+    print(f"{report.input_records:,} records in {report.batches} batch{'' if report.batches == 1 else 'es'}, "
+          f"{report.records_per_s:,.0f} records/s, {report.dead_letters} dead letters; "
+          f"plan {describe_plan(report.plan, pipeline)}")
+    if args.sink:
+        print(f"results: {args.sink}")
+    if getattr(report, "timeline_json", None):
+        print(f"timeline: {report.timeline_json}" + (f", {report.timeline_png}" if report.timeline_png else ""))
+    print(f"Spark's output: {spark_log}")
     return 0

@@ -40,7 +40,7 @@ from __future__ import annotations
 import logging
 import math
 from statistics import fmean
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Protocol
@@ -242,6 +242,8 @@ class BatchObservation:
         cores: cores (task slots) the query may use now; None: the controller's machine's.
         plan_in_force: fingerprint of the plan the runner ran this batch with; None: trusted to
             be the controller's.
+        thread_levels: operators on elastic threads -> their thread level in each worker after
+            the batch (docs/elastic-scheduler.md); for the timeline, not for decisions.
     """
 
     batch_id: int
@@ -254,6 +256,7 @@ class BatchObservation:
     backlog_records: int | None = None
     cores: int | None = None
     plan_in_force: str | None = None
+    thread_levels: Mapping[str, tuple[int, ...]] | None = None
 
 
 # -- what goes out ------------------------------------------------------------------------------

@@ -99,6 +99,8 @@ class TimelineEntry:
     plan_after: str  # fingerprint of the plan in force once the decision is realized
     switch_kind: str | None = None
     switch_cost_s: float | None = None  # as the realizer measured it
+    # Operators on elastic threads -> their thread level in each worker after the batch.
+    thread_levels: dict[str, list[int]] | None = None
 
 
 @dataclass
@@ -123,6 +125,8 @@ class Timeline:
             plan_after=decision.plan_in_force,
             switch_kind=switch.kind.value if switch is not None else None,
             switch_cost_s=cost_s,
+            thread_levels={name: list(levels) for name, levels in observation.thread_levels.items()}
+            if observation.thread_levels else None,
         )
         self.entries.append(entry)
         return entry
@@ -267,7 +271,14 @@ def plot_timeline(timeline: Timeline, path: str | os.PathLike, references: Seque
     top.set_title(timeline.title)
     top.legend(loc="best", fontsize=7)
     bottom.step([entry.time_s for entry in batches], [entry.threads for entry in batches], where="pre",
-                color="tab:brown")
+                color="tab:brown", label="plan")
+    operators = sorted({name for entry in batches for name in entry.thread_levels or {}})
+    for name in operators:  # waiting operators: their highest thread level over the workers
+        levels = [(entry.time_s, max(entry.thread_levels[name])) for entry in batches
+                  if entry.thread_levels and entry.thread_levels.get(name)]
+        bottom.step([t for t, _ in levels], [level for _, level in levels], where="pre", label=f"{name} (elastic)")
+    if operators:
+        bottom.legend(loc="best", fontsize=7)
     bottom.set_ylabel("threads")
     bottom.set_xlabel("time (s)")
     figure.tight_layout()

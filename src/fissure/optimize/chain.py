@@ -195,13 +195,15 @@ class ChainModel:
         )
 
     def from_plan(self, plan: Plan) -> list[RegionShape]:
+        """The plan's regions in index form, adjacent unreplicated ones merged as the reference
+        model merges them (`canonical_regions`)."""
         index = {operator.name: i for i, operator in enumerate(self.operators)}
         shapes = []
         for region in plan.regions:
             starts = [index[pipeline[0]] for pipeline in region.pipelines]
             end = index[region.pipelines[-1][-1]] + 1
             shapes.append(RegionShape(starts[0], end, tuple(starts[1:]), region.replicas))
-        return shapes
+        return merge_unreplicated(shapes)
 
 
 def merge_unreplicated(regions: Sequence[RegionShape]) -> list[RegionShape]:

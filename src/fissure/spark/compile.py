@@ -16,7 +16,7 @@ plus a sequence number and the dead-letter columns (fissure.worker.columns).
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pyarrow as pa
 from pyspark.sql import DataFrame
@@ -24,12 +24,15 @@ from pyspark.sql import functions as F
 
 from fissure.graph import Operator, Pipeline, PipelineError, output_schemas
 from fissure.model.types import Kind, Plan, RegionPlan
+from fissure.spark.elastic import WorkerThreads
+from fissure.spark.live_cut import LiveCut
 from fissure.spark.plans import check_plan
 from fissure.spark.sources import arrow_schema_of, spark_schema_of
 from fissure.spark.stages import OperatorStateProcessor, RegionFunction
 from fissure.worker.columns import SINGLE_KEY, carried_schema
 from fissure.worker.fused import FusedStage, Step
 from fissure.worker.keyed import StatefulStep
+from fissure.worker.profiling import ProfiledRegion, ProfiledUpdate
 
 
 @dataclass(frozen=True)
@@ -46,6 +49,18 @@ class CompiledStage:
     @property
     def processes(self) -> int:
         return len(self.pipelines) if self.kind == "pe" else 1
+
+
+@dataclass(frozen=True)
+class WorkerProfiling:
+    """What compiled stages need to profile themselves (fissure.worker.profiling): the run's
+    profile accumulator and how much to time. `token` keeps one query's counters apart from
+    another's in a worker that serves both."""
+
+    accumulator: object
+    timed_every_batches: int = 1
+    timed_every_records: int = 32
+    token: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
 
 
 @dataclass(frozen=True)
@@ -75,9 +90,9 @@ def state_partitions_for(plan: Plan, pipeline: Pipeline, default: int = 1) -> in
     return max(keyed, default=default)
 
 
-def _step(operator: Operator, output_schema: pa.Schema) -> Step:
+def _step(operator: Operator, output_schema: pa.Schema, waiting=None) -> Step:
     return Step(name=operator.name, action=operator.action.value, fn=operator.fn, output_schema=output_schema,
-                batch_format=operator.batch_format.value if operator.batch_format else None)
+                batch_format=operator.batch_format.value if operator.batch_format else None, waiting=waiting)
 
 
 def _segments(region: RegionPlan, pipeline: Pipeline) -> list[tuple[str, object]]:
@@ -106,6 +121,9 @@ def _segments(region: RegionPlan, pipeline: Pipeline) -> list[tuple[str, object]
 
 
 class _Compiler:
+    profiling: WorkerProfiling | None = None  # set by compile_plan
+    threads: WorkerThreads = WorkerThreads()  # waiting operators on elastic threads (compile_plan)
+
     def __init__(self, pipeline: Pipeline, plan: Plan, source: DataFrame, state_partitions: int,
                  resource_profile_for) -> None:
         self.pipeline = pipeline
@@ -120,7 +138,10 @@ class _Compiler:
         self.partitions: int | None = None  # None: the source's partitioning
         self.user_schema = self.source_schema  # the user's fields of the frame
         self.stages: list[CompiledStage] = []
-        self.fingerprint = f"{pipeline.name}-{uuid.uuid4().hex[:12]}"
+        # The PE registry in each Python worker keys its processes by this region id: stable per
+        # pipeline, so a new plan's cut replaces the old processes at once instead of leaving
+        # them idle (the PE compares the cut fingerprint and re-forks when it changed).
+        self.fingerprint = pipeline.name
 
     def compile(self) -> CompiledQuery:
         for number, region in enumerate(self.plan.regions, start=1):
@@ -166,10 +187,15 @@ class _Compiler:
         self._sequence_before_exchange()
         if kind is Kind.PARTITIONED:
             keyed = next(operator for operator in operators if operator.kind is Kind.PARTITIONED)
-            self._check_fields(keyed.key, keyed, "keyed on")
-            self.frame = self.frame.repartition(region.replicas, *keyed.key)
+            if all(name in self.user_schema.names for name in keyed.key):
+                self.frame = self.frame.repartition(region.replicas, *keyed.key)
+                self.partitions = region.replicas
+                return "hash", region.replicas, keyed.key
+            # The region's own stateless operators make the key: spread them round-robin; the
+            # keyed operator's exchange then hashes on the key.
+            self.frame = self.frame.repartition(region.replicas)
             self.partitions = region.replicas
-            return "hash", region.replicas, keyed.key
+            return "round-robin", region.replicas, None
         self.frame = self.frame.repartition(1)
         self.partitions = 1
         return "single", 1, None
@@ -189,13 +215,26 @@ class _Compiler:
     def _pe_stage(self, number: int, pipelines: list[list[Operator]], exchange: str,
                   partitions: int | None, key) -> None:
         fused = []
-        for operators in pipelines:
-            steps = [_step(operator, self.schemas[operator.name]) for operator in operators]
-            fused.append([FusedStage(steps, self.user_schema)])
+        profiling, region_label = self.profiling, f"s{len(self.stages)}"
+        for number_in_region, operators in enumerate(pipelines, start=1):
+            steps = [_step(operator, self.schemas[operator.name], self.threads.waiting_for(operator, self.pipeline.name))
+                     for operator in operators]
+            if profiling is None:
+                fused.append([FusedStage(steps, self.user_schema)])
+            else:
+                fused.append([FusedStage(steps, self.user_schema,
+                                         profile_id=f"{profiling.token}/{region_label}/p{number_in_region}",
+                                         profile_label=f"{region_label}/p{number_in_region}",
+                                         timed_every=profiling.timed_every_batches)])
             self.user_schema = steps[-1].output_schema
         output = carried_schema(self.user_schema)
         function = RegionFunction(fused, f"{self.fingerprint}/{len(self.stages)}",
                                   None if self.carried else self.source_schema, output)
+        if profiling is not None:
+            function = ProfiledRegion(function, [stage for stages in fused for stage in stages], region_label,
+                                      profiling.accumulator)
+        function = LiveCut(function)  # runs the cut the driver sets per micro-batch (in-PE switches)
+        function = self.threads.wrap(function, fused)  # waiting operators' boards, switches, levels
         profile = self.resource_profile_for(len(pipelines))
         if profile is not None:
             self.frame = self.frame.mapInArrow(function, spark_schema_of(output), profile=profile)
@@ -210,7 +249,9 @@ class _Compiler:
             self._sequence_stage(number)
         carried_input = carried_schema(self.user_schema)
         output_schema = self.schemas[operator.name]
-        step = StatefulStep(name=operator.name, fn=operator.fn, state_factory=operator.state_factory,
+        fn = operator.fn if self.profiling is None else ProfiledUpdate(
+            operator.fn, operator.name, self.profiling.accumulator, self.profiling.timed_every_records)
+        step = StatefulStep(name=operator.name, fn=fn, state_factory=operator.state_factory,
                             input_schema=self.user_schema, output_schema=output_schema, key=operator.key,
                             order_by=operator.order_by)
         if operator.kind is Kind.PARTITIONED:
@@ -232,13 +273,20 @@ class _Compiler:
 
 
 def compile_plan(pipeline: Pipeline, plan: Plan, source: DataFrame, *, state_partitions: int | None = None,
-                 resource_profile_for=lambda processes: None) -> CompiledQuery:
+                 resource_profile_for=lambda processes: None,
+                 profiling: WorkerProfiling | None = None, threads: WorkerThreads | None = None) -> CompiledQuery:
     """The query for `pipeline` under `plan` over the streaming DataFrame `source`.
 
     `state_partitions` defaults to the plan's largest partitioned-region replica count (1 without);
     `resource_profile_for(processes)` may return a ResourceProfile for a PE of that many processes.
+    `profiling`: make every operator count and time itself into its accumulator (None: not profiled).
+    `threads`: how waiting operators run on elastic threads and report their levels (None: declared
+    ones still do, with the default policy, unreported).
     Raises PipelineError naming the operator and field when the pipeline does not fit the source.
     """
     check_plan(plan, pipeline)
     partitions = state_partitions if state_partitions is not None else state_partitions_for(plan, pipeline)
-    return _Compiler(pipeline, plan, source, partitions, resource_profile_for).compile()
+    compiler = _Compiler(pipeline, plan, source, partitions, resource_profile_for)
+    compiler.profiling = profiling
+    compiler.threads = threads or WorkerThreads()
+    return compiler.compile()

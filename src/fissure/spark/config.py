@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from fissure.control.elasticity import POLICY_NAMES, ElasticityConfig
+
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 
 
@@ -29,8 +31,23 @@ class RunnerConfig:
     default_state_partitions: int = 1
     # Extra Spark settings for the session fissure creates.
     spark_conf: dict[str, str] = field(default_factory=dict)
+    # File for everything Spark prints (JVM log lines, its Python workers' output) when fissure
+    # creates the session and no JVM runs yet in this process; None: the terminal, as PySpark does.
+    spark_log: str | None = None
+    # Operators declared waits="io" / waits="gil-free" run on elastic threads in their Python
+    # worker (docs/elastic-scheduler.md): the thread-level policy ("trust-trend" or
+    # "elastic-operator") and its parameters; None: the defaults (1 s periods, 1..32 threads, no
+    # CPU-usage check for waits="io").
+    thread_policy: str = "trust-trend"
+    thread_elasticity: ElasticityConfig | None = None
+    # Also run an undeclared per-record operator on elastic threads once its profile shows it
+    # waiting (wall time >= 2 x CPU time). Off by default: its function never promised to be
+    # thread-safe. Needs profiling (the runner's default).
+    detect_waiting_operators: bool = False
 
     def __post_init__(self) -> None:
+        if self.thread_policy not in POLICY_NAMES:
+            raise ValueError(f"thread_policy must be one of {', '.join(POLICY_NAMES)}, got {self.thread_policy!r}")
         if self.trigger_interval_s < 0 or self.progress_interval_s <= 0:
             raise ValueError("trigger_interval_s must be >= 0 and progress_interval_s > 0")
         if self.dead_letters_kept < 0 or self.default_state_partitions < 1:

@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Mapping
 
 from fissure.graph import OperatorEstimate, Pipeline, PipelineError
 from fissure.model.types import Kind, Machine, Plan, RegionPlan
 
 PLAN_CHOICES = ("sequential", "planner")
+# One pipeline's operator names inside a described plan: between `[` or `|` and `|` or `]`.
+_PIPELINE_IN_TEXT = re.compile(r"(?<=[\[|])[^\[\]|]+(?=[|\]])")
 
 
 def sequential_plan(pipeline: Pipeline) -> Plan:
@@ -44,13 +47,16 @@ def planner_plan(pipeline: Pipeline, cores: int, estimates: Mapping[str, Operato
                  method: str = "heuristic") -> Plan:
     """The planner's plan from the pipeline's estimates (hints or defaults until profiles exist).
 
-    Threads are capped at the cores: on Spark a PE's processes and the replicas share the task
-    slots (see docs/spark-runner.md).
+    Ranked by the Spark model (fissure.model.spark_model: a micro-batch's stages run one after
+    another, fixed costs per batch, stage, task and state partition) with the constants `fissure
+    calibrate` stored, or its defaults, on `cores` task slots. The paper's model with its default
+    machine (c_p = 50 us, threads capped at the cores) gave LogWatch no replica on 2 cores.
     """
     from fissure.optimize import plan_chain
+    from fissure.profile.calibration import stored_spark_model
 
-    return plan_chain(pipeline.operator_stats(estimates), Machine(cores=cores), method=method,
-                      max_threads=cores).plan
+    settings, _ = stored_spark_model()
+    return plan_chain(pipeline.operator_stats(estimates), Machine(cores=cores), method=method, spark=settings).plan
 
 
 def resolve_plan(plan: object, pipeline: Pipeline, cores: int,
@@ -98,10 +104,46 @@ def check_plan(plan: Plan, pipeline: Pipeline) -> None:
                                 f"({', '.join(sorted('+'.join(key) for key in keys))}); split the region")
 
 
-def describe_plan(plan: Plan) -> str:
-    """`[a|b]x2 -> [c]` : pipelines separated by `|`, replicas after `x`."""
+def describe_plan(plan: Plan, pipeline: Pipeline | None = None) -> str:
+    """`[a,b|c]x2 -> [d]x2(host) -> [e]`: pipelines separated by `|`, replicas after `x`, and
+    (given the pipeline) the key a replicated region's state is partitioned on."""
     regions = []
     for region in plan.regions:
-        text = "[" + "|".join(",".join(pipeline) for pipeline in region.pipelines) + "]"
-        regions.append(text + (f"x{region.replicas}" if region.replicas > 1 else ""))
+        text = "[" + "|".join(",".join(names) for names in region.pipelines) + "]"
+        if region.replicas > 1:
+            text += f"x{region.replicas}"
+            key = _partition_key(region, pipeline)
+            if key:
+                text += f"({key})"
+        regions.append(text)
     return " -> ".join(regions)
+
+
+def _partition_key(region: RegionPlan, pipeline: Pipeline | None) -> str | None:
+    """The key of the region's partitioned operators (one at most in a replicated region)."""
+    if pipeline is None:
+        return None
+    for name in region.operators:
+        if name in pipeline.names and pipeline.operator(name).kind is Kind.PARTITIONED:
+            return ",".join(pipeline.operator(name).key)
+    return None
+
+
+def abbreviate_plan(text: str) -> str:
+    """A described plan with every pipeline of three or more operators written `first..last`:
+    `[lines..realtime]x2(host) -> [breakins|results]` (for a narrow terminal)."""
+    def shorten(match: re.Match) -> str:
+        names = match.group(0).split(",")
+        return f"{names[0]}..{names[-1]}" if len(names) > 2 else match.group(0)
+
+    return _PIPELINE_IN_TEXT.sub(shorten, text)
+
+
+def plan_line(head: str, plan_text: str, max_chars: int | None = None) -> str:
+    """`head` then the plan, within `max_chars` (a terminal's width): the plan abbreviated if
+    needed, then cut with an ellipsis."""
+    line = head + plan_text
+    if max_chars is None or len(line) <= max_chars:
+        return line
+    line = head + abbreviate_plan(plan_text)
+    return line if len(line) <= max_chars else line[:max(0, max_chars - 1)] + "…"

@@ -6,24 +6,32 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from pyspark.sql import SparkSession
 
 from fissure.graph import OperatorEstimate, Pipeline
 from fissure.model.types import Plan
-from fissure.spark.compile import CompiledQuery, compile_plan, state_partitions_for
+from fissure.profile.collector import ProfileCollector
+from fissure.profile.log import profile_log_path
+from fissure.profile.settings import ProfileSettings
+from fissure.profile.window import BatchProfile, ProfileSummary, render_table
+from fissure.spark.compile import CompiledQuery, WorkerProfiling, compile_plan, state_partitions_for
 from fissure.spark.config import RunnerConfig
-from fissure.spark.plans import describe_plan, resolve_plan
+from fissure.spark.elastic import ThreadLevels
+from fissure.spark.plans import describe_plan, plan_line, resolve_plan
 from fissure.spark.session import QUERY_DEFAULTS, create_session, default_parallelism, is_local
 from fissure.spark.sinks import BatchWriter, DeadLetterLog
 from fissure.spark.sources import SourceLike, open_source
+from fissure.worker.elastic_stage import BatchThreadLevels
+from fissure.worker.profiling import ProfileTally, ProfileTallyParam
 
 
 @dataclass(frozen=True)
@@ -35,10 +43,22 @@ class Progress:
     input_records: int  # total over the run so far
     dead_letters: int  # total over the run so far
     plan: str
+    threads: str = ""  # waiting operators' thread level per worker after the batch: "enrich 8,6"
 
-    def line(self) -> str:
-        return (f"fissure | {self.records_per_s:,.0f} records/s | batch {self.batch_id} | "
-                f"{self.input_records:,} records | {self.dead_letters} dead letters | plan {self.plan}")
+    def line(self, max_chars: int | None = None) -> str:
+        """The line; longer than `max_chars` (a terminal's width), its plan is abbreviated."""
+        threads = f"threads {self.threads} | " if self.threads else ""
+        return plan_line(f"fissure | {self.records_per_s:,.0f} records/s | batch {self.batch_id} | "
+                         f"{self.input_records:,} records | {self.dead_letters} dead letters | {threads}plan ",
+                         self.plan, max_chars)
+
+
+def terminal_columns() -> int | None:
+    """The width available to the progress line on a terminal (None: not a terminal)."""
+    try:
+        return os.get_terminal_size(sys.stderr.fileno()).columns - 1 if sys.stderr.isatty() else None
+    except (OSError, ValueError):
+        return None
 
 
 @dataclass(frozen=True)
@@ -51,6 +71,9 @@ class RunReport:
     dead_letters: int
     elapsed_s: float
     checkpoint: str
+    profile: ProfileSummary | None = None  # the operators' statistics over the last batches
+    # Per batch: the thread level of each waiting operator in each worker (docs/elastic-scheduler.md).
+    thread_levels: tuple[BatchThreadLevels, ...] = ()
 
     @property
     def records_per_s(self) -> float:
@@ -107,13 +130,21 @@ class Runner:
     `spark`: an existing session; without one fissure creates `config.master` (local[*]).
     `dead_letters`: a sink for dead letters (e.g. FileSink); they are counted and the latest kept
     in `runner.dead_letter_log` either way.
+    `profile`: how operators are profiled on the live stream (None: not at all); the statistics
+    are in `runner.profile_summary()`, under the progress line, and in the profile log
+    (`profile_log`, default `<checkpoint>/fissure/profile.jsonl` when a checkpoint is given) that
+    `fissure profile` reads. See docs/profiling.md.
     """
+
+    # Set before start() to wrap the foreachBatch function (fissure.spark.adaptive's batch gate).
+    wrap_batch: Callable[[Callable], Callable] | None = None
 
     def __init__(self, pipeline: Pipeline, source: SourceLike, sink, *, plan: object = "sequential",
                  checkpoint: str | None = None, spark: SparkSession | None = None,
                  dead_letters=None, estimates: Mapping[str, OperatorEstimate] | None = None,
                  config: RunnerConfig = RunnerConfig(), progress: bool | None = None,
-                 query_name: str | None = None) -> None:
+                 query_name: str | None = None, profile: ProfileSettings | None = ProfileSettings(),
+                 profile_log: str | None = None) -> None:
         self.pipeline = pipeline
         self.source = source
         self.sink = sink
@@ -133,6 +164,12 @@ class Runner:
         self._started_at = 0.0
         self._watcher: threading.Thread | None = None
         self._stop_watching = threading.Event()
+        self.profile_settings = profile if profile is not None and profile.enabled else None
+        self.profile_log = profile_log or (None if self._temporary_checkpoint else str(profile_log_path(self.checkpoint)))
+        self.profiler: ProfileCollector | None = None
+        self.threads: ThreadLevels | None = None  # waiting operators' thread levels (start())
+        self._table_lines = 0
+        self._table_drawn_at = 0.0
 
     # --- lifecycle ---------------------------------------------------------------------------
     def start(self, available_now: bool = False):
@@ -145,10 +182,26 @@ class Runner:
                             # Read only when the checkpoint is new: a checkpoint keeps its own value.
                             "spark.sql.shuffle.partitions": str(state_partitions)}.items():
             self.spark.conf.set(name, value)
+        profiling = None
+        if self.profile_settings is not None:
+            accumulator = self.spark.sparkContext.accumulator(ProfileTally(), ProfileTallyParam())
+            self.profiler = ProfileCollector(accumulator, describe_plan(self.plan, self.pipeline),
+                                             self.profile_settings, self.profile_log)
+            profiling = WorkerProfiling(accumulator, self.profile_settings.timed_every_batches,
+                                        self.profile_settings.timed_every_records)
+        self.threads = ThreadLevels(self.spark, self.pipeline, policy=self.config.thread_policy,
+                                    config=self.config.thread_elasticity, profile_summary=self.profile_summary,
+                                    detect=self.config.detect_waiting_operators and self.profiler is not None)
         self.compiled = compile_plan(self.pipeline, self.plan, source_frame, state_partitions=state_partitions,
-                                     resource_profile_for=_resource_profiles(self.spark))
+                                     resource_profile_for=_resource_profiles(self.spark), profiling=profiling,
+                                     threads=self.threads.worker)
         writer = BatchWriter(self.sink, self.dead_letter_sink, self.dead_letter_log,
                              list(self.compiled.result_schema.names))
+        if self.profiler is not None:
+            writer = self.profiler.wrap(writer)
+        writer = self.threads.wrap(writer)
+        if self.wrap_batch is not None:
+            writer = self.wrap_batch(writer)
         stream = self.compiled.frame.writeStream.foreachBatch(writer).option("checkpointLocation", self.checkpoint)
         if self.query_name:
             stream = stream.queryName(self.query_name)
@@ -183,7 +236,11 @@ class Runner:
         if self._watcher is not None:
             self._watcher.join(timeout=5)
         self._collect_progress()
+        if self.profiler is not None:
+            self.profiler.flush()
         if self.show_progress and self._last_progress is not None:
+            # The last batches may have ended after the watcher's last look.
+            self._draw(self._last_progress.line(terminal_columns()))
             print(file=sys.stderr)
         report = self.report()
         if self._temporary_checkpoint:
@@ -195,7 +252,20 @@ class Runner:
                          input_records=sum(self._seen_batches.values()),
                          dead_letters=self.dead_letter_log.count,
                          elapsed_s=time.monotonic() - self._started_at if self._started_at else 0.0,
-                         checkpoint=self.checkpoint)
+                         checkpoint=self.checkpoint,
+                         profile=self.profile_summary() if self.profiler is not None else None,
+                         thread_levels=self.threads.batches if self.threads is not None else ())
+
+    # --- profile -----------------------------------------------------------------------------
+    def profile_summary(self) -> ProfileSummary | None:
+        """The operators' statistics over the last `profile.window_batches` batches (None: not
+        profiled). `summary.estimates()` feeds `pipeline.operator_stats(...)` and the planner."""
+        return self.profiler.summary() if self.profiler is not None else None
+
+    @property
+    def batch_profiles(self) -> tuple[BatchProfile, ...]:
+        """Every batch's profile so far (the newest MAX_KEPT_BATCHES)."""
+        return self.profiler.batches if self.profiler is not None else ()
 
     # --- progress ----------------------------------------------------------------------------
     @property
@@ -210,7 +280,10 @@ class Runner:
         if self.query is None:
             return
         newest = None
-        for update in self.query.recentProgress:
+        updates = self.query.recentProgress
+        if self.profiler is not None:
+            self.profiler.on_progress(updates)
+        for update in updates:
             batch_id = int(update["batchId"])
             self._seen_batches[batch_id] = int(update.get("numInputRows") or 0)
             if newest is None or batch_id >= int(newest["batchId"]):
@@ -221,7 +294,8 @@ class Runner:
                 records_per_s=float(newest.get("processedRowsPerSecond") or 0.0),
                 input_records=sum(self._seen_batches.values()),
                 dead_letters=self.dead_letter_log.count,
-                plan=describe_plan(self.plan),
+                plan=describe_plan(self.plan, self.pipeline),
+                threads=self.threads.latest_text() if self.threads is not None else "",
             )
 
     def _watch(self) -> None:
@@ -233,22 +307,58 @@ class Runner:
                 continue
             if self.show_progress and self._last_progress is not None and self._last_progress != shown:
                 shown = self._last_progress
-                print("\r" + shown.line() + "   ", end="", file=sys.stderr, flush=True)
+                self._draw(shown.line(terminal_columns()))
+            elif self.show_progress and self._last_progress is None:
+                self._draw(plan_line(f"fissure | first batch running for {time.monotonic() - self._started_at:.0f} s "
+                                     f"(Spark starts its Python workers) | plan ",
+                                     describe_plan(self.plan, self.pipeline), terminal_columns()))
             if self.query is not None and not self.query.isActive:
                 break
+
+
+    def _draw(self, line: str) -> None:
+        """The progress line; with profiling, the statistics table above it, redrawn in place
+        every `table_interval_s` (ANSI cursor moves: the line and the table stay put)."""
+        now = time.monotonic()
+        table = None
+        if self.profiler is not None and now - self._table_drawn_at >= self.profile_settings.table_interval_s:
+            summary = self.profiler.summary()
+            if summary.batches:
+                kinds = {operator.name: operator.kind.value for operator in self.pipeline.operators}
+                table = render_table(summary, kinds)
+                self._table_drawn_at = now
+        if table is None:
+            print("\r" + line + "\x1b[K", end="", file=sys.stderr, flush=True)
+            return
+        up = f"\x1b[{self._table_lines}F" if self._table_lines else "\r"
+        print(up + "\x1b[J" + table + "\n" + line, end="", file=sys.stderr, flush=True)
+        self._table_lines = table.count("\n") + 1
 
 
 def run(pipeline: Pipeline, source: SourceLike, sink, *, plan: object = "sequential",
         checkpoint: str | None = None, spark: SparkSession | None = None, dead_letters=None,
         estimates: Mapping[str, OperatorEstimate] | None = None, config: RunnerConfig = RunnerConfig(),
-        available_now: bool = True, timeout_s: float | None = None, progress: bool | None = None) -> RunReport:
+        available_now: bool = True, timeout_s: float | None = None, progress: bool | None = None,
+        profile: ProfileSettings | None = ProfileSettings(), profile_log: str | None = None,
+        adaptive: bool = False, adaptive_config=None, run_dir: str | None = None) -> RunReport:
     """Run `pipeline` from `source` to `sink` and return the report.
 
     available_now=True processes what the source holds now and ends (file sources); otherwise the
-    query runs until `timeout_s` passes (or forever without it).
+    query runs until `timeout_s` passes (or forever without it). adaptive=True re-plans while it
+    runs (`fissure.spark.adaptive.run_adaptive_on_spark`: `adaptive_config` is its
+    AdaptiveConfig, `run_dir` where its timeline goes) and returns an AdaptiveRunReport.
     """
+    if adaptive:
+        from fissure.spark.adaptive import run_adaptive_on_spark
+
+        return run_adaptive_on_spark(pipeline, source, sink, plan=plan, checkpoint=checkpoint, spark=spark,
+                                     dead_letters=dead_letters, estimates=estimates, config=config,
+                                     available_now=available_now, timeout_s=timeout_s, progress=progress,
+                                     profile=profile, profile_log=profile_log, adaptive_config=adaptive_config,
+                                     run_dir=run_dir)
     runner = Runner(pipeline, source, sink, plan=plan, checkpoint=checkpoint, spark=spark,
-                    dead_letters=dead_letters, estimates=estimates, config=config, progress=progress)
+                    dead_letters=dead_letters, estimates=estimates, config=config, progress=progress,
+                    profile=profile, profile_log=profile_log)
     runner.start(available_now=available_now)
     try:
         runner.await_termination(timeout_s)

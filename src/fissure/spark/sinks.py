@@ -62,7 +62,8 @@ class ConsoleSink:
         self.rows, self.truncate = rows, truncate
 
     def write(self, frame: DataFrame, batch_id: int) -> None:
-        print(f"--- batch {batch_id} ---")
+        # On a line of its own: the progress line (stderr) may be waiting without a newline.
+        print(f"\n--- batch {batch_id} ---")
         frame.show(self.rows, self.truncate)
 
 
@@ -91,7 +92,9 @@ class MemorySink:
             self._rows_by_batch[batch_id] = rows
             self._schema = frame.schema
         if self.name:
-            spark = frame.sparkSession
+            # A streaming query runs in a clone of the session: a view made there stays invisible
+            # to the caller's session, the one getOrCreate returns.
+            spark = SparkSession.builder.getOrCreate()
             spark.createDataFrame(self.rows(), self._schema).createOrReplaceTempView(self.name)
 
     def rows(self) -> list[Row]:

@@ -56,6 +56,27 @@ class RegionFunction:
                 yield batch
 
 
+def carried_batch_from_pandas(frame: pd.DataFrame, carried_input: pa.Schema) -> pa.RecordBatch:
+    """One key's rows as a carried Arrow batch.
+
+    PySpark renames columns that start with "_" on the way in (namedtuple rules): the carried
+    columns come first, in order, so they are taken by position. Column by column through numpy
+    objects: `RecordBatch.from_pandas` costs about 0.8 ms per call, far more than a key's few rows.
+    """
+    columns = frame.to_numpy(dtype=object).T
+    return pa.RecordBatch.from_arrays(
+        [pa.array(values, type=field.type, from_pandas=True) for values, field in zip(columns, carried_input)],
+        schema=carried_input)
+
+
+def pandas_frame(batch: pa.RecordBatch) -> pd.DataFrame:
+    """A carried batch as pandas, column by column (about half the cost of `to_pandas` on a few
+    rows); dates and times through pandas so they keep their time zone."""
+    return pd.DataFrame({name: column.to_pandas() if pa.types.is_temporal(column.type)
+                         else column.to_numpy(zero_copy_only=False)
+                         for name, column in zip(batch.schema.names, batch.columns)}, copy=False)
+
+
 class OperatorStateProcessor(StatefulProcessor):
     """transformWithStateInPandas handler: one fissure stateful operator, its state per key."""
 
@@ -72,17 +93,13 @@ class OperatorStateProcessor(StatefulProcessor):
     def handleInputRows(self, key, rows, timerValues) -> Iterator[pd.DataFrame]:
         frames = list(rows)
         frame = frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)
-        # PySpark renames columns that start with "_" on the way in (namedtuple rules): the
-        # carried columns come first, in order, so take them by position.
-        names = self.carried_input.names
-        frame = frame.iloc[:, :len(names)].set_axis(names, axis=1)
-        batch = pa.RecordBatch.from_pandas(frame, schema=self.carried_input, preserve_index=False)
-        stored = self._state.get()[0] if self._state.exists() else None
-        result = run_group(self.step, batch, stored)
+        batch = carried_batch_from_pandas(frame, self.carried_input)
+        stored = self._state.get()  # None for a new key: one state-server round trip, not two
+        result = run_group(self.step, batch, stored[0] if stored is not None else None)
         if result.state is not None:
             self._state.update((result.state,))
         if result.batch.num_rows:
-            yield result.batch.to_pandas()
+            yield pandas_frame(result.batch)
 
     def close(self) -> None:
         pass

@@ -6,19 +6,30 @@ Arrow -> dicts conversion before them and one dicts -> Arrow conversion after th
 operator gets the batch itself. A record an operator raises on (or a record that does not fit the
 declared schema) becomes a dead-letter row carrying the operator's name, the exception and the
 record; the rest of the batch goes on.
+
+Per-record operators run step by step over the whole batch (all records through the first
+operator, then the survivors through the next), which gives the same records in the same order
+as running each record through the chain, and lets the profiler (fissure.worker.profiling) count
+every operator's records in and out per batch with `len`, and time an operator per batch with two
+clock reads, instead of per record.
 """
 
 from __future__ import annotations
 
 import json
+import time
 import traceback
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from fissure.worker.columns import DEAD_ERROR, DEAD_OPERATOR, DEAD_RECORD, SEQ, carried_schema
+
+if TYPE_CHECKING:
+    from fissure.worker.elastic_stage import WaitingOperator
 
 RECORD_ACTIONS = ("map", "filter", "flat_map")
 BATCH_ACTIONS = ("map_batches", "filter_batches")
@@ -34,6 +45,8 @@ class Step:
     fn: Callable
     output_schema: pa.Schema  # the user's fields after this step
     batch_format: str | None = None  # "arrow" or "pandas", per-batch steps only
+    # Per-record steps that wait: run on elastic threads (fissure.worker.elastic_stage.WaitingOperator).
+    waiting: WaitingOperator | None = None
 
     def __post_init__(self) -> None:
         if self.action not in RECORD_ACTIONS + BATCH_ACTIONS:
@@ -74,17 +87,31 @@ def normalize_emitted(emitted: object) -> list:
     return list(emitted)
 
 
+StepObserver = Callable[[int, int, int, int, float, float], None]
+
+
 def run_record_steps(steps: Sequence[Step], records: Sequence[dict], seqs: Sequence[int],
-                     dead: list[DeadLetter]) -> tuple[list, list[int]]:
-    """Run per-record steps over `records`; returns the emitted records and their sequence numbers."""
-    out_records: list = []
-    out_seqs: list[int] = []
-    for record, seq in zip(records, seqs):
-        current = [record]
-        for step in steps:
-            action, fn = step.action, step.fn
-            following = []
-            for item in current:
+                     dead: list[DeadLetter], observe: StepObserver | None = None,
+                     timed: bool = False) -> tuple[list, list[int]]:
+    """Run per-record steps over `records`; returns the emitted records and their sequence numbers.
+
+    `observe(step index, records in, records out, dead letters, cpu_s, wall_s)` is called once per
+    step that received records; the times are measured only when `timed` (else 0).
+    """
+    current, current_seqs = list(records), list(seqs)
+    for index, step in enumerate(steps):
+        if not current:
+            break
+        action, fn = step.action, step.fn
+        following: list = []
+        following_seqs: list[int] = []
+        dead_before = len(dead)
+        if timed:
+            cpu_started_s, wall_started_s = time.thread_time(), time.perf_counter()
+        if step.waiting is not None and step.waiting.engaged():  # elastic threads: worker.elastic_stage
+            following, following_seqs = step.waiting.run(step, current, current_seqs, dead)
+        else:
+            for item, seq in zip(current, current_seqs):
                 try:
                     if action == "map":
                         result = fn(item)
@@ -92,19 +119,23 @@ def run_record_steps(steps: Sequence[Step], records: Sequence[dict], seqs: Seque
                             raise TypeError(f"a map must return a dict, got {type(result).__name__}; "
                                             f"use filter to drop records, flat_map to emit several")
                         following.append(result)
+                        following_seqs.append(seq)
                     elif action == "filter":
                         if fn(item):
                             following.append(item)
+                            following_seqs.append(seq)
                     else:
-                        following.extend(normalize_emitted(fn(item)))
+                        emitted = normalize_emitted(fn(item))
+                        following.extend(emitted)
+                        following_seqs.extend([seq] * len(emitted))
                 except Exception as error:  # noqa: BLE001 - any user error becomes a dead letter
                     dead.append(DeadLetter(step.name, describe_error(error), record_text(item), seq))
-            current = following
-            if not current:
-                break
-        out_records.extend(current)
-        out_seqs.extend([seq] * len(current))
-    return out_records, out_seqs
+        if observe is not None:
+            cpu_s = time.thread_time() - cpu_started_s if timed else 0.0
+            wall_s = time.perf_counter() - wall_started_s if timed else 0.0
+            observe(index, len(current), len(following), len(dead) - dead_before, cpu_s, wall_s)
+        current, current_seqs = following, following_seqs
+    return current, current_seqs
 
 
 def records_to_batch(records: list, seqs: list[int], schema: pa.Schema, operator: str,
@@ -268,9 +299,12 @@ class FusedStage:
     """Stateless operators fused into one `RecordBatch -> RecordBatch` function over carried batches.
 
     Picklable when the operators' functions are (cloudpickle, as Spark uses, handles lambdas).
+    With a `profile_id` the stage counts every operator's records in and out and times every
+    `timed_every`-th batch into shared counters (fissure.worker.profiling).
     """
 
-    def __init__(self, steps: Sequence[Step], input_schema: pa.Schema) -> None:
+    def __init__(self, steps: Sequence[Step], input_schema: pa.Schema, profile_id: str | None = None,
+                 timed_every: int = 1, profile_label: str | None = None) -> None:
         if not steps:
             raise ValueError("a fused stage needs at least one step")
         self.steps = tuple(steps)
@@ -278,6 +312,24 @@ class FusedStage:
         self.output_schema = self.steps[-1].output_schema
         self.carried_output_schema = carried_schema(self.output_schema)
         self._segments = _segments(self.steps)
+        self._offsets = [sum(len(segment) for segment in self._segments[:k]) for k in range(len(self._segments))]
+        self.profile_id = profile_id  # unique per query: names the shared counters in a worker
+        self.profile_label = profile_label or profile_id  # names the pipeline in the statistics
+        self.timed_every = timed_every
+        self._profile = None
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state["_profile"] = None  # shared memory stays in the process that mapped it
+        return state
+
+    def bind_profile(self):
+        """This stage's profile counters in this process (None when the stage is not profiled)."""
+        if self.profile_id is not None and self._profile is None:
+            from fissure.worker.profiling import StageProfile
+
+            self._profile = StageProfile(self.profile_id, self.names, self.timed_every, self.profile_label)
+        return self._profile
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -291,22 +343,45 @@ class FusedStage:
         return f"FusedStage({' | '.join(self.names)})"
 
     def __call__(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+        profile = self._profile if self._profile is not None else self.bind_profile()
         live, upstream_dead = split_dead(batch)
         data = live.select(self.input_schema.names)
         seqs = live.column(live.schema.get_field_index(SEQ)).to_pylist()
         dead: list[DeadLetter] = []
-        for segment in self._segments:
+        timed = profile is not None and profile.begin_batch(data.num_rows)
+        started_s = time.perf_counter() if timed else 0.0
+        operators_wall_s = 0.0
+        for segment, offset in zip(self._segments, self._offsets):
             if segment[0].action in BATCH_ACTIONS:
+                rows_in, dead_before = data.num_rows, len(dead)
+                if timed:
+                    cpu_started_s, wall_started_s = time.thread_time(), time.perf_counter()
                 data, seqs = run_batch_step(segment[0], data, seqs, dead)
+                if profile is not None:
+                    cpu_s = wall_s = None
+                    if timed:
+                        cpu_s, wall_s = time.thread_time() - cpu_started_s, time.perf_counter() - wall_started_s
+                        operators_wall_s += wall_s
+                    profile.operator(offset, rows_in, data.num_rows, len(dead) - dead_before, cpu_s, wall_s)
             else:
-                records, seqs = run_record_steps(segment, data.to_pylist(), seqs, dead)
+                observe = None
+                if profile is not None:
+                    def observe(index, rows_in, rows_out, dead_count, cpu_s, wall_s, offset=offset):
+                        nonlocal operators_wall_s
+                        operators_wall_s += wall_s
+                        profile.operator(offset + index, rows_in, rows_out, dead_count,
+                                         cpu_s if timed else None, wall_s if timed else None)
+                records, seqs = run_record_steps(segment, data.to_pylist(), seqs, dead, observe, timed)
                 data, seqs = records_to_batch(records, seqs, segment[-1].output_schema, segment[-1].name, dead)
             if not data.num_rows:
                 data = pa.RecordBatch.from_pylist([], schema=self.output_schema)
                 break
-        return assemble(
+        output = assemble(
             [live_batch(data, seqs),
              reshape_dead(upstream_dead, self.output_schema) if upstream_dead is not None else None,
              dead_letter_batch(dead, self.output_schema) if dead else None],
             self.carried_output_schema,
         )
+        if timed:
+            profile.end_batch(time.perf_counter() - started_s, operators_wall_s)
+        return output

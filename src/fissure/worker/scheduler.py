@@ -41,6 +41,8 @@ or suspending scheduler threads. Between runs the threads park; close() ends the
 
 from __future__ import annotations
 
+import collections
+
 import logging
 import math
 import threading
@@ -624,6 +626,7 @@ class ElasticOperatorRunner(Generic[T, R]):
         queue_capacity: capacity of each replica port; default just enough for max_in_flight, so
             the caller's thread only runs items itself (reSchedule) when a replica falls behind.
         on_period: called with each ThreadLevelSample (metrics, timelines); must be quick.
+        timeline_periods: how many of the latest periods `timeline` keeps (a worker lives long).
     """
 
     def __init__(
@@ -640,6 +643,7 @@ class ElasticOperatorRunner(Generic[T, R]):
         max_in_flight: int | None = None,
         queue_capacity: int | None = None,
         on_period: Callable[[ThreadLevelSample], None] | None = None,
+        timeline_periods: int = 3600,
     ) -> None:
         if not callable(operator):
             raise TypeError(f"ElasticOperatorRunner needs a callable operator, got {operator!r}")
@@ -667,7 +671,7 @@ class ElasticOperatorRunner(Generic[T, R]):
             raise ValueError(f"operator {self.name!r}: max_in_flight must be >= 1, got {max_in_flight}")
         self.queue_capacity = queue_capacity or max(2, math.ceil(self.max_in_flight / self.replicas))
         self.on_period = on_period
-        self._timeline: list[ThreadLevelSample] = []
+        self._timeline: collections.deque[ThreadLevelSample] = collections.deque(maxlen=timeline_periods)
         self._period = _PeriodMeter()
         self._merge = _OrderedMerge(selective)
         self._scheduler: DynamicScheduler | None = None

@@ -1,0 +1,339 @@
+"""The adaptive loop on Spark (issue 5): scenarios (a) and (c), and what each kind of switch costs.
+
+Not a simulation: a real streaming query on the local Spark session (local[N], N = --cores), fed
+files of generated records (one file per micro-batch), re-planned by the AdaptiveController
+through the Spark realizer.
+
+- (a) reach-best: start sequential on a chain of two CPU-heavy maps and a keyed count. First
+  every static candidate plan runs alone on the same input (its median throughput per batch,
+  the first batch left out); then the adaptive run starts from the sequential plan. Reported:
+  plan changes, the plan it ends on, and the median throughput of its last batches against the
+  best static plan's (Done when: within 10 % of it in at most 3 plan changes).
+- (c) bad-injection: the adaptive run starts on a cheap chain's best plan and is made to try a
+  plan with two exchanges and a repartitioned keyed region at batch --inject-at. Reported: how
+  many batches later it was rolled back, and whether the loop tried it again (it must not).
+- switch costs: a scripted run switches a keyed pipeline in-PE (another pipeline cut), by a
+  restart (replicas of the stateless prefix) and by a restart with a state repartition (replicas
+  of the keyed region), back and forth, --repeats times each. Per switch: stop, repartition,
+  start-to-first-batch and total seconds (SwitchRecord); for in-PE switches, which cost the
+  driver nothing, the extra seconds of the first batch under the new cut over the median of the
+  batches before it.
+
+Writes under benchmarks/results/ (suffix _quick with --quick): adaptive_spark.md and .json, and
+the timelines adaptive_spark_<scenario>.json/.png. A shared, noisy machine gives no figures:
+run it on a quiet one; --quick (small inputs, one repeat) is an end-to-end check only.
+
+    ./dev python benchmarks/adaptive_spark.py            # the measurement (quiet machine!)
+    ./dev python benchmarks/adaptive_spark.py --quick    # a few minutes, not figures
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+from planner_model import git_revision, machine_description
+
+import fissure
+from fissure import Pipeline
+from fissure.control.adaptive import AdaptiveConfig
+from fissure.control.driver import ReferenceLine, Timeline, plot_timeline
+from fissure.control.plan_change import SwitchKind, plan_fingerprint
+from fissure.model.types import Plan, RegionPlan
+from fissure.spark.adaptive import (
+    OperatorProfiles,
+    QueryManager,
+    SparkObservations,
+    SparkPlanRealizer,
+    run_adaptive_on_spark,
+)
+from fissure.spark.config import RunnerConfig
+from fissure.spark.session import create_session
+from fissure.spark.sinks import NoopSink
+from fissure.testing import record_files
+
+RESULTS = Path(__file__).resolve().parent / "results"
+WITHIN = 0.9
+USERS = 50
+
+
+@dataclass(frozen=True)
+class Size:
+    """How big a benchmark run is."""
+
+    files: int  # micro-batches of input per run
+    records_per_file: int
+    heavy_us: float  # CPU per record of each heavy map
+    repeats: int  # switch-cost rounds
+
+
+QUICK = Size(files=24, records_per_file=400, heavy_us=150.0, repeats=1)
+FULL = Size(files=80, records_per_file=2000, heavy_us=150.0, repeats=3)
+
+
+def burn(microseconds: float) -> None:
+    end = time.perf_counter() + microseconds / 1e6
+    while time.perf_counter() < end:
+        pass
+
+
+def heavy_chain(heavy_us: float) -> Pipeline:
+    """parse and enrich burn `heavy_us` each per record; count keeps a running count per user."""
+    def parse(record):
+        burn(heavy_us)
+        return {"user": record["user"], "i": record["i"]}
+
+    def enrich(record):
+        burn(heavy_us)
+        return {"user": record["user"], "i": record["i"] * 2}
+
+    def count(state, record):
+        state["n"] = state.get("n", 0) + 1
+        return {"user": record["user"], "i": record["i"], "n": state["n"]}
+
+    return (Pipeline("adaptive-bench").map("parse", parse, cost_us=heavy_us).map("enrich", enrich, cost_us=heavy_us)
+            .partitioned("count", count, key="user", schema={"user": str, "i": int, "n": int}, cost_us=5.0))
+
+
+def plan(*regions) -> Plan:
+    return Plan(tuple(RegionPlan(tuple(tuple(p) for p in pipelines), replicas) for pipelines, replicas in regions))
+
+
+SEQUENTIAL = plan(([["parse", "enrich", "count"]], 1))
+STATIC_CANDIDATES = {
+    "sequential": SEQUENTIAL,
+    "pipelined": plan(([["parse"], ["enrich", "count"]], 1)),
+    "stateless x2": plan(([["parse", "enrich"]], 2), ([["count"]], 1)),
+    "all x2": plan(([["parse", "enrich", "count"]], 2)),
+}
+BAD = plan(([["parse"], ["enrich"]], 2), ([["count"]], 2))
+
+
+def inputs(directory: Path, size: Size):
+    records = [{"user": f"u{i % USERS}", "i": i} for i in range(size.files * size.records_per_file)]
+    return record_files(directory, records, {"user": str, "i": int}, records_per_file=size.records_per_file,
+                        max_files_per_trigger=1)
+
+
+def median_throughput(values: list[float]) -> float | None:
+    values = [value for value in values if value]
+    return statistics.median(values) if values else None
+
+
+def static_throughput(spark, pipeline: Pipeline, static_plan: Plan, work: Path, size: Size) -> float | None:
+    """Median throughput per batch of one static plan (first batch left out), on a fresh query."""
+    runner = fissure.Runner(pipeline, inputs(work / "in", size), NoopSink(), plan=static_plan, spark=spark,
+                            checkpoint=str(work / "ckpt"), progress=False)
+    runner.start(available_now=True)
+    runner.await_termination()
+    progress = sorted(runner.query.recentProgress, key=lambda update: int(update["batchId"]))
+    runner.stop()
+    return median_throughput([float(update["processedRowsPerSecond"] or 0.0) for update in progress[1:]
+                              if int(update["numInputRows"] or 0) > 0])
+
+
+def adaptive_config(quick: bool) -> AdaptiveConfig:
+    if quick:
+        return AdaptiveConfig(profile_batches=3, profile_s=2.0, evaluation_batches=3, evaluation_s=2.0,
+                              min_operator_samples=50)
+    return AdaptiveConfig()
+
+
+def reach_best(spark, work: Path, size: Size, quick: bool, stem: str) -> dict:
+    pipeline = heavy_chain(size.heavy_us)
+    statics = {}
+    for name, static_plan in STATIC_CANDIDATES.items():
+        statics[name] = static_throughput(spark, pipeline, static_plan, work / f"static-{len(statics)}", size)
+        print(f"  static {name} {plan_fingerprint(static_plan)}: {statics[name] or 0:,.0f} records/s", file=sys.stderr)
+    best_name = max((name for name in statics if statics[name]), key=lambda name: statics[name])
+    report = run_adaptive_on_spark(pipeline, inputs(work / "adaptive-in", size), NoopSink(), spark=spark,
+                                   checkpoint=str(work / "adaptive-ckpt"), run_dir=str(work / "adaptive-run"),
+                                   adaptive_config=adaptive_config(quick), progress=False)
+    batches = report.timeline.batches()
+    last = [entry.throughput_per_s for entry in batches if entry.plan == plan_fingerprint(report.plan)][-5:]
+    final = median_throughput(last)
+    best = statics[best_name]
+    save_timeline(report.timeline, stem + "_reach-best", [ReferenceLine(f"best static plan ({best_name})", best)])
+    return {
+        "static_throughput_per_s": {name: statics[name] for name in statics},
+        "static_plans": {name: plan_fingerprint(p) for name, p in STATIC_CANDIDATES.items()},
+        "best_static": best_name,
+        "plan_changes": sum(1 for switch in report.switches if switch.error is None),
+        "final_plan": plan_fingerprint(report.plan),
+        "final_throughput_per_s": final,
+        "share_of_best": final / best if final and best else None,
+        "within_10_percent": bool(final and best and final >= WITHIN * best),
+        "switches": [asdict(switch) for switch in report.switches],
+    }
+
+
+def bad_injection(spark, work: Path, size: Size, quick: bool, stem: str, inject_at: int) -> dict:
+    pipeline = heavy_chain(5.0)  # cheap: the exchanges and the extra state stage only cost
+    report = run_adaptive_on_spark(pipeline, inputs(work / "bad-in", size), NoopSink(), spark=spark,
+                                   checkpoint=str(work / "bad-ckpt"), run_dir=str(work / "bad-run"),
+                                   adaptive_config=adaptive_config(quick), injections={inject_at: BAD},
+                                   progress=False)
+    entries = report.timeline.entries
+    bad = plan_fingerprint(BAD)
+    applied = [entry for entry in entries if entry.action == "apply" and entry.plan_after == bad]
+    rolled_back = [entry for entry in entries if entry.action in ("revert", "halt") and entry.plan == bad]
+    save_timeline(report.timeline, stem + "_bad-injection")
+    return {
+        "injected_plan": bad,
+        "applied_at_batch": applied[0].batch_id if applied else None,
+        "rolled_back_at_batch": rolled_back[0].batch_id if rolled_back else None,
+        "batches_until_rollback": (rolled_back[0].batch_id - applied[0].batch_id) if applied and rolled_back else None,
+        "retried": len(applied) > 1,
+        "reasons": [entry.reason for entry in rolled_back],
+        "switches": [asdict(switch) for switch in report.switches],
+    }
+
+
+SWITCH_ROUND = [  # (target plan, expected kind), from SEQUENTIAL and back to it
+    (plan(([["parse"], ["enrich", "count"]], 1)), SwitchKind.IN_PE),
+    (SEQUENTIAL, SwitchKind.IN_PE),
+    (plan(([["parse", "enrich"]], 2), ([["count"]], 1)), SwitchKind.RESTART),
+    (SEQUENTIAL, SwitchKind.RESTART),
+    (plan(([["parse", "enrich", "count"]], 2)), SwitchKind.RESTART_WITH_STATE),
+    (SEQUENTIAL, SwitchKind.RESTART_WITH_STATE),
+]
+
+
+def switch_costs(spark, work: Path, size: Size, every: int = 3) -> dict:
+    """Scripted switches every `every` batches; per switch its record, and for in-PE switches the
+    first batch's extra seconds over the median of the batches before it."""
+    pipeline = heavy_chain(size.heavy_us / 5)
+    script = SWITCH_ROUND * size.repeats
+    needed = Size(files=every * (len(script) + 2), records_per_file=size.records_per_file,
+                  heavy_us=size.heavy_us, repeats=size.repeats)
+    queries = QueryManager(pipeline, inputs(work / "switch-in", needed), NoopSink(), spark=spark,
+                           checkpoint=str(work / "switch-ckpt"), dead_letters=None, config=RunnerConfig(),
+                           available_now=True, clock=time.monotonic)
+    realizer = SparkPlanRealizer(queries)
+    observations = SparkObservations(queries, OperatorProfiles(pipeline.operator_stats()), cores=2)
+    queries.start(SEQUENTIAL)
+    durations: list[tuple[int, float]] = []
+    in_pe_extra, pending, since_switch = [], None, 0
+    try:
+        while (observation := observations.next_batch()) is not None:
+            durations.append((observation.batch_id, observation.duration_s))
+            since_switch += 1
+            if pending is not None and observation.plan_in_force == pending[0]:
+                before = [duration for _, duration in durations[-every - 1:-1]]
+                in_pe_extra.append(observation.duration_s - statistics.median(before))
+                pending = None
+            if script and since_switch >= every:
+                target, kind = script.pop(0)
+                realizer.apply(target, kind)
+                if kind is SwitchKind.IN_PE:
+                    pending = (plan_fingerprint(target),)
+                since_switch = 0
+    finally:
+        queries.close()
+    records = [asdict(switch) for switch in realizer.switches]
+    by_kind = {}
+    for record in realizer.switches:
+        by_kind.setdefault(record.applied_as, []).append(record.total_s)
+    return {
+        "switches": records,
+        "median_total_s": {kind: statistics.median(values) for kind, values in by_kind.items()},
+        "in_pe_first_batch_extra_s": in_pe_extra,
+        "median_in_pe_first_batch_extra_s": statistics.median(in_pe_extra) if in_pe_extra else None,
+    }
+
+
+def save_timeline(timeline: Timeline, stem: str, references=()) -> None:
+    timeline.write_json(RESULTS / f"{stem}.json")
+    try:
+        plot_timeline(timeline, RESULTS / f"{stem}.png", references)
+    except RuntimeError as error:
+        print(f"no plot: {error}", file=sys.stderr)
+
+
+def markdown(document: dict) -> str:
+    reach, bad, costs = document["reach_best"], document["bad_injection"], document["switch_costs"]
+    lines = [
+        "# The adaptive loop on Spark (issue 5)",
+        "",
+        f"- command: `{document['command']}`",
+        f"- machine: {document['machine']}; Spark master local[{document['cores']}]",
+        f"- date: {document['date']}, revision {document['revision']}",
+        f"- input: {document['size']['files']} files of {document['size']['records_per_file']:,} records"
+        f" (one per micro-batch)",
+        "",
+    ]
+    if document["quick"]:
+        lines += ["**Quick mode on a shared machine: an end-to-end check, not figures.**", ""]
+    lines += ["## (a) start sequential, reach the best static plan", "",
+              "| static plan | | records/s |", "| --- | --- | ---: |"]
+    for name, value in reach["static_throughput_per_s"].items():
+        lines.append(f"| {name} | `{reach['static_plans'][name]}` | {value or 0:,.0f} |")
+    share = reach["share_of_best"]
+    lines += ["", f"Adaptive from sequential: {reach['plan_changes']} plan change(s), ends on `{reach['final_plan']}`"
+              f" at {reach['final_throughput_per_s'] or 0:,.0f} records/s, "
+              f"{'n/a' if share is None else f'{share:.2f}'} of the best static plan ({reach['best_static']});"
+              f" within 10 %: {reach['within_10_percent']}.", "",
+              "## (c) an injected bad change", "",
+              f"`{bad['injected_plan']}` applied at batch {bad['applied_at_batch']}, rolled back at batch"
+              f" {bad['rolled_back_at_batch']} ({bad['batches_until_rollback']} batches later); tried again:"
+              f" {bad['retried']}.", ""]
+    lines += [f"- {reason}" for reason in bad["reasons"]]
+    lines += ["", "## What a switch costs", "",
+              "| applied as | before | after | stop s | repartition s | start to first batch s | total s |",
+              "| --- | --- | --- | ---: | ---: | ---: | ---: |"]
+    for switch in costs["switches"]:
+        lines.append(f"| {switch['applied_as']} | `{switch['plan_before']}` | `{switch['plan_after']}` |"
+                     f" {switch['stop_s']:.2f} | {switch['repartition_s']:.2f} | {switch['start_s']:.2f} |"
+                     f" {switch['total_s']:.2f} |")
+    extra = costs["median_in_pe_first_batch_extra_s"]
+    lines += ["", "Median total per kind: " + ", ".join(f"{kind} {value:.2f} s" for kind, value in
+                                                        costs["median_total_s"].items()) + ".",
+              f"In-PE switches cost the driver only the time to set the cut; the first batch under the new cut"
+              f" took {'n/a' if extra is None else f'{extra:+.2f} s'} over the median of the batches before it"
+              f" (the PE forks its new processes there).", ""]
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="small inputs, one repeat: an end-to-end check")
+    parser.add_argument("--cores", type=int, default=2, help="Spark task slots, local[N] (default 2)")
+    parser.add_argument("--inject-at", type=int, default=8, help="(c): the batch the bad plan is injected at")
+    args = parser.parse_args()
+    size = QUICK if args.quick else FULL
+    stem = "adaptive_spark_quick" if args.quick else "adaptive_spark"
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    spark = create_session(RunnerConfig(master=f"local[{args.cores}]", app_name="fissure-adaptive-bench"))
+    work = Path(tempfile.mkdtemp(prefix="fissure-adaptive-bench-"))
+    try:
+        print("(a) reach-best", file=sys.stderr)
+        reach = reach_best(spark, work, size, args.quick, stem)
+        print("(c) bad-injection", file=sys.stderr)
+        bad = bad_injection(spark, work, size, args.quick, stem, args.inject_at)
+        print("switch costs", file=sys.stderr)
+        costs = switch_costs(spark, work, size)
+    finally:
+        spark.stop()
+        shutil.rmtree(work, ignore_errors=True)
+    document = {
+        "command": "./dev python benchmarks/adaptive_spark.py" + (" --quick" if args.quick else ""),
+        "machine": machine_description(), "cores": args.cores, "quick": args.quick,
+        "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "revision": git_revision(),
+        "size": asdict(size), "reach_best": reach, "bad_injection": bad, "switch_costs": costs,
+    }
+    (RESULTS / f"{stem}.json").write_text(json.dumps(document, indent=1) + "\n")
+    (RESULTS / f"{stem}.md").write_text(markdown(document))
+    print(markdown(document))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

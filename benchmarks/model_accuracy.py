@@ -1,0 +1,385 @@
+"""Model accuracy: predicted against measured throughput of 20+ plans on Spark, for both models.
+
+Workloads (Spark experiments: local[2] on this machine unless --master says otherwise):
+- `logwatch`: examples/logwatch.py over generated syslog lines;
+- `mixed`: busy-loop operators of known cost and deterministic selectivity, of every kind:
+  map 20 us -> filter 10 us keeping 1 record in 2 -> partitioned 15 us over 64 keys -> map 30 us
+  -> stateful 5 us;
+- `stateless`: map 40 us -> filter 5 us keeping 3 in 4 -> map 25 us -> filter 15 us keeping 1 in 2.
+Plans per workload: the sequential plan, the paper model's and the Spark model's picks, and a
+fixed-seed sample of the other valid plans (at most --max-threads threads).
+
+Every plan's query is built anew for every run (DESIGN.md: reused shuffle outputs), over the
+same input (one file per micro-batch); runs alternate between plans; measured throughput = source
+records / batch time over the micro-batches after the first (steady state; the model predicts
+steady state), median of --repeats runs.
+
+Predictions: the operators' costs, selectivities and keys per micro-batch from the live profile
+of the sequential plan's runs (what fissure's planner sees), the constants from the stored
+calibration (`fissure calibrate`; documented defaults without one). Reported per model: median
+and worst relative error, and whether the plan the model ranks first is within 5 % of the best
+measured plan. Writes markdown, JSON and a scatter plot under benchmarks/results/.
+
+    ./dev python benchmarks/model_accuracy.py            # the real measurement: a quiet machine, ~15 min
+    ./dev python benchmarks/model_accuracy.py --quick    # end to end in a few minutes (not figures)
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import random
+import statistics
+import sys
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+
+REPOSITORY = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPOSITORY / "examples"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import fissure  # noqa: E402
+from fissure import Pipeline  # noqa: E402
+from fissure.model.spark_model import SparkWorkload, evaluate_spark  # noqa: E402
+from fissure.model.throughput import evaluate  # noqa: E402
+from fissure.model.types import Kind, Machine  # noqa: E402
+from fissure.optimize.planners import plan_chain  # noqa: E402
+from fissure.optimize.spark_chain import SparkModelSettings  # noqa: E402
+from fissure.profile.calibration import load_calibration, stored_spark_model  # noqa: E402
+from fissure.spark.plans import describe_plan, sequential_plan  # noqa: E402
+from fissure.testing import record_files  # noqa: E402
+from spark_chain import valid_plans  # noqa: E402
+
+LOOPS_PER_US = 28.0  # busy-loop multiplications per microsecond, measured at start (see busy_loops_per_us)
+
+
+def busy(loops: int, value: float) -> float:
+    for _ in range(loops):
+        value = (value * 1.0000001) % 1000.0
+    return value
+
+
+def busy_loops_per_us() -> float:
+    import time
+
+    best = float("inf")
+    for _ in range(5):
+        started = time.thread_time()
+        busy(200_000, 1.5)
+        best = min(best, time.thread_time() - started)
+    return 200_000 / (best * 1e6)
+
+
+class BusyMap:
+    """A map of known cost: `cost_us` microseconds of multiplications per record."""
+
+    def __init__(self, cost_us: float) -> None:
+        self.loops = max(1, round(cost_us * LOOPS_PER_US))
+
+    def __call__(self, record):
+        return {**record, "x": busy(self.loops, record["x"])}
+
+
+class BusyFilter:
+    """A filter of known cost keeping exactly `keep` of every `of` records (by record number)."""
+
+    def __init__(self, cost_us: float, keep: int, of: int) -> None:
+        self.loops = max(1, round(cost_us * LOOPS_PER_US))
+        self.keep, self.of = keep, of
+
+    def __call__(self, record):
+        busy(self.loops, record["x"])
+        return record["i"] % self.of < self.keep
+
+
+class BusyUpdate:
+    """A stateful update of known cost that counts per key and passes the record on."""
+
+    def __init__(self, cost_us: float) -> None:
+        self.loops = max(1, round(cost_us * LOOPS_PER_US))
+
+    def __call__(self, state, record):
+        state["n"] = state.get("n", 0) + 1
+        return {**record, "x": busy(self.loops, record["x"])}
+
+
+SYNTHETIC_RECORD = {"i": int, "k": str, "x": float}
+
+
+def mixed_pipeline() -> Pipeline:
+    return (Pipeline("mixed").map("m20", BusyMap(20)).filter("f10", BusyFilter(10, 1, 2))
+            .partitioned("p15", BusyUpdate(15), key="k").map("m30", BusyMap(30))
+            .stateful("s5", BusyUpdate(5)))
+
+
+def stateless_pipeline() -> Pipeline:
+    return (Pipeline("stateless").map("m40", BusyMap(40)).filter("f5", BusyFilter(5, 3, 4))
+            .map("m25", BusyMap(25)).filter("f15", BusyFilter(15, 1, 2)))
+
+
+def synthetic_source(directory: Path, records: int, files: int, keys: int = 64):
+    rows = [{"i": i, "k": f"k{i % keys}", "x": float(i % 997) + 0.5} for i in range(records)]
+    return record_files(directory, rows, SYNTHETIC_RECORD, records_per_file=-(-records // files),
+                        max_files_per_trigger=1)
+
+
+def logwatch_source(directory: Path, lines: int, files: int):
+    from generators.loglines import generate, split_into_files
+
+    split_into_files(list(generate(lines)), directory, files)
+    return fissure.FileSource(str(directory), format="text", max_files_per_trigger=1)
+
+
+# -- measuring ------------------------------------------------------------------------------------
+
+
+def measure_run(spark, pipeline, source, plan, work: Path, profile=True) -> dict:
+    """One run of a freshly built query: steady-state throughput (batches after the first) and
+    the run's profile. `profile`: ProfileSettings, True (defaults) or None (not profiled)."""
+    from fissure.profile.settings import ProfileSettings
+
+    settings = ProfileSettings() if profile is True else profile
+    runner = fissure.Runner(pipeline, source, fissure.NoopSink(), plan=plan, spark=spark, progress=False,
+                            checkpoint=tempfile.mkdtemp(dir=work), profile=settings)
+    runner.start(available_now=True)
+    try:
+        runner.await_termination()
+    finally:
+        report = runner.stop()
+    steady = [(batch["numInputRows"], batch["durationMs"]["triggerExecution"] / 1e3)
+              for batch in runner.query.recentProgress if int(batch["batchId"]) > 0 and batch["numInputRows"]]
+    records = sum(count for count, _ in steady)
+    seconds = sum(duration for _, duration in steady)
+    return {"records_per_s": records / seconds if seconds else float("nan"),
+            "batch_records": statistics.median(count for count, _ in steady) if steady else 0,
+            "batches": len(steady), "profile": report.profile}
+
+
+def profiled_operators(pipeline, summaries):
+    """The operators as the planner would see them after profiling: per operator the median over
+    runs of the profiled cost and selectivity, and the keys per micro-batch of stateful ones."""
+    estimates, keys = {}, {}
+    for operator in pipeline.operators:
+        found = [summary.operator(operator.name) for summary in summaries if summary is not None]
+        found = [item for item in found if item is not None and item.cost_us is not None]
+        if not found:
+            continue
+        estimates[operator.name] = fissure.OperatorEstimate(
+            cost_us=statistics.median(item.cost_us for item in found),
+            selectivity=statistics.median(item.selectivity for item in found))
+        groups = [item.key_groups_per_batch for item in found if item.key_groups_per_batch is not None]
+        if groups:
+            keys[operator.name] = statistics.median(groups)
+    return pipeline.operator_stats(estimates), keys
+
+
+# -- the benchmark ----------------------------------------------------------------------------------
+
+
+def run_header(script: str, argv, master: str, quick: bool) -> dict:
+    """What every results document starts with: the command, the date, the machine, its load."""
+    return {
+        "command": f"./dev python benchmarks/{script} " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "machine": f"{os.cpu_count()} cores, {platform.processor() or platform.machine()}, "
+                   f"Python {platform.python_version()}",
+        "master": master, "quick": quick, "load_before": [round(value, 2) for value in os.getloadavg()],
+    }
+
+
+def publish(document: dict, stem: str, write) -> None:
+    """Note the load after the runs, write the results with `write`, print the markdown."""
+    document["load_after"] = [round(value, 2) for value in os.getloadavg()]
+    out_dir = REPOSITORY / "benchmarks" / "results"
+    write(document, out_dir, stem)
+    print((out_dir / f"{stem}.md").read_text())
+
+
+def paper_machine(cores: int) -> tuple[Machine, str]:
+    calibration = load_calibration()
+    if calibration is not None and calibration.replication_cost_us is not None:
+        return (Machine(cores, calibration.thread_switch_overhead_us, max(0.0, calibration.replication_cost_us)),
+                "stored calibration")
+    return Machine(cores, 1.0, 2.0), "delta 1 us, c_p 2 us (no calibration stored)"
+
+
+def choose_plans(pipeline, operators, cores, count, max_threads, settings, seed=11):
+    machine, _ = paper_machine(cores)
+    chosen = {"sequential": sequential_plan(pipeline),
+              "paper pick": plan_chain(operators, machine, "heuristic", max_threads).plan,
+              "spark pick": plan_chain(operators, machine, "heuristic", max_threads, spark=settings).plan}
+    seen = {describe_plan(plan) for plan in chosen.values()}
+    others = [plan for plan in valid_plans(pipeline, max_threads) if describe_plan(plan) not in seen]
+    for plan in random.Random(seed).sample(others, min(len(others), max(0, count - len(seen)))):
+        chosen[f"sample {len(chosen) - 2}"] = plan
+    unique = {}
+    for label, plan in chosen.items():
+        unique.setdefault(describe_plan(plan), (label, plan))
+    return list(unique.values())
+
+
+def run_workload(name, spark, pipeline, source, args, work, cores, settings) -> dict:
+    print(f"[{name}] profiling the sequential plan", flush=True)
+    baseline = [measure_run(spark, pipeline, source, sequential_plan(pipeline), work) for _ in range(args.repeats)]
+    operators, keys = profiled_operators(pipeline, [run["profile"] for run in baseline])
+    batch_records = int(statistics.median(run["batch_records"] for run in baseline))
+    workload = SparkWorkload(batch_records=max(1, batch_records), keys_per_batch=keys)
+    settings = replace(settings, workload=workload)
+    plans = choose_plans(pipeline, operators, cores, args.plans, args.max_threads, settings)
+    measured: dict[str, list[float]] = {describe_plan(plan): [] for _, plan in plans}
+    measured[describe_plan(sequential_plan(pipeline))] = [run["records_per_s"] for run in baseline]
+    for repeat in range(args.repeats):  # alternate the plans within each repeat
+        for label, plan in plans:
+            key = describe_plan(plan)
+            if label == "sequential":
+                continue
+            print(f"[{name}] repeat {repeat + 1}/{args.repeats}: {key}", flush=True)
+            measured[key].append(measure_run(spark, pipeline, source, plan, work)["records_per_s"])
+    machine, paper_constants = paper_machine(cores)
+    rows = []
+    for label, plan in plans:
+        key = describe_plan(plan)
+        rows.append({
+            "label": label, "plan": key, "threads": plan.threads,
+            "measured_per_s": statistics.median(measured[key]), "runs": measured[key],
+            "paper_per_s": evaluate(operators, plan, machine).throughput_per_s,
+            "spark_per_s": evaluate_spark(operators, plan, cores, settings.constants, workload).throughput_per_s,
+        })
+    return {"rows": rows, "batch_records": batch_records, "keys_per_batch": keys,
+            "operators": [{"name": item.name, "kind": item.kind.value, "cost_us": item.cost_us,
+                           "selectivity": item.selectivity} for item in operators],
+            "paper_constants": paper_constants}
+
+
+def errors(rows, model: str) -> list[float]:
+    return [(row[f"{model}_per_s"] - row["measured_per_s"]) / row["measured_per_s"] for row in rows]
+
+
+def top_ranked(rows, model: str) -> dict:
+    best = max(rows, key=lambda row: row["measured_per_s"])
+    pick = max(rows, key=lambda row: row[f"{model}_per_s"])
+    return {"plan": pick["plan"], "measured_per_s": pick["measured_per_s"], "best_plan": best["plan"],
+            "share_of_best": pick["measured_per_s"] / best["measured_per_s"]}
+
+
+def summary(results: dict) -> dict:
+    rows = [row for result in results.values() for row in result["rows"]]
+    out = {"plans": len(rows)}
+    for model in ("paper", "spark"):
+        values = [abs(error) for error in errors(rows, model)]
+        out[model] = {"median_abs_error": statistics.median(values), "worst_abs_error": max(values),
+                      "top_ranked": {name: top_ranked(result["rows"], model) for name, result in results.items()}}
+        out[model]["top_ranked_within_5pct"] = all(item["share_of_best"] >= 0.95
+                                                   for item in out[model]["top_ranked"].values())
+    return out
+
+
+def write_outputs(document: dict, out_dir: Path, stem: str) -> None:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / f"{stem}.json").write_text(json.dumps(document, indent=2))
+    totals = document["summary"]
+    lines = ["# Model accuracy: predicted against measured throughput on Spark", "",
+             f"Command: `{document['command']}`  ", f"Date: {document['date']}  ",
+             f"Machine: {document['machine']}, Spark master {document['master']} ({document['cores']} task slots)  ",
+             f"Load average before / after: {document['load_before']} / {document['load_after']}  ",
+             f"Spark model constants: {document['spark_constants_from']}", ""]
+    if document["quick"]:
+        lines += ["**Quick mode** (tiny inputs, few plans, one run each): a smoke test, not figures.", ""]
+    lines += ["| model | plans | median abs. error | worst abs. error | top-ranked plan within 5 % of best |",
+              "| --- | --- | --- | --- | --- |"]
+    for model in ("spark", "paper"):
+        item = totals[model]
+        lines.append(f"| {model} | {totals['plans']} | {100 * item['median_abs_error']:.1f} % | "
+                     f"{100 * item['worst_abs_error']:.1f} % | {'yes' if item['top_ranked_within_5pct'] else 'no'} |")
+    for name, result in document["results"].items():
+        lines += ["", f"## {name} ({result['batch_records']:,} records per micro-batch; paper constants: "
+                      f"{result['paper_constants']})", "",
+                  "| plan | threads | measured rec/s | Spark model | error | paper model | error |",
+                  "| --- | --- | --- | --- | --- | --- | --- |"]
+        for row in result["rows"]:
+            lines.append(f"| {row['label']}: `{row['plan']}` | {row['threads']} | {row['measured_per_s']:,.0f} | "
+                         f"{row['spark_per_s']:,.0f} | {100 * (row['spark_per_s'] / row['measured_per_s'] - 1):+.0f} % | "
+                         f"{row['paper_per_s']:,.0f} | {100 * (row['paper_per_s'] / row['measured_per_s'] - 1):+.0f} % |")
+        for model in ("spark", "paper"):
+            pick = totals[model]["top_ranked"][name]
+            lines.append(f"\n{model} model ranks `{pick['plan']}` first: {100 * pick['share_of_best']:.0f} % of the "
+                         f"best measured (`{pick['best_plan']}`).")
+    lines += ["", f"![scatter]({stem}.png)"]
+    (out_dir / f"{stem}.md").write_text("\n".join(lines) + "\n")
+    plot(document, out_dir / f"{stem}.png")
+
+
+def plot(document: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(6.5, 6))
+    markers = dict(zip(document["results"], "osD^v"))
+    values = []
+    for name, result in document["results"].items():
+        for model, color in (("spark", "tab:blue"), ("paper", "tab:orange")):
+            xs = [row["measured_per_s"] for row in result["rows"]]
+            ys = [row[f"{model}_per_s"] for row in result["rows"]]
+            values += xs + ys
+            axes.scatter(xs, ys, marker=markers[name], color=color, alpha=0.8, label=f"{model} model, {name}")
+    low, high = min(values) / 1.5, max(values) * 1.5
+    axes.plot([low, high], [low, high], color="grey", linewidth=1)
+    axes.fill_between([low, high], [low * 0.9, high * 0.9], [low * 1.1, high * 1.1], color="grey", alpha=0.15)
+    axes.set_xscale("log")
+    axes.set_yscale("log")
+    axes.set_xlabel("measured records/s")
+    axes.set_ylabel("predicted records/s")
+    axes.set_title("Predicted vs measured throughput (band: +/-10 %)")
+    axes.legend(fontsize=7)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
+def main(argv=None) -> int:
+    global LOOPS_PER_US
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="tiny end-to-end run (not figures)")
+    parser.add_argument("--records", type=int, default=40_000, help="synthetic workload records")
+    parser.add_argument("--lines", type=int, default=60_000, help="logwatch workload lines")
+    parser.add_argument("--files", type=int, default=4, help="input files = micro-batches (the first is warm-up)")
+    parser.add_argument("--plans", type=int, default=8, help="plans per workload (at least 20 in all)")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--max-threads", type=int, default=4)
+    parser.add_argument("--master", default="local[2]")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.records, args.lines, args.files, args.plans, args.repeats = 1500, 1500, 3, 3, 1
+    LOOPS_PER_US = busy_loops_per_us()
+    document = run_header("model_accuracy.py", argv, args.master, args.quick)
+    work = Path(tempfile.mkdtemp(prefix="fissure-accuracy-"))
+    from fissure.spark.session import create_session, default_parallelism
+
+    spark = create_session(fissure.RunnerConfig(master=args.master))
+    cores = default_parallelism(spark)
+    settings, constants_from = stored_spark_model()
+    from logwatch import build_pipeline as logwatch_pipeline
+
+    workloads = {
+        "logwatch": (logwatch_pipeline(), logwatch_source(work / "logs", args.lines, args.files)),
+        "mixed": (mixed_pipeline(), synthetic_source(work / "mixed", args.records, args.files)),
+        "stateless": (stateless_pipeline(), synthetic_source(work / "stateless", args.records, args.files)),
+    }
+    results = {name: run_workload(name, spark, pipeline, source, args, work, cores, settings)
+               for name, (pipeline, source) in workloads.items()}
+    document.update({"cores": cores, "spark_constants_from": constants_from,
+                     "spark_constants": settings.constants.to_dict(), "loops_per_us": LOOPS_PER_US,
+                     "results": results, "summary": summary(results)})
+    publish(document, "model_accuracy_quick" if args.quick else "model_accuracy", write_outputs)
+    spark.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,371 @@
+"""A throughput model of what Spark really does with a fissure plan (pure: no I/O, no Spark).
+
+The paper's model (fissure.model.throughput) prices a plan as if every pipeline ran at the same
+time as every other. On Spark a micro-batch is a job whose stages (cut at every exchange) run one
+after the other, each on the task slots; inside a stage, a task drives its Python nodes one after
+the other, and a PE node's processes come on top of the task slots. So, per micro-batch of B
+source records:
+
+    batch time = batch_fixed_s
+               + sum over the batch's Spark stages of
+                     stage work / effective parallelism          (per-record costs, below)
+                   + stage_fixed_s + waves x (task_fixed_s + state stores x state_partition_fixed_s)
+    throughput = B / batch time
+
+Stage work, in record-microseconds for the whole batch (records entering each step known from the
+selectivities): the operators' costs c(o); io_record_us per source record (reading, and the sink's
+share); python_record_us per record moved between the JVM and a Python worker, each way;
+conversion_record_us per record converted between Arrow and Python dicts, each way;
+boundary_record_us (the paper's delta) per record crossing a PE process boundary, paid by the
+sender and by the receiver (the last pipeline's results travel back to the worker too);
+exchange_record_us per record through a shuffle, half written upstream and half read
+downstream; in a stateful node, state_record_us per record (pandas, sorting, state
+(de)serialization) and state_key_us per key group a micro-batch holds.
+
+Effective parallelism of a stage of P tasks on C slots whose records split f ways (f = P for
+round-robin, min(P, max_scale) for keys, 1 for an unkeyed stateful operator): tasks run in
+waves = ceil(P / C), so E = min(f, P / waves); its critical work (per task, the sum over nodes
+of a PE node's slowest process and of the other nodes' work) and its total work (all processes)
+give stage work = max(critical, total x a / C) with a = min(P, C, f) tasks at once: the PE's
+processes share the cores with the other tasks' (eq. 13's C / U cap, per stage).
+
+The stages come from `spark_stages`, which mirrors fissure.spark.compile (exchanges and Spark
+stages of each region); tests/test_spark_model.py checks it against the compiler. The constants
+are measured by `fissure calibrate` (fissure.model.calibration) and stored where the planner
+finds them; the defaults below are what DESIGN.md and docs/processing-element.md measured here.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field, fields, replace
+from typing import Any
+
+from fissure.model.throughput import validate_plan
+from fissure.model.types import Kind, OperatorStats, Plan
+
+# Keys a partitioned operator is assumed to see per micro-batch when the workload does not say.
+DEFAULT_KEYS_PER_BATCH = 1000.0
+
+
+@dataclass(frozen=True)
+class SparkConstants:
+    """The Spark model's machine constants. Seconds per batch, stage or task; microseconds per record."""
+
+    # Defaults: a quick `fissure calibrate` on the busy 2-core development machine (local[2],
+    # PySpark 4.3, RocksDB state store), rounded; a calibration on the deployment replaces them.
+    batch_fixed_s: float = 0.35  # per micro-batch: planning, offset and commit logs, the sink call
+    stage_fixed_s: float = 0.02  # per Spark stage: scheduling, shuffle bookkeeping
+    task_fixed_s: float = 0.005  # per wave of tasks: launch, Python worker hand-over
+    state_partition_fixed_s: float = 0.15  # per stateful node and wave of state partitions: store load, commit
+    io_record_us: float = 1.0  # per source record: reading it, and the sink's share
+    python_record_us: float = 0.45  # per record moved between the JVM and a Python worker, each way
+    conversion_record_us: float = 1.0  # per record converted between Arrow and Python dicts, each way
+    exchange_record_us: float = 0.5  # per record through a shuffle exchange (write plus read)
+    boundary_record_us: float = 1.0  # delta: per record crossing a PE process boundary, each side
+    state_record_us: float = 5.0  # per record through a stateful node beyond its function
+    state_key_us: float = 2000.0  # per key group per micro-batch in a stateful node (state server calls)
+
+    def __post_init__(self) -> None:
+        for item in fields(self):
+            value = getattr(self, item.name)
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
+                raise ValueError(f"Spark model constant {item.name} must be a finite number >= 0, got {value!r}")
+
+    @classmethod
+    def names(cls) -> tuple[str, ...]:
+        return tuple(item.name for item in fields(cls))
+
+    def to_dict(self) -> dict[str, float]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> SparkConstants:
+        unknown = set(values) - set(cls.names())
+        if unknown:
+            raise ValueError(f"unknown Spark model constants {sorted(unknown)}; known: {', '.join(cls.names())}")
+        return cls(**{name: float(value) for name, value in values.items()})
+
+    def with_values(self, **values: float) -> SparkConstants:
+        return replace(self, **values)
+
+
+@dataclass(frozen=True)
+class SparkWorkload:
+    """What the micro-batches look like: their size, their source partitions, keys per batch."""
+
+    batch_records: int = 10_000
+    source_partitions: int = 1
+    # distinct keys per micro-batch, per stateful operator (default: DEFAULT_KEYS_PER_BATCH for a
+    # partitioned operator, one for an unkeyed one; never more than the records it gets)
+    keys_per_batch: Mapping[str, float] = field(default_factory=dict)
+    default_state_partitions: int = 1  # state partitions of a plan without a replicated keyed region
+
+    def __post_init__(self) -> None:
+        if self.batch_records < 1 or self.source_partitions < 1 or self.default_state_partitions < 1:
+            raise ValueError("batch_records, source_partitions and default_state_partitions must be >= 1")
+
+
+@dataclass(frozen=True)
+class NodeShape:
+    """One Python node of a Spark stage: a PE (its pipelines' operator indexes), a stateful
+    operator, or the numbering-only node that adds sequence numbers."""
+
+    kind: str  # "pe", "state" or "sequence"
+    pipelines: tuple[tuple[int, ...], ...]  # operator indexes per process; one for "state"; none for "sequence"
+    entry: int  # index of the operator whose input the node gets (len(operators): the chain's output)
+
+
+@dataclass(frozen=True)
+class StageShape:
+    """One Spark stage of the micro-batch's job."""
+
+    exchange: str  # how its input arrives: "source", "round-robin", "hash" or "single"
+    partitions: int  # tasks
+    split: float  # how many ways its records really split (<= partitions)
+    entry: int  # index of the operator whose input the stage starts with
+    nodes: tuple[NodeShape, ...]
+
+
+@dataclass(frozen=True)
+class SparkStageFigures:
+    shape: StageShape
+    records_in: float
+    work_us: float  # all processes, the whole batch
+    critical_us: float  # per task, summed over its nodes' slowest processes, the whole batch
+    effective_parallelism: float
+    time_s: float
+
+
+@dataclass(frozen=True)
+class SparkEvaluation:
+    """The Spark model's verdict on a plan."""
+
+    plan: Plan
+    stages: tuple[SparkStageFigures, ...]
+    batch_records: int
+    batch_time_s: float
+    fixed_s: float  # the part of the batch time that does not grow with the records
+    throughput_per_s: float
+    utilization: float  # cores busy on average over the batch
+    cores: int
+
+    @property
+    def threads(self) -> int:
+        return self.plan.threads
+
+
+def _segments(operators: Sequence[OperatorStats], pipelines: Sequence[Sequence[int]]) -> list[tuple[str, Any]]:
+    """A region cut at its stateful operators, as fissure.spark.compile cuts it."""
+    segments: list[tuple[str, Any]] = []
+    pending: list[tuple[int, ...]] = []
+    for pipeline in pipelines:
+        part: list[int] = []
+        for index in pipeline:
+            if operators[index].kind is Kind.STATELESS:
+                part.append(index)
+                continue
+            if part:
+                pending.append(tuple(part))
+                part = []
+            if pending:
+                segments.append(("pe", tuple(pending)))
+                pending = []
+            segments.append(("state", index))
+        if part:
+            pending.append(tuple(part))
+    if pending:
+        segments.append(("pe", tuple(pending)))
+    return segments
+
+
+def _scale_bound(operators: Sequence[OperatorStats]) -> float:
+    bounds = [operator.max_scale for operator in operators if operator.max_scale is not None]
+    return min(bounds) if bounds else math.inf
+
+
+def spark_stages(operators: Sequence[OperatorStats], plan: Plan, source_partitions: int = 1,
+                 default_state_partitions: int = 1) -> tuple[StageShape, ...]:
+    """The Spark stages of one micro-batch under `plan`, as fissure.spark.compile builds them."""
+    index = {operator.name: i for i, operator in enumerate(operators)}
+    has_state = any(operator.kind is not Kind.STATELESS for operator in operators)
+    keyed = [region.replicas for region in plan.regions
+             if any(operators[index[name]].kind is Kind.PARTITIONED for name in region.operators)]
+    state_partitions = max(keyed, default=default_state_partitions)
+    stages: list[StageShape] = []
+    current: dict[str, Any] = {"exchange": "source", "partitions": source_partitions, "split": source_partitions,
+                               "entry": 0, "nodes": []}
+    partitions: int | None = None  # the compiler's: None while the frame keeps the source's partitioning
+    carried = False
+
+    def new_stage(exchange: str, count: int, split: float, entry: int) -> None:
+        nonlocal current
+        stages.append(StageShape(current["exchange"], current["partitions"], current["split"], current["entry"],
+                                 tuple(current["nodes"])))
+        current = {"exchange": exchange, "partitions": count, "split": split, "entry": entry, "nodes": []}
+
+    def sequence_node(entry: int) -> None:
+        nonlocal carried
+        current["nodes"].append(NodeShape("sequence", (), entry))
+        carried = True
+
+    for region in plan.regions:
+        members = [index[name] for name in region.operators]
+        kinds = {operators[i].kind for i in members}
+        region_kind = (Kind.PARTITIONED if Kind.PARTITIONED in kinds else
+                       Kind.STATEFUL if Kind.STATEFUL in kinds else Kind.STATELESS)
+        pipelines = [tuple(index[name] for name in pipeline) for pipeline in region.pipelines]
+        segments = _segments(operators, pipelines)
+        replicas = region.replicas
+        if segments[0][0] == "pe" and not (replicas == 1 and partitions in (None, 1)):
+            if not carried and has_state:
+                sequence_node(members[0])
+            if region_kind is Kind.STATELESS:
+                new_stage("round-robin", replicas, replicas, members[0])
+                partitions = replicas
+            elif region_kind is Kind.PARTITIONED:
+                bound = _scale_bound([operators[i] for i in members])
+                new_stage("hash", replicas, min(replicas, bound), members[0])
+                partitions = replicas
+            else:
+                new_stage("single", 1, 1, members[0])
+                partitions = 1
+        for kind, content in segments:
+            if kind == "pe":
+                current["nodes"].append(NodeShape("pe", content, content[0][0]))
+                carried = True
+                continue
+            operator = operators[content]
+            if not carried:
+                sequence_node(content)
+            if operator.kind is Kind.PARTITIONED:
+                bound = operator.max_scale if operator.max_scale is not None else math.inf
+                new_stage("hash", state_partitions, min(state_partitions, bound), content)
+            else:
+                new_stage("single", state_partitions, 1, content)
+            current["nodes"].append(NodeShape("state", ((content,),), content))
+            partitions = state_partitions
+    if not carried:
+        sequence_node(len(operators))
+    new_stage("", 0, 0, 0)  # closes the last stage
+    return tuple(stages)
+
+
+class _Chain:
+    """Records entering each operator and prefix sums of their selectivity-weighted costs."""
+
+    def __init__(self, operators: Sequence[OperatorStats], batch_records: int) -> None:
+        self.records = [float(batch_records)]  # records[i]: entering operator i; records[n]: the output
+        self.weighted = [0.0]  # weighted[i]: cost of operators < i, for the whole batch (us)
+        for operator in operators:
+            self.weighted.append(self.weighted[-1] + self.records[-1] * operator.cost_us)
+            self.records.append(self.records[-1] * operator.selectivity)
+
+    def work(self, first: int, end: int) -> float:
+        return self.weighted[end] - self.weighted[first]
+
+
+def _node_work(node: NodeShape, chain: _Chain, operators: Sequence[OperatorStats], constants: SparkConstants,
+               workload: SparkWorkload) -> tuple[float, float]:
+    """(critical, total) record-microseconds of one node over the whole batch."""
+    records = chain.records
+    if node.kind == "sequence":
+        work = 2 * constants.python_record_us * records[node.entry]
+        return work, work
+    if node.kind == "state":
+        (index,), = node.pipelines
+        operator = operators[index]
+        records_in, records_out = records[index], records[index + 1]
+        keys = workload.keys_per_batch.get(operator.name)
+        if keys is None:
+            keys = DEFAULT_KEYS_PER_BATCH if operator.kind is Kind.PARTITIONED else 1.0
+        keys = min(keys, records_in)
+        work = (chain.work(index, index + 1) + constants.state_record_us * records_in
+                + constants.state_key_us * keys
+                + (constants.python_record_us + constants.conversion_record_us) * (records_in + records_out))
+        return work, work
+    delta = constants.boundary_record_us
+    count = len(node.pipelines)
+    node_in, node_out = records[node.pipelines[0][0]], records[node.pipelines[-1][-1] + 1]
+    works = []
+    for position, pipeline in enumerate(node.pipelines):
+        first, end = pipeline[0], pipeline[-1] + 1
+        work = chain.work(first, end) + constants.conversion_record_us * (records[first] + records[end])
+        if position > 0:
+            work += delta * records[first]  # receives from the previous process
+        if position < count - 1 or count > 1:
+            work += delta * records[end]  # sends to the next process (the last: back to the worker)
+        works.append(work)
+    works[0] += constants.python_record_us * (node_in + node_out)  # the worker talks to the JVM
+    if count > 1:
+        works[0] += delta * node_out  # and receives the last pipeline's results
+    return max(works), sum(works)
+
+
+def evaluate_spark(operators: Sequence[OperatorStats], plan: Plan, cores: int,
+                   constants: SparkConstants = SparkConstants(),
+                   workload: SparkWorkload = SparkWorkload()) -> SparkEvaluation:
+    """Predicted micro-batch time and throughput of `plan` for the chain `operators` on `cores` task slots."""
+    validate_plan(operators, plan)
+    if cores < 1:
+        raise ValueError(f"cores must be >= 1, got {cores}")
+    chain = _Chain(operators, workload.batch_records)
+    shapes = spark_stages(operators, plan, workload.source_partitions, workload.default_state_partitions)
+    critical = [0.0] * len(shapes)
+    total = [0.0] * len(shapes)
+    for number, shape in enumerate(shapes):
+        records_in = chain.records[shape.entry]
+        if shape.exchange == "source":
+            entry_us = constants.io_record_us * workload.batch_records
+        else:
+            entry_us = constants.exchange_record_us / 2 * records_in
+            critical[number - 1] += constants.exchange_record_us / 2 * records_in  # the upstream writes
+            total[number - 1] += constants.exchange_record_us / 2 * records_in
+        critical[number] += entry_us
+        total[number] += entry_us
+        for node in shape.nodes:
+            node_critical, node_total = _node_work(node, chain, operators, constants, workload)
+            critical[number] += node_critical
+            total[number] += node_total
+    figures = []
+    fixed_s = constants.batch_fixed_s
+    variable_s = 0.0
+    for number, shape in enumerate(shapes):
+        waves = math.ceil(shape.partitions / cores)
+        split = max(1.0, min(shape.split, shape.partitions))
+        parallelism = min(split, shape.partitions / waves)
+        at_once = min(shape.partitions, cores, split)
+        work_us = max(critical[number], total[number] * at_once / cores)
+        stores = sum(1 for node in shape.nodes if node.kind == "state")
+        stage_fixed_s = (constants.stage_fixed_s
+                         + waves * (constants.task_fixed_s + stores * constants.state_partition_fixed_s))
+        stage_variable_s = work_us / parallelism / 1e6
+        fixed_s += stage_fixed_s
+        variable_s += stage_variable_s
+        figures.append(SparkStageFigures(shape, chain.records[shape.entry], total[number], critical[number],
+                                         parallelism, stage_fixed_s + stage_variable_s))
+    batch_time_s = fixed_s + variable_s
+    return SparkEvaluation(
+        plan=plan, stages=tuple(figures), batch_records=workload.batch_records, batch_time_s=batch_time_s,
+        fixed_s=fixed_s, throughput_per_s=workload.batch_records / batch_time_s,
+        utilization=sum(total) / 1e6 / batch_time_s, cores=cores,
+    )
+
+
+def batch_time_terms(operators: Sequence[OperatorStats], plan: Plan, cores: int, constants: SparkConstants,
+                     workload: SparkWorkload) -> tuple[dict[str, float], float]:
+    """The batch time as a linear function of the constants around `constants`:
+    ({constant: seconds per unit of it}, seconds that no constant scales: the operators' work).
+
+    The model is piecewise linear in its constants (the max of a stage's critical and shared
+    work picks a piece), so these slopes are exact unless `constants` sits on a kink."""
+    base_s = evaluate_spark(operators, plan, cores, constants, workload).batch_time_s
+    slopes = {}
+    for name in SparkConstants.names():
+        value = getattr(constants, name)
+        step = 1e-3 * max(1.0, value)
+        shifted = evaluate_spark(operators, plan, cores, constants.with_values(**{name: value + step}), workload)
+        slopes[name] = (shifted.batch_time_s - base_s) / step
+    constant_s = base_s - sum(slopes[name] * getattr(constants, name) for name in slopes)
+    return slopes, constant_s

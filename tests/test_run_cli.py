@@ -1,0 +1,81 @@
+"""`fissure run`: end to end in its own process on a small file source, and its usage errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pyarrow.parquet as pq
+import pytest
+
+from fissure.cli import main
+
+PIPELINE_FILE = textwrap.dedent("""
+    from fissure import Pipeline
+
+    def count(state, record):
+        state["n"] = state.get("n", 0) + 1
+        return {"user": record["user"], "i": record["i"], "n": state["n"]}
+
+    def build():
+        return Pipeline("cli").partitioned("count", count, key="user", schema={"user": str, "i": int, "n": int})
+""")
+
+
+def write_inputs(directory, count=6):
+    directory.mkdir()
+    (directory / "part-0.json").write_text("".join(json.dumps({"user": f"u{i % 2}", "i": i}) + "\n"
+                                                   for i in range(count)))
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_fissure_run_end_to_end_quietly_with_spark_output_in_the_log(tmp_path):
+    (tmp_path / "pipeline.py").write_text(PIPELINE_FILE)
+    write_inputs(tmp_path / "in")
+    run_dir, out = tmp_path / "run", tmp_path / "out"
+    finished = subprocess.run(
+        [sys.executable, "-m", "fissure", "run", f"{tmp_path / 'pipeline.py'}:build", "--source", str(tmp_path / "in"),
+         "--format", "json", "--schema", "user:str,i:int", "--sink", str(out), "--run-dir", str(run_dir),
+         "--master", "local[1]"],
+        capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    assert finished.returncode == 0, finished.stderr
+    assert "6 records in 1 batch" in finished.stdout
+    assert f"Spark's output: {run_dir / 'spark.log'}" in finished.stdout
+    # Spark's JVM lines and its Python workers' chatter went to the log, not to the terminal.
+    for noise in ("WARN", "log4j", "TransformWithStateInPandas"):
+        assert noise not in finished.stderr
+    assert "TransformWithStateInPandas" in (run_dir / "spark.log").read_text()
+    rows = pq.read_table(out).to_pylist()
+    assert sorted((row["user"], row["n"]) for row in rows) == [("u0", 1), ("u0", 2), ("u0", 3),
+                                                              ("u1", 1), ("u1", 2), ("u1", 3)]
+
+
+@pytest.mark.parametrize("reference, message", [
+    ("examples/logwatch.py", "must be FILE.py:FUNCTION or MODULE:FUNCTION"),
+    ("no_such_file.py:build", "pipeline file 'no_such_file.py' does not exist"),
+    ("examples/logwatch.py:no_such_function", "has no 'no_such_function'; it defines"),
+    ("fissure_no_such_module:build", "cannot import pipeline module 'fissure_no_such_module'"),
+])
+def test_bad_pipeline_reference_is_a_usage_error(tmp_path, capsys, monkeypatch, reference, message):
+    monkeypatch.chdir(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository
+    assert main(["run", reference, "--source", str(tmp_path)]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_missing_source_directory_is_a_usage_error(tmp_path, capsys):
+    (tmp_path / "pipeline.py").write_text(PIPELINE_FILE)
+    missing = tmp_path / "no-such-dir"
+    assert main(["run", f"{tmp_path / 'pipeline.py'}:build", "--source", str(missing)]) == 2
+    error = capsys.readouterr().err
+    assert f"--source {str(missing)!r} is not a directory" in error and "fissure run:" in error
+
+
+def test_bad_schema_is_a_usage_error(tmp_path, capsys):
+    (tmp_path / "pipeline.py").write_text(PIPELINE_FILE)
+    assert main(["run", f"{tmp_path / 'pipeline.py'}:build", "--source", str(tmp_path), "--format", "json",
+                 "--schema", "user:text"]) == 2
+    assert "--schema item 'user:text' is not name:type" in capsys.readouterr().err

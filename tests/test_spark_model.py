@@ -1,0 +1,213 @@
+"""The Spark-faithful throughput model: its stages match the compiler, its shape, the planners on it."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from fissure import Pipeline
+from fissure.model.calibration import BatchObservation, fit_spark_constants
+from fissure.model.spark_model import (
+    SparkConstants,
+    SparkWorkload,
+    batch_time_terms,
+    evaluate_spark,
+    spark_stages,
+)
+from fissure.model.spec import load_spec
+from fissure.model.types import Kind, Machine, OperatorStats, Plan, RegionPlan
+from fissure.optimize.planners import plan_chain
+from fissure.optimize.spark_chain import SparkChainModel, SparkModelSettings
+
+from pathlib import Path
+
+LOGWATCH = Path(__file__).resolve().parents[1] / "examples" / "logwatch.json"
+
+
+def stateless(name, cost_us, selectivity=1.0):
+    return OperatorStats(name, Kind.STATELESS, cost_us, selectivity)
+
+
+def plan_of(*regions):
+    """plan_of(([["a", "b"], ["c"]], 2), ...): regions of pipelines with replicas."""
+    return Plan(tuple(RegionPlan(tuple(tuple(pipeline) for pipeline in pipelines), replicas)
+                      for pipelines, replicas in regions))
+
+
+CHAIN = [stateless("a", 5.0), stateless("b", 3.0, 0.5),
+         OperatorStats("c", Kind.PARTITIONED, 8.0, 1.0, key=("user",)), stateless("d", 4.0),
+         OperatorStats("e", Kind.STATEFUL, 2.0, 1.0)]
+PLANS = [
+    plan_of(([["a", "b", "c", "d", "e"]], 1)),
+    plan_of(([["a", "b"]], 2), ([["c", "d"]], 2), ([["e"]], 1)),
+    plan_of(([["a"], ["b"]], 1), ([["c"]], 2), ([["d"]], 2), ([["e"]], 1)),
+    plan_of(([["a"]], 1), ([["b"]], 2), ([["c"], ["d"]], 1), ([["e"]], 1)),
+    plan_of(([["a", "b"], ["c", "d", "e"]], 1)),
+]
+
+
+def modelled_steps(operators, plan):
+    """The model's Python nodes in order, as (kind, pipelines, exchange before, partitions)."""
+    names = [operator.name for operator in operators]
+    steps = []
+    for number, stage in enumerate(spark_stages(operators, plan)):
+        for position, node in enumerate(stage.nodes):
+            first = position == 0 and number > 0
+            steps.append((node.kind, tuple(tuple(names[i] for i in pipeline) for pipeline in node.pipelines),
+                          stage.exchange if first else "none", stage.partitions if first else None))
+    return steps
+
+
+@pytest.mark.spark
+def test_the_models_spark_stages_are_the_compilers(spark, tmp_path):
+    from fissure.spark.compile import compile_plan
+    from fissure.testing import record_files
+
+    source = record_files(tmp_path / "in", [{"user": "u", "i": 1}], {"user": str, "i": int}).open(spark)
+    pipeline = (Pipeline("model").map("a", lambda r: r).filter("b", lambda r: True)
+                .partitioned("c", lambda state, r: r, key="user").map("d", lambda r: r)
+                .stateful("e", lambda state, r: r))
+    for plan in PLANS:
+        compiled = compile_plan(pipeline, plan, source)
+        assert modelled_steps(CHAIN, plan) == [
+            (stage.kind, stage.pipelines if stage.kind != "sequence" else (), stage.exchange, stage.partitions)
+            for stage in compiled.stages], plan
+
+
+def test_batch_time_is_fixed_costs_plus_stage_times_and_throughput_is_records_over_it():
+    evaluation = evaluate_spark(CHAIN, PLANS[1], 2, SparkConstants(), SparkWorkload(batch_records=5000))
+    assert evaluation.batch_time_s == pytest.approx(sum(stage.time_s for stage in evaluation.stages)
+                                                    + SparkConstants().batch_fixed_s)
+    assert evaluation.throughput_per_s == pytest.approx(5000 / evaluation.batch_time_s)
+    assert 0 < evaluation.utilization <= 2
+    assert evaluation.fixed_s < evaluation.batch_time_s
+
+
+def test_larger_batches_amortize_the_fixed_costs():
+    rates = [evaluate_spark(CHAIN, PLANS[0], 2, workload=SparkWorkload(batch_records=n)).throughput_per_s
+             for n in (100, 1000, 10_000, 100_000)]
+    assert rates == sorted(rates) and rates[-1] > 3 * rates[0]
+
+
+def test_fission_of_a_costly_stateless_operator_approaches_the_core_count_and_no_further():
+    chain = [stateless("heavy", 200.0)]
+    workload = SparkWorkload(batch_records=200_000)
+    no_fixed = SparkConstants(batch_fixed_s=0, stage_fixed_s=0, task_fixed_s=0)
+    one, two, four = (evaluate_spark(chain, plan_of(([["heavy"]], r)), 2, no_fixed, workload).throughput_per_s
+                      for r in (1, 2, 4))
+    assert 1.7 < two / one < 2.0  # the exchange costs a little
+    assert four <= two * 1.0001  # replicas beyond the task slots run in waves
+    # a PE of two processes in each of two replicas oversubscribes two cores: no gain over x2
+    pipelined = evaluate_spark([stateless("x", 100.0), stateless("y", 100.0)], plan_of(([["x"], ["y"]], 2)), 2,
+                               no_fixed, workload).throughput_per_s
+    fused = evaluate_spark([stateless("x", 100.0), stateless("y", 100.0)], plan_of(([["x", "y"]], 2)), 2,
+                           no_fixed, workload).throughput_per_s
+    assert pipelined <= fused
+
+
+def test_stages_add_up_where_the_papers_pipelines_overlap():
+    """A stateful operator after a stateless one: Spark runs the two stages one after the other."""
+    chain = [stateless("parse", 50.0), OperatorStats("total", Kind.STATEFUL, 50.0, 1.0)]
+    plan = plan_of(([["parse"]], 2), ([["total"]], 1))
+    zero = SparkConstants(**{name: 0.0 for name in SparkConstants.names()})
+    evaluation = evaluate_spark(chain, plan, 2, zero, SparkWorkload(batch_records=10_000))
+    # parse on two slots (0.25 s), then total on one (0.5 s): 0.75 s, not max(0.25, 0.5)
+    assert evaluation.batch_time_s == pytest.approx(0.75)
+
+
+def test_keys_per_batch_cost_the_stateful_node_per_key():
+    chain = [OperatorStats("count", Kind.PARTITIONED, 1.0, 1.0, key=("k",))]
+    plan = plan_of(([["count"]], 1))
+    few = evaluate_spark(chain, plan, 2, workload=SparkWorkload(1000, keys_per_batch={"count": 10}))
+    many = evaluate_spark(chain, plan, 2, workload=SparkWorkload(1000, keys_per_batch={"count": 510}))
+    assert many.batch_time_s - few.batch_time_s == pytest.approx(500 * SparkConstants().state_key_us / 1e6)
+
+
+def test_batch_time_is_linear_in_the_constants_around_a_point():
+    constants = SparkConstants(io_record_us=2.0, state_key_us=300.0)
+    workload = SparkWorkload(4000, keys_per_batch={"c": 50})
+    for plan in PLANS:
+        slopes, operators_s = batch_time_terms(CHAIN, plan, 2, constants, workload)
+        predicted = operators_s + sum(slopes[name] * getattr(constants, name) for name in slopes)
+        assert predicted == pytest.approx(evaluate_spark(CHAIN, plan, 2, constants, workload).batch_time_s)
+
+
+def test_the_fit_recovers_constants_from_batches_the_model_generated():
+    truth = SparkConstants(batch_fixed_s=0.4, stage_fixed_s=0.03, state_partition_fixed_s=0.1, io_record_us=1.5,
+                           python_record_us=0.7, exchange_record_us=0.9, state_key_us=800.0)
+    fitted = ("batch_fixed_s", "stage_fixed_s", "state_partition_fixed_s", "io_record_us", "python_record_us",
+              "exchange_record_us", "state_key_us")
+    stateless_chain = CHAIN[:2]  # without stateful nodes, so the fixed costs can be told apart
+    runs = [(CHAIN, plan) for plan in PLANS] + [(stateless_chain, plan_of(([["a", "b"]], r))) for r in (1, 2)]
+    observations = []
+    for chain, plan in runs:
+        for records in (2000, 20_000):
+            for keys in (10, 400):
+                workload = SparkWorkload(records, keys_per_batch={"c": keys})
+                measured = evaluate_spark(chain, plan, 2, truth, workload).batch_time_s
+                observations.append(BatchObservation("synthetic", tuple(chain), plan, 2, workload, measured))
+    fit = fit_spark_constants(observations, SparkConstants(), fitted)
+    for name in fitted:
+        assert getattr(fit.constants, name) == pytest.approx(getattr(truth, name), rel=1e-4), name
+    assert fit.r_squared == pytest.approx(1.0) and fit.median_abs_relative_error < 1e-6
+
+
+def test_invalid_constants_and_workloads_name_the_fault():
+    with pytest.raises(ValueError, match="exchange_record_us"):
+        SparkConstants(exchange_record_us=-1)
+    with pytest.raises(ValueError, match="unknown Spark model constants"):
+        SparkConstants.from_dict({"nonsense": 1})
+    with pytest.raises(ValueError, match="batch_records"):
+        SparkWorkload(batch_records=0)
+
+
+# -- the planners on the Spark model --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("method", ["heuristic", "paper-heuristic", "optimal", "fission-only", "pipelining-only",
+                                    "sequential"])
+def test_every_planner_ranks_by_the_spark_model(method):
+    spec = load_spec(LOGWATCH, cores=2)
+    settings = SparkModelSettings(workload=SparkWorkload(batch_records=20_000))
+    result = plan_chain(spec.operators, spec.machine, method, spark=settings)
+    assert result.spark is not None and result.plan.threads <= 4
+    assert result.throughput_per_s == result.spark.throughput_per_s
+    model = SparkChainModel(spec.operators, 2, settings)
+    assert result.throughput_per_s == pytest.approx(model.throughput(model.from_plan(result.plan)) * 1e6)
+
+
+def test_the_exact_spark_search_bounds_the_heuristic_which_beats_sequential():
+    chain = [stateless("parse", 30.0), stateless("score", 60.0, 0.5),
+             OperatorStats("per_user", Kind.PARTITIONED, 20.0, 1.0, key=("user",)), stateless("format", 5.0)]
+    machine = Machine(cores=2)
+    settings = SparkModelSettings(workload=SparkWorkload(batch_records=50_000, keys_per_batch={"per_user": 20}))
+    best = plan_chain(chain, machine, "optimal", spark=settings).throughput_per_s
+    heuristic = plan_chain(chain, machine, "heuristic", spark=settings).throughput_per_s
+    sequential = plan_chain(chain, machine, "sequential", spark=settings).throughput_per_s
+    assert best >= heuristic * (1 - 1e-9) and heuristic > sequential
+
+
+def test_plan_command_keeps_the_paper_model_unless_told(capsys, tmp_path, monkeypatch):
+    from fissure.cli import main
+    from fissure.model.calibration import Calibration
+    from fissure.profile.calibration import save_calibration
+
+    monkeypatch.setenv("FISSURE_CALIBRATION", str(tmp_path / "none.json"))
+    assert main(["plan", str(LOGWATCH), "--cores", "2", "--json"]) == 0
+    paper = json.loads(capsys.readouterr().out)
+    assert "model" not in paper
+    assert main(["plan", str(LOGWATCH), "--cores", "2", "--json", "--model", "spark"]) == 0
+    default = json.loads(capsys.readouterr().out)
+    assert default["model"] == "spark" and set(paper) <= set(default)
+    assert default["throughput_per_s"] < paper["throughput_per_s"]  # micro-batch and state costs count
+    slow = Calibration(spark=SparkConstants(batch_fixed_s=5.0), thread_switch_overhead_us=1.0,
+                       thread_switch_overhead_large_us=None, replication_cost_us=None, batch_records=10_000,
+                       cores=2, master="local[2]", measured_at="2026-11-22")
+    save_calibration(slow, tmp_path / "slow.json")
+    monkeypatch.setenv("FISSURE_CALIBRATION", str(tmp_path / "slow.json"))
+    assert main(["plan", str(LOGWATCH), "--cores", "2", "--json", "--model", "spark"]) == 0
+    calibrated = json.loads(capsys.readouterr().out)
+    assert calibrated["batch_records"] == 10_000 and calibrated["batch_time_s"] > 5.0
+    assert not math.isclose(calibrated["throughput_per_s"], default["throughput_per_s"])
