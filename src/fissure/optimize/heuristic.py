@@ -293,11 +293,25 @@ def _neighbours(model: ChainModel, regions: list[RegionShape], max_threads: int)
             for cut in range(region.start + 1, region.end):
                 if cut not in cuts:
                     yield head + [region._replace(cuts=tuple(sorted(cuts + (cut,))))] + tail
-        # split the region in two at one of its pipeline cuts (both halves keep the replicas)
-        for k, cut in enumerate(cuts):
-            left = RegionShape(region.start, cut, cuts[:k], region.replicas)
-            right = RegionShape(cut, region.end, cuts[k + 1:], region.replicas)
-            yield head + [left, right] + tail
+        # split the region in two before any of its operators: both halves keep the replicas, or
+        # one half drops to one replica and the other keeps as many as the thread budget allows
+        spare = max_threads - threads + region.threads
+        for split in range(region.start + 1, region.end):
+            left_cuts = tuple(c for c in cuts if c < split)
+            right_cuts = tuple(c for c in cuts if c > split)
+            left_pipelines, right_pipelines = len(left_cuts) + 1, len(right_cuts) + 1
+            both = min(region.replicas, spare // (left_pipelines + right_pipelines))
+            pairs = {
+                (both, both),
+                (1, min(region.replicas, (spare - left_pipelines) // right_pipelines)),
+                (min(region.replicas, (spare - right_pipelines) // left_pipelines), 1),
+            }
+            for left_replicas, right_replicas in pairs:
+                if left_replicas >= 1 and right_replicas >= 1 and (left_replicas, right_replicas) != (1, 1):
+                    yield head + [
+                        RegionShape(region.start, split, left_cuts, left_replicas),
+                        RegionShape(split, region.end, right_cuts, right_replicas),
+                    ] + tail
         # carve one pipeline out into a region of its own with another replica count
         if len(cuts) > 0 or region.replicas > 1:
             spans = region.bounds()
