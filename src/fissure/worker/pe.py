@@ -321,25 +321,31 @@ class ProcessingElement:
     def _process_pipelined(
         self, batches: Iterator[pa.RecordBatch], flow: _CallFlow
     ) -> Iterator[pa.RecordBatch]:
-        counters = self._first.counters
-        while (batch := self._next_input(batches)) is not None:
-            outputs = self._run_first_pipeline(batch)
-            if outputs:
-                views = [view for output in outputs for view in batch_frame_views(output)]
-                views += frame_views(FrameKind.GROUP_END)
-                blocked_since_s = time.perf_counter()
-                while flow.batches_in_flight >= self.max_batches_in_flight:
-                    self._receive(flow, block=True)
-                self._send(views, flow)
-                counters.blocked_on_output_s += time.perf_counter() - blocked_since_s
-                flow.batches_in_flight += 1
-                flow.peak_batches_in_flight = max(flow.peak_batches_in_flight, flow.batches_in_flight)
-            yield from self._yield_ready(flow)
+        while (whole := self._next_input(batches)) is not None:
+            for batch in pipelining_chunks(whole, self.pipeline_count):
+                self._feed(batch, flow)
+                yield from self._yield_ready(flow)
         self._send(frame_views(FrameKind.CALL_END), flow)
         while flow.child_stats is None:
             self._receive(flow, block=True)
             yield from self._yield_ready(flow)
         yield from self._yield_ready(flow)
+
+    def _feed(self, batch: pa.RecordBatch, flow: _CallFlow) -> None:
+        """Run pipeline 1 on `batch` and hand its output to the children (waiting for credit)."""
+        counters = self._first.counters
+        outputs = self._run_first_pipeline(batch)
+        if not outputs:
+            return
+        views = [view for output in outputs for view in batch_frame_views(output)]
+        views += frame_views(FrameKind.GROUP_END)
+        blocked_since_s = time.perf_counter()
+        while flow.batches_in_flight >= self.max_batches_in_flight:
+            self._receive(flow, block=True)
+        self._send(views, flow)
+        counters.blocked_on_output_s += time.perf_counter() - blocked_since_s
+        flow.batches_in_flight += 1
+        flow.peak_batches_in_flight = max(flow.peak_batches_in_flight, flow.batches_in_flight)
 
     def _yield_ready(self, flow: _CallFlow) -> Iterator[pa.RecordBatch]:
         while flow.ready:
@@ -595,6 +601,23 @@ class _RegistryEntry:
 MAX_REGISTERED_ELEMENTS = 8
 _REGISTRY: "OrderedDict[str, _RegistryEntry]" = OrderedDict()
 _REGISTRY_LOCK = threading.Lock()
+
+
+# Pipelines overlap only across batches: a micro-batch that reaches the PE as one large Arrow
+# batch (Spark sends up to 10,000 rows per batch) would pass the pipelines one after another.
+# It is cut into CHUNKS_PER_PIPELINE x pipelines chunks of at least MIN_CHUNK_ROWS rows, so the
+# pipelines fill within a few chunks while a chunk's fixed cost (~0.1 ms) stays small.
+CHUNKS_PER_PIPELINE = 4
+MIN_CHUNK_ROWS = 128
+
+
+def pipelining_chunks(batch: pa.RecordBatch, pipeline_count: int) -> list[pa.RecordBatch]:
+    """`batch` cut into consecutive zero-copy slices that let `pipeline_count` pipelines overlap."""
+    chunks = CHUNKS_PER_PIPELINE * pipeline_count
+    rows = max(MIN_CHUNK_ROWS, -(-batch.num_rows // chunks))
+    if batch.num_rows <= rows:
+        return [batch]
+    return [batch.slice(offset, rows) for offset in range(0, batch.num_rows, rows)]
 
 
 def processing_element_for(
