@@ -197,6 +197,11 @@ def run_workload(name, spark, pipeline, source, screen_source, with_handwritten,
         print(f"[{name}] repeat {repeat + 1}: " + ", ".join(f"{k} {v[-1]:,.0f}/s" for k, v in measured.items()),
               file=sys.stderr, flush=True)
     screened = {}
+    earlier = (args.earlier or {}).get(name, {}).get("screened_records_per_s")
+    if earlier:  # reuse an earlier run's screening (same plans, same share of the input)
+        by_label = {describe_plan(plan): plan for plan in candidates}
+        screened = {label: (rate, by_label[label]) for label, rate in earlier.items() if label in by_label}
+        candidates = []
     for number, plan in enumerate(candidates, start=1):
         screened[describe_plan(plan)] = (measure_fissure(spark, pipeline, screen_source, plan, checkpoint()), plan)
         print(f"[{name}] screened {number}/{len(candidates)}: {describe_plan(plan)} "
@@ -238,6 +243,9 @@ def main(argv=None) -> int:
     parser.add_argument("--logwatch-shortlist", type=int, default=8,
                         help="(d) for LogWatch, whose valid plans number in the hundreds")
     parser.add_argument("--master", default="local[2]")
+    parser.add_argument("--only", choices=("cpu", "logwatch"), help="run one workload")
+    parser.add_argument("--screen-from", metavar="JSON",
+                        help="(d): reuse the screening of an earlier run's spark_chain.json")
     args = parser.parse_args(argv)
     if args.quick:
         args.records, args.lines, args.files, args.repeats = 400, 2000, 2, 1
@@ -249,18 +257,20 @@ def main(argv=None) -> int:
 
     started = datetime.datetime.now(datetime.timezone.utc)
     screen = max(0.01, args.screen_share)
-    results = {
-        "cpu": run_workload("cpu", spark, cpu_pipeline(CPU_OPERATORS),
+    args.earlier = json.loads(Path(args.screen_from).read_text())["results"] if args.screen_from else None
+    results = {}
+    if args.only != "logwatch":
+        results["cpu"] = run_workload("cpu", spark, cpu_pipeline(CPU_OPERATORS),
                             cpu_source(Path(work) / "cpu", args.records, args.files),
                             cpu_source(Path(work) / "cpu-screen", max(1, int(args.records * screen)), args.files),
-                            True, args, work),
-    }
+                            True, args, work)
     args.shortlist = args.logwatch_shortlist
-    results["logwatch"] = run_workload(
-        "logwatch", spark, logwatch_pipeline(),
-        logwatch_source(Path(work) / "logs", args.lines, args.files),
-        logwatch_source(Path(work) / "logs-screen", max(1, int(args.lines * screen)), args.files),
-        False, args, work)
+    if args.only != "cpu":
+        results["logwatch"] = run_workload(
+            "logwatch", spark, logwatch_pipeline(),
+            logwatch_source(Path(work) / "logs", args.lines, args.files),
+            logwatch_source(Path(work) / "logs-screen", max(1, int(args.lines * screen)), args.files),
+            False, args, work)
     document = {
         "command": "./dev python benchmarks/spark_chain.py " + " ".join(argv if argv is not None else sys.argv[1:]),
         "date": started.isoformat(timespec="seconds"), "machine": f"{platform.node()} {platform.machine()}",
@@ -268,7 +278,8 @@ def main(argv=None) -> int:
     }
     out_dir = Path(work) if args.quick else REPOSITORY / "benchmarks" / "results"
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "spark_chain.json").write_text(json.dumps(document, indent=2))
+    stem = "spark_chain" + (f"_{args.only}" if args.only else "")
+    (out_dir / f"{stem}.json").write_text(json.dumps(document, indent=2))
     lines = [f"# Spark runner benchmark\n", f"`{document['command']}` on {document['machine']} "
              f"({document['cores']} cores, {args.master}), {document['date']}\n"]
     for workload, result in results.items():
@@ -277,12 +288,13 @@ def main(argv=None) -> int:
             lines.append(f"| {label} | {result['plans'].get(label, 'UDFs in one stage')} | {rate:,.0f} |")
         if result["best_plan"]:
             lines.append(f"| (d) best: {result['plans_enumerated']} valid plans, {result['plans_screened']} screened "
-                         f"once on {args.screen_share:.0%} of the input, {args.finalists} finalists x {args.repeats} "
+                         f"once on {args.screen_share:.0%} of the input{' (in the run of --screen-from)' if args.screen_from else ''}, "
+                         f"{args.finalists} finalists x {args.repeats} "
                          f"| {result['best_plan']} | {result['best_records_per_s']:,.0f} |")
         for ratio in ("planner_over_handwritten", "planner_over_sequential", "planner_over_best"):
             if ratio in result:
                 lines.append(f"\n{ratio}: {result[ratio]:.2f}")
-    (out_dir / "spark_chain.md").write_text("\n".join(lines) + "\n")
+    (out_dir / f"{stem}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     print(f"\nwritten to {out_dir}")
     spark.stop()

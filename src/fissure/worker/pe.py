@@ -528,6 +528,8 @@ def _reap_if_exited(pid: int):
 def _kill_and_reap(pids: Iterable[int]) -> dict[int, int | None]:
     statuses: dict[int, int | None] = {}
     for pid in pids:
+        if pid <= 0:  # os.kill(0 or -n) would signal a whole process group
+            continue
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
