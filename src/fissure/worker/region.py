@@ -1,9 +1,9 @@
 """The processing element a compiled region runs in its Spark task, behind one small interface.
 
 `processing_element(pipelines, fingerprint)` returns an object with
-`process(iterator of RecordBatch) -> iterator of RecordBatch`. With the real processing element
-(fissure.worker.pe) pipeline 1 runs in the calling process and pipelines 2..k in forked processes
-kept across micro-batches; until it is installed, the pipelines run one after another here.
+`process(iterator of RecordBatch) -> iterator of RecordBatch`. A region of several pipelines gets
+the processing element of fissure.worker.pe (pipeline 1 in the calling process, pipelines 2..k in
+forked processes kept across micro-batches); a single pipeline runs here, with no process to fork.
 """
 
 from __future__ import annotations
@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 
 import pyarrow as pa
+
+from fissure.worker.pe import processing_element_for
 
 Stage = Callable[[pa.RecordBatch], pa.RecordBatch]
 
@@ -40,9 +42,5 @@ def cut_fingerprint(pipelines: Sequence[Sequence[Stage]]) -> str:
 def processing_element(pipelines: Sequence[Sequence[Stage]], region_id: str):
     """The PE for these pipelines: the real one (kept per region across calls) for several."""
     if len(pipelines) > 1:
-        try:
-            from fissure.worker.pe import processing_element_for
-        except ImportError:
-            return SequentialElement(pipelines)
         return processing_element_for(region_id, cut_fingerprint(pipelines), [list(p) for p in pipelines])
     return SequentialElement(pipelines)
