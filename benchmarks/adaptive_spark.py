@@ -1,4 +1,4 @@
-"""The adaptive loop on Spark (issue 5): scenarios (a) and (c), and what each kind of switch costs.
+"""The adaptive loop on Spark (issue 5): scenarios (a), (b) and (c), and what each kind of switch costs.
 
 Not a simulation: a real streaming query on the local Spark session (local[N], N = --cores), fed
 files of generated records (one file per micro-batch), re-planned by the AdaptiveController
@@ -9,6 +9,13 @@ through the Spark realizer.
   the first batch left out); then the adaptive run starts from the sequential plan. Reported:
   plan changes, the plan it ends on, and the median throughput of its last batches against the
   best static plan's (Done when: within 10 % of it in at most 3 plan changes).
+- (b) cost-change: the map `parse` burns as many microseconds per record as the record's
+  `cost_us` field says; the generated files quadruple that field from file --change-at on (a
+  data-dependent cost, as when the input's mix changes). First every static candidate plan runs
+  alone on post-change input (the new best static plan); then the adaptive run starts from the
+  sequential plan on the whole input. Reported: when the loop re-opened, the re-plans after the
+  change until the plan in force measured within 10 % of the new best static plan (Done when:
+  at most 3), the plan it ends on, and the timeline with the new best as a reference line.
 - (c) bad-injection: the adaptive run starts on a cheap chain's best plan and is made to try a
   plan with two exchanges and a repartitioned keyed region at batch --inject-at. Reported: how
   many batches later it was rolled back, and whether the loop tried it again (it must not).
@@ -18,6 +25,10 @@ through the Spark realizer.
   start-to-first-batch and total seconds (SwitchRecord); for in-PE switches, which cost the
   driver nothing, the extra seconds of the first batch under the new cut over the median of the
   batches before it.
+
+Every adaptive run plans with the Spark model corrected by its own measurements
+(fissure.control.model_correction); the decisions' reasons say when the correction changed the
+ranking, and the report lists the factors it learned.
 
 Writes under benchmarks/results/ (suffix _quick with --quick): adaptive_spark.md and .json, and
 the timelines adaptive_spark_<scenario>.json/.png. A shared, noisy machine gives no figures:
@@ -79,6 +90,26 @@ QUICK = Size(files=24, records_per_file=400, heavy_us=150.0, repeats=1)
 FULL = Size(files=80, records_per_file=2000, heavy_us=150.0, repeats=3)
 
 
+@dataclass(frozen=True)
+class CostChange:
+    """Scenario (b)'s input: `parse` costs `before_us` per record up to file `change_at`, then x `factor`."""
+
+    files: int
+    change_at: int  # the first file (micro-batch) with the new cost
+    records_per_file: int
+    before_us: float
+    factor: float
+    static_files: int  # files of post-change input each static candidate runs on
+
+    @property
+    def after_us(self) -> float:
+        return self.before_us * self.factor
+
+
+QUICK_CHANGE = CostChange(files=34, change_at=12, records_per_file=1000, before_us=100.0, factor=4.0, static_files=8)
+FULL_CHANGE = CostChange(files=100, change_at=40, records_per_file=2000, before_us=100.0, factor=4.0, static_files=20)
+
+
 def burn(microseconds: float) -> None:
     end = time.perf_counter() + microseconds / 1e6
     while time.perf_counter() < end:
@@ -103,6 +134,26 @@ def heavy_chain(heavy_us: float) -> Pipeline:
             .partitioned("count", count, key="user", schema={"user": str, "i": int, "n": int}, cost_us=5.0))
 
 
+def data_cost_chain(declared_us: float) -> Pipeline:
+    """parse burns the record's own `cost_us` (its cost follows the data), enrich a little, count
+    keeps a running count per user; the same operator names as `heavy_chain`."""
+    def parse(record):
+        burn(record["cost_us"])
+        return {"user": record["user"], "i": record["i"]}
+
+    def enrich(record):
+        burn(10.0)
+        return {"user": record["user"], "i": record["i"] * 2}
+
+    def count(state, record):
+        state["n"] = state.get("n", 0) + 1
+        return {"user": record["user"], "i": record["i"], "n": state["n"]}
+
+    return (Pipeline("adaptive-cost-change").map("parse", parse, cost_us=declared_us)
+            .map("enrich", enrich, cost_us=10.0)
+            .partitioned("count", count, key="user", schema={"user": str, "i": int, "n": int}, cost_us=5.0))
+
+
 def plan(*regions) -> Plan:
     return Plan(tuple(RegionPlan(tuple(tuple(p) for p in pipelines), replicas) for pipelines, replicas in regions))
 
@@ -123,14 +174,27 @@ def inputs(directory: Path, size: Size):
                         max_files_per_trigger=1)
 
 
+def cost_inputs(directory: Path, change: CostChange, files: int, first_cost_file: int = 0):
+    """`files` files of `change.records_per_file` records; file f >= change.change_at (counted from
+    `first_cost_file`) carries the post-change cost."""
+    size = change.records_per_file
+    records = [{"user": f"u{i % USERS}", "i": i,
+                "cost_us": change.after_us if first_cost_file + i // size >= change.change_at else change.before_us}
+               for i in range(files * size)]
+    return record_files(directory, records, {"user": str, "i": int, "cost_us": float}, records_per_file=size,
+                        max_files_per_trigger=1)
+
+
 def median_throughput(values: list[float]) -> float | None:
     values = [value for value in values if value]
     return statistics.median(values) if values else None
 
 
-def static_throughput(spark, pipeline: Pipeline, static_plan: Plan, work: Path, size: Size) -> float | None:
+def static_throughput(spark, pipeline: Pipeline, static_plan: Plan, work: Path, size: Size,
+                      source=None) -> float | None:
     """Median throughput per batch of one static plan (first batch left out), on a fresh query."""
-    runner = fissure.Runner(pipeline, inputs(work / "in", size), NoopSink(), plan=static_plan, spark=spark,
+    source = source if source is not None else inputs(work / "in", size)
+    runner = fissure.Runner(pipeline, source, NoopSink(), plan=static_plan, spark=spark,
                             checkpoint=str(work / "ckpt"), progress=False)
     runner.start(available_now=True)
     runner.await_termination()
@@ -171,6 +235,85 @@ def reach_best(spark, work: Path, size: Size, quick: bool, stem: str) -> dict:
         "final_throughput_per_s": final,
         "share_of_best": final / best if final and best else None,
         "within_10_percent": bool(final and best and final >= WITHIN * best),
+        "decisions": [f"batch {e.batch_id} {e.action}: {e.reason}" for e in report.timeline.entries
+                      if e.action != "observe"],
+        "model_correction": report.correction,
+        "switches": [asdict(switch) for switch in report.switches],
+    }
+
+
+def plan_segments(batches, since_batch: int) -> list[dict]:
+    """The adaptive run from `since_batch` on, cut where the plan in force changes: per segment
+    its plan, first batch and median throughput (its first batch left out: restart effects)."""
+    segments: list[dict] = []
+    for entry in batches:
+        if entry.batch_id < since_batch:
+            continue
+        if not segments or segments[-1]["plan"] != entry.plan:
+            segments.append({"plan": entry.plan, "first_batch": entry.batch_id, "throughputs": []})
+        segments[-1]["throughputs"].append(entry.throughput_per_s)
+    for segment in segments:
+        values = segment["throughputs"]
+        segment["batches"] = len(values)
+        segment["median_throughput_per_s"] = median_throughput(values[1:] or values)
+    return segments
+
+
+def settled_throughput(segments: list[dict], final_plan: str) -> float | None:
+    """Median throughput of `final_plan` over every segment it was in force (each segment's first
+    batch left out: restart effects; a last segment of one batch alone says nothing)."""
+    values = [value for segment in segments if segment["plan"] == final_plan for value in segment["throughputs"][1:]]
+    return median_throughput(values)
+
+
+def cost_change(spark, work: Path, change: CostChange, quick: bool, stem: str) -> dict:
+    pipeline = data_cost_chain(change.before_us)
+    statics = {}
+    for name, static_plan in STATIC_CANDIDATES.items():
+        source = cost_inputs(work / f"after-{len(statics)}", change, change.static_files, first_cost_file=change.change_at)
+        statics[name] = static_throughput(spark, pipeline, static_plan, work / f"after-static-{len(statics)}", QUICK,
+                                          source=source)
+        print(f"  static on post-change input {name} {plan_fingerprint(static_plan)}: {statics[name] or 0:,.0f}"
+              " records/s", file=sys.stderr)
+    best_name = max((name for name in statics if statics[name]), key=lambda name: statics[name])
+    best = statics[best_name]
+    report = run_adaptive_on_spark(pipeline, cost_inputs(work / "change-in", change, change.files), NoopSink(),
+                                   spark=spark, checkpoint=str(work / "change-ckpt"),
+                                   run_dir=str(work / "change-run"), adaptive_config=adaptive_config(quick),
+                                   progress=False)
+    batches = report.timeline.batches()
+    change_s = next((entry.time_s for entry in batches if entry.batch_id >= change.change_at), None)
+    segments = plan_segments(batches, change.change_at)
+    replans, reached = 0, None
+    for number, segment in enumerate(segments):
+        value = segment["median_throughput_per_s"]
+        if value and best and value >= WITHIN * best:
+            reached = number
+            break
+        replans += 1
+    entries = [entry for entry in report.timeline.entries if entry.batch_id >= change.change_at]
+    reopen = next((entry for entry in entries if entry.action == "reopen"), None)
+    final = settled_throughput(segments, plan_fingerprint(report.plan))
+    for segment in segments:
+        del segment["throughputs"]
+    references = [ReferenceLine(f"best static plan after the change ({best_name})", best, change_s)]
+    save_timeline(report.timeline, stem + "_cost-change", references)
+    return {
+        "change_at_batch": change.change_at,
+        "cost_us_before_after": [change.before_us, change.after_us],
+        "static_throughput_after_change_per_s": statics,
+        "static_plans": {name: plan_fingerprint(p) for name, p in STATIC_CANDIDATES.items()},
+        "best_static_after_change": best_name,
+        "reopened_at_batch": reopen.batch_id if reopen else None,
+        "reopen_reason": reopen.reason if reopen else None,
+        "segments_after_change": segments,
+        "replans_until_within_10_percent": replans if reached is not None else None,
+        "final_plan": plan_fingerprint(report.plan),
+        "final_throughput_per_s": final,  # over all post-change batches under the final plan
+        "share_of_best": final / best if final and best else None,
+        "decisions_after_change": [f"batch {e.batch_id} {e.action}: {e.reason}" for e in entries
+                                   if e.action not in ("observe",)],
+        "model_correction": report.correction,
         "switches": [asdict(switch) for switch in report.switches],
     }
 
@@ -260,6 +403,7 @@ def save_timeline(timeline: Timeline, stem: str, references=()) -> None:
 
 def markdown(document: dict) -> str:
     reach, bad, costs = document["reach_best"], document["bad_injection"], document["switch_costs"]
+    change = document["cost_change"]
     lines = [
         "# The adaptive loop on Spark (issue 5)",
         "",
@@ -267,38 +411,68 @@ def markdown(document: dict) -> str:
         f"- machine: {document['machine']}; Spark master local[{document['cores']}]",
         f"- date: {document['date']}, revision {document['revision']}",
         f"- input: {document['size']['files']} files of {document['size']['records_per_file']:,} records"
-        f" (one per micro-batch)",
+        f" (one per micro-batch); (b): {document['cost_change_input']['files']} files of"
+        f" {document['cost_change_input']['records_per_file']:,} records",
         "",
     ]
     if document["quick"]:
         lines += ["**Quick mode on a shared machine: an end-to-end check, not figures.**", ""]
-    lines += ["## (a) start sequential, reach the best static plan", "",
-              "| static plan | | records/s |", "| --- | --- | ---: |"]
-    for name, value in reach["static_throughput_per_s"].items():
-        lines.append(f"| {name} | `{reach['static_plans'][name]}` | {value or 0:,.0f} |")
-    share = reach["share_of_best"]
-    lines += ["", f"Adaptive from sequential: {reach['plan_changes']} plan change(s), ends on `{reach['final_plan']}`"
-              f" at {reach['final_throughput_per_s'] or 0:,.0f} records/s, "
-              f"{'n/a' if share is None else f'{share:.2f}'} of the best static plan ({reach['best_static']});"
-              f" within 10 %: {reach['within_10_percent']}.", "",
-              "## (c) an injected bad change", "",
-              f"`{bad['injected_plan']}` applied at batch {bad['applied_at_batch']}, rolled back at batch"
-              f" {bad['rolled_back_at_batch']} ({bad['batches_until_rollback']} batches later); tried again:"
-              f" {bad['retried']}.", ""]
-    lines += [f"- {reason}" for reason in bad["reasons"]]
-    lines += ["", "## What a switch costs", "",
-              "| applied as | before | after | stop s | repartition s | start to first batch s | total s |",
-              "| --- | --- | --- | ---: | ---: | ---: | ---: |"]
-    for switch in costs["switches"]:
-        lines.append(f"| {switch['applied_as']} | `{switch['plan_before']}` | `{switch['plan_after']}` |"
-                     f" {switch['stop_s']:.2f} | {switch['repartition_s']:.2f} | {switch['start_s']:.2f} |"
-                     f" {switch['total_s']:.2f} |")
-    extra = costs["median_in_pe_first_batch_extra_s"]
-    lines += ["", "Median total per kind: " + ", ".join(f"{kind} {value:.2f} s" for kind, value in
-                                                        costs["median_total_s"].items()) + ".",
-              f"In-PE switches cost the driver only the time to set the cut; the first batch under the new cut"
-              f" took {'n/a' if extra is None else f'{extra:+.2f} s'} over the median of the batches before it"
-              f" (the PE forks its new processes there).", ""]
+    if reach is not None:
+        lines += ["## (a) start sequential, reach the best static plan", "",
+                  "| static plan | | records/s |", "| --- | --- | ---: |"]
+        for name, value in reach["static_throughput_per_s"].items():
+            lines.append(f"| {name} | `{reach['static_plans'][name]}` | {value or 0:,.0f} |")
+        share = reach["share_of_best"]
+        lines += ["", f"Adaptive from sequential: {reach['plan_changes']} plan change(s), ends on"
+                  f" `{reach['final_plan']}` at {reach['final_throughput_per_s'] or 0:,.0f} records/s, "
+                  f"{'n/a' if share is None else f'{share:.2f}'} of the best static plan ({reach['best_static']});"
+                  f" within 10 %: {reach['within_10_percent']}. Model correction at the end:"
+                  f" {reach['model_correction'] or 'none'}.", ""]
+        lines += [f"- {decision}" for decision in reach["decisions"]]
+        lines += ["", f"![reach-best]({document['stem']}_reach-best.png)", ""]
+    if change is not None:
+        lines += ["## (b) an operator's data-dependent cost quadruples mid-run", "",
+                  f"`parse` costs {change['cost_us_before_after'][0]:g} us per record,"
+                  f" {change['cost_us_before_after'][1]:g} from batch {change['change_at_batch']} on.", "",
+                  "| static plan on post-change input | | records/s |", "| --- | --- | ---: |"]
+        for name, value in change["static_throughput_after_change_per_s"].items():
+            lines.append(f"| {name} | `{change['static_plans'][name]}` | {value or 0:,.0f} |")
+        share = change["share_of_best"]
+        replans = change["replans_until_within_10_percent"]
+        lines += ["", f"Re-opened at batch {change['reopened_at_batch']} ({change['reopen_reason']}); re-plans after"
+                  f" the change until within 10 % of the new best static plan ({change['best_static_after_change']}):"
+                  f" {'never' if replans is None else replans}; ends on `{change['final_plan']}`, which ran at"
+                  f" {change['final_throughput_per_s'] or 0:,.0f} records/s after the change (median),"
+                  f" {'n/a' if share is None else f'{share:.2f}'} of the new best. Model correction at the end:"
+                  f" {change['model_correction'] or 'none'}.", "",
+                  "| plan in force after the change | from batch | batches | median records/s |",
+                  "| --- | ---: | ---: | ---: |"]
+        for segment in change["segments_after_change"]:
+            lines.append(f"| `{segment['plan']}` | {segment['first_batch']} | {segment['batches']} |"
+                         f" {segment['median_throughput_per_s'] or 0:,.0f} |")
+        lines += [""] + [f"- {decision}" for decision in change["decisions_after_change"]]
+        lines += ["", f"![cost-change]({document['stem']}_cost-change.png)", ""]
+    if bad is not None:
+        lines += ["## (c) an injected bad change", "",
+                  f"`{bad['injected_plan']}` applied at batch {bad['applied_at_batch']}, rolled back at batch"
+                  f" {bad['rolled_back_at_batch']} ({bad['batches_until_rollback']} batches later); tried again:"
+                  f" {bad['retried']}.", ""]
+        lines += [f"- {reason}" for reason in bad["reasons"]]
+        lines.append("")
+    if costs is not None:
+        lines += ["## What a switch costs", "",
+                  "| applied as | before | after | stop s | repartition s | start to first batch s | total s |",
+                  "| --- | --- | --- | ---: | ---: | ---: | ---: |"]
+        for switch in costs["switches"]:
+            lines.append(f"| {switch['applied_as']} | `{switch['plan_before']}` | `{switch['plan_after']}` |"
+                         f" {switch['stop_s']:.2f} | {switch['repartition_s']:.2f} | {switch['start_s']:.2f} |"
+                         f" {switch['total_s']:.2f} |")
+        extra = costs["median_in_pe_first_batch_extra_s"]
+        lines += ["", "Median total per kind: " + ", ".join(f"{kind} {value:.2f} s" for kind, value in
+                                                            costs["median_total_s"].items()) + ".",
+                  f"In-PE switches cost the driver only the time to set the cut; the first batch under the new cut"
+                  f" took {'n/a' if extra is None else f'{extra:+.2f} s'} over the median of the batches before it"
+                  f" (the PE forks its new processes there).", ""]
     return "\n".join(lines)
 
 
@@ -307,19 +481,30 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="small inputs, one repeat: an end-to-end check")
     parser.add_argument("--cores", type=int, default=2, help="Spark task slots, local[N] (default 2)")
     parser.add_argument("--inject-at", type=int, default=8, help="(c): the batch the bad plan is injected at")
+    parser.add_argument("--only", choices=("reach-best", "cost-change", "bad-injection", "switch-costs"),
+                        action="append", help="run only these parts (repeatable; default all)")
     args = parser.parse_args()
     size = QUICK if args.quick else FULL
+    change = QUICK_CHANGE if args.quick else FULL_CHANGE
+    parts = set(args.only or ("reach-best", "cost-change", "bad-injection", "switch-costs"))
     stem = "adaptive_spark_quick" if args.quick else "adaptive_spark"
     RESULTS.mkdir(parents=True, exist_ok=True)
     spark = create_session(RunnerConfig(master=f"local[{args.cores}]", app_name="fissure-adaptive-bench"))
     work = Path(tempfile.mkdtemp(prefix="fissure-adaptive-bench-"))
     try:
-        print("(a) reach-best", file=sys.stderr)
-        reach = reach_best(spark, work, size, args.quick, stem)
-        print("(c) bad-injection", file=sys.stderr)
-        bad = bad_injection(spark, work, size, args.quick, stem, args.inject_at)
-        print("switch costs", file=sys.stderr)
-        costs = switch_costs(spark, work, size)
+        reach = change_result = bad = costs = None
+        if "reach-best" in parts:
+            print("(a) reach-best", file=sys.stderr)
+            reach = reach_best(spark, work, size, args.quick, stem)
+        if "cost-change" in parts:
+            print("(b) cost-change", file=sys.stderr)
+            change_result = cost_change(spark, work, change, args.quick, stem)
+        if "bad-injection" in parts:
+            print("(c) bad-injection", file=sys.stderr)
+            bad = bad_injection(spark, work, size, args.quick, stem, args.inject_at)
+        if "switch-costs" in parts:
+            print("switch costs", file=sys.stderr)
+            costs = switch_costs(spark, work, size)
     finally:
         spark.stop()
         shutil.rmtree(work, ignore_errors=True)
@@ -327,7 +512,8 @@ def main() -> int:
         "command": "./dev python benchmarks/adaptive_spark.py" + (" --quick" if args.quick else ""),
         "machine": machine_description(), "cores": args.cores, "quick": args.quick,
         "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "revision": git_revision(),
-        "size": asdict(size), "reach_best": reach, "bad_injection": bad, "switch_costs": costs,
+        "size": asdict(size), "cost_change_input": asdict(change), "stem": stem, "reach_best": reach,
+        "cost_change": change_result, "bad_injection": bad, "switch_costs": costs,
     }
     (RESULTS / f"{stem}.json").write_text(json.dumps(document, indent=1) + "\n")
     (RESULTS / f"{stem}.md").write_text(markdown(document))

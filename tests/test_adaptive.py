@@ -240,6 +240,19 @@ def test_a_switch_without_gain_is_reverted_and_its_change_blacklisted():
     assert after[-1].reason.endswith("(1 candidate(s) repeat a blacklisted change)")
 
 
+def test_an_operator_drift_during_an_evaluation_reopens_without_a_verdict():
+    # The baseline was measured before c got four times dearer: no revert, no blacklist for that.
+    ctl = controller()
+    applied_keyed(ctl)
+    costly_c = tuple(OperatorStats(op.name, op.kind, 40.0, 1.0, op.key) if op.name == "c" else op for op in OPS)
+    decision = feed(ctl, 4, [600.0] * 3, stats=costly_c)[-1]
+    assert decision == Decision.reopen(
+        6, 7.0, "[a,b,c]x2",
+        "workload changed: operator c: cost 10 -> 40 us per tuple while [a,b,c]x2 was evaluated: no verdict on it",
+    )
+    assert ctl.blacklist == () and ctl.plan == KEYED and ctl.phase is Phase.PROFILING
+
+
 def test_blacklist_beyond_alpha_halts_and_reverts():
     ctl = controller(config=AdaptiveConfig(**{**CONFIG.__dict__, "alpha": 0.3}))
     applied_keyed(ctl)

@@ -301,3 +301,23 @@ def test_spark_model_search_prices_plans_for_the_batches_the_run_measures():
     assert search.current_settings().workload.keys_per_batch["count"] == 20.0
     # Fixed costs per batch weigh less in bigger batches: the same plan is predicted faster.
     assert search.predict_per_s(chain, SEQUENTIAL, machine) > small
+
+
+def test_the_timeline_records_the_model_correction_the_loop_learned(tmp_path):
+    from fissure.control.driver import Timeline
+    from fissure.control.model_correction import ModelCorrection, PlanMeasurement
+    from fissure.spark.adaptive import write_timeline
+
+    chain = keyed_pipeline().operator_stats()
+    search, machine = SparkModelSearch(), Machine(cores=2)
+    store = ModelCorrection()
+    for measured_plan, off_by in ((SEQUENTIAL, 1.0), (KEYED_X2, 3.0)):  # the keyed plan 3x slower than predicted
+        store.record(PlanMeasurement(measured_plan, chain, machine,
+                                     search.predict_per_s(chain, measured_plan, machine) / off_by))
+    correction = store.fit(search)
+    assert correction.reranks()
+    json_path, _ = write_timeline(Timeline(), [], str(tmp_path), SEQUENTIAL, KEYED_X2, correction)
+    document = json.loads(open(json_path, encoding="utf-8").read())
+    assert document["model_correction"]["plans"] == 2
+    assert document["model_correction"]["factors"] == dict(correction.factors)
+    assert document["model_correction"]["error_after"] < document["model_correction"]["error_before"]

@@ -5,6 +5,7 @@ names load pyspark on first use, so `import fissure` and the planner stay light.
 """
 
 from fissure.graph import OperatorEstimate, Pipeline, PipelineError
+from fissure.streamgraph import StreamGraph, TumblingWindow
 
 __version__ = "0.1.0"
 
@@ -22,9 +23,12 @@ _SPARK_EXPORTS = {
     "ConsoleSink": "fissure.spark.sinks",
     "MemorySink": "fissure.spark.sinks",
     "NoopSink": "fissure.spark.sinks",
+    "run_graph": "fissure.spark.graph_runner",
+    "GraphRunner": "fissure.spark.graph_runner",
+    "run_local": "fissure.worker.graph_local",
 }
 
-__all__ = ["OperatorEstimate", "Pipeline", "PipelineError", "__version__", *_SPARK_EXPORTS]
+__all__ = ["OperatorEstimate", "Pipeline", "PipelineError", "StreamGraph", "TumblingWindow", "__version__", *_SPARK_EXPORTS]
 
 
 def __getattr__(name: str):

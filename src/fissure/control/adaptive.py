@@ -6,8 +6,10 @@ come in as arguments, nothing here reads a clock, sleeps or touches Spark. What 
 
 1. Profile: collect a window of batches on the plan in force (at least `profile_batches` and
    `profile_s`), the first batch after every switch discarded (start-up and restart effects).
-2. Plan: estimate every operator's cost and selectivity from the window, ask the planner for
-   candidate plans, leave out those that repeat a blacklisted change, and pick
+2. Plan: estimate every operator's cost and selectivity from the window, correct the model by
+   what the plans run so far measured (a factor per model term, fissure.control.model_correction),
+   ask the planner for candidate plans (the corrected planner's and the plain one's, all priced
+   by the corrected model), leave out those that repeat a blacklisted change, and pick
    - for throughput: the candidate with the most records over the payback horizon, counting the
      time its switch loses (`SwitchCosts`); it must be predicted `min_gain` better than the plan
      in force and pay its switch back within `payback_horizon_s`;
@@ -20,6 +22,7 @@ come in as arguments, nothing here reads a clock, sleeps or touches Spark. What 
    (the previous plan's) by `min_gain`, or reaches the prediction within `prediction_tolerance`
    without falling below the baseline (a release: when it still processes the offered rate with
    headroom); otherwise revert and blacklist the change (Tang and Gedik, TPDS 2013, Section 5).
+   An operator that drifted since the planning voids the comparison: re-open, no verdict.
 4. Halt when more than a share `alpha` of the planner's candidate changes repeat a blacklisted
    change (Tang and Gedik halt on the share of blacklisted input ports, the places where their
    optimizer may insert a thread; here the candidates are whole plan changes).
@@ -47,6 +50,15 @@ from typing import Protocol
 
 from fissure.control.change import ChangeDetector
 from fissure.control.elasticity import relative_gain
+from fissure.control.model_correction import (
+    OPERATORS_TERM,
+    CorrectablePlanSearch,
+    Correction,
+    CorrectionConfig,
+    ModelCorrection,
+    PlanMeasurement,
+    scale_operators,
+)
 from fissure.control.plan_change import (
     PlanChange,
     SwitchKind,
@@ -165,6 +177,10 @@ class AdaptiveConfig:
         forget_blacklist_on_change: a workload change empties the blacklist.
         switch_cost_weight: weight of one measured switch cost in the running estimate.
         switch_cost_max_step: one measurement moves a switch cost by at most this factor.
+        correct_model: learn from measurements: fit a factor per model term to what the plans
+            run so far measured, and plan with the corrected model
+            (fissure.control.model_correction); needs a search that supports it.
+        correction: how the correction learns (prior weight, factor bounds, plans kept).
     """
 
     profile_batches: int = 5
@@ -189,6 +205,8 @@ class AdaptiveConfig:
     forget_blacklist_on_change: bool = True
     switch_cost_weight: float = 0.5
     switch_cost_max_step: float = 4.0
+    correct_model: bool = True
+    correction: CorrectionConfig = CorrectionConfig()
 
     def __post_init__(self) -> None:
         for name in ("profile_batches", "evaluation_batches", "change_confirmations"):
@@ -314,6 +332,7 @@ class Decision:
     plan_in_force: str
     switch: PlanSwitch | None = None
     blacklisted: PlanChange | None = None
+    correction: Correction | None = None  # the model correction a planning decision used, if any
 
     @classmethod
     def observe(cls, batch_id: int, now_s: float, plan_in_force: str, reason: str) -> Decision:
@@ -380,11 +399,15 @@ class ChainPlanSearch:
     method: str = "heuristic"
     max_threads: int | None = None
     alternatives: tuple[str, ...] = ("pipelining-only", "fission-only")
+    # The learned correction (fissure.control.model_correction): (term, factor) pairs.
+    factors: tuple[tuple[str, float], ...] = ()
 
     def predict_per_s(self, operators: Sequence[OperatorStats], plan: Plan, machine: Machine) -> float:
+        operators, machine = self._corrected(operators, machine, dict(self.factors))
         return evaluate(operators, plan, machine).throughput_per_s
 
     def candidates(self, operators: Sequence[OperatorStats], machine: Machine) -> tuple[ScoredPlan, ...]:
+        operators, machine = self._corrected(operators, machine, dict(self.factors))
         budget = self.max_threads or default_max_threads(machine.cores)
         runs = [(self.method, threads) for threads in range(1, budget + 1)]
         runs += [(method, budget) for method in self.alternatives]
@@ -399,6 +422,34 @@ class ChainPlanSearch:
                 plan_fingerprint(result.plan), ScoredPlan(result.plan, result.evaluation.throughput_per_s)
             )
         return tuple(found.values())
+
+    # -- CorrectablePlanSearch: the paper's model has three terms: work, delta, c_p -------------
+    def correction_terms(self) -> tuple[str, ...]:
+        return PAPER_MODEL_TERMS
+
+    def seconds_per_record(self, operators: Sequence[OperatorStats], plan: Plan, machine: Machine,
+                           factors: Mapping[str, float]) -> float:
+        operators, machine = self._corrected(operators, machine, factors)
+        return 1.0 / evaluate(operators, plan, machine).throughput_per_s
+
+    def with_factors(self, factors: Mapping[str, float]) -> ChainPlanSearch:
+        return replace(self, factors=tuple(sorted(factors.items())))
+
+    @staticmethod
+    def _corrected(operators: Sequence[OperatorStats], machine: Machine,
+                   factors: Mapping[str, float]) -> tuple[tuple[OperatorStats, ...], Machine]:
+        if not factors:
+            return tuple(operators), machine
+        machine = replace(
+            machine,
+            thread_switch_overhead_us=machine.thread_switch_overhead_us * factors.get("thread_switch_overhead_us", 1.0),
+            replication_cost_us=machine.replication_cost_us * factors.get("replication_cost_us", 1.0),
+        )
+        return scale_operators(operators, factors), machine
+
+
+# The paper model's correctable terms: the operators' work, delta and c_p (Machine's field names).
+PAPER_MODEL_TERMS = (OPERATORS_TERM, "thread_switch_overhead_us", "replication_cost_us")
 
 
 # -- evaluation: pure functions of the collected samples -----------------------------------------
@@ -618,6 +669,10 @@ class AdaptiveController:
         self._basis: _Basis | None = None
         self._last_candidates: tuple[ScoredPlan, ...] = ()  # of the last planning
         self._reference_per_s: float | None = None  # last baseline measured for the plan in force
+        # Learning from measurements: what every plan run so far measured, and the last fit.
+        correctable = self.config.correct_model and isinstance(self._search, CorrectablePlanSearch)
+        self._measured = ModelCorrection(self.config.correction) if correctable else None
+        self._correction: Correction | None = None
 
     # -- read-only views ----------------------------------------------------------------------
     @property
@@ -635,6 +690,15 @@ class AdaptiveController:
     @property
     def switch_costs(self) -> SwitchCosts:
         return self._costs
+
+    @property
+    def correction(self) -> Correction | None:
+        """The model correction of the last planning (None: none learned, or not supported)."""
+        return self._correction
+
+    @property
+    def measured_plans(self) -> tuple[PlanMeasurement, ...]:
+        return self._measured.measurements if self._measured is not None else ()
 
     def blacklisted_share(self) -> BlacklistShare:
         """The last planning's candidate changes (from the plan in force) that are blacklisted."""
@@ -715,6 +779,7 @@ class AdaptiveController:
         if workload is not None:
             return self._reopen(batch_id, now_s, workload)
         self._reference_per_s = fmean([sample.throughput_per_s for sample in self._window])
+        self._remember(self._plan, self._reference_per_s, self._basis.cores if self._basis else observation.cores)
         self._window = []
         return Decision.observe(
             batch_id, now_s, in_force,
@@ -749,28 +814,85 @@ class AdaptiveController:
                 f" {', '.join(estimate.missing)}",
             )
         machine = self._planning_machine(cores)
+        baseline = fmean([sample.throughput_per_s for sample in self._window])
+        self._remember(self._plan, baseline, machine.cores, estimate.operators)
+        correction = self._fit_correction()
+        search = self._corrected_search()
+        load = load_of(self._window)
         try:
-            current = self._search.predict_per_s(estimate.operators, self._plan, machine)
-            options = self._search.candidates(estimate.operators, machine)
+            current = search.predict_per_s(estimate.operators, self._plan, machine)
+            options = tuple(search.candidates(estimate.operators, machine))
+            plain = None
+            if search is not self._search:  # also the uncorrected planner's candidates, re-ranked
+                plain_current = self._search.predict_per_s(estimate.operators, self._plan, machine)
+                plain_options = tuple(self._search.candidates(estimate.operators, machine))
+                known = {plan_fingerprint(scored.plan) for scored in options}
+                options += tuple(ScoredPlan(scored.plan, search.predict_per_s(estimate.operators, scored.plan, machine))
+                                 for scored in plain_options if plan_fingerprint(scored.plan) not in known)
+                plain = self._choose(estimate.operators, plain_options, plain_current, baseline, load)
         except ValueError as error:  # InvalidPlan, a chain that costs nothing, a search too large
             log.warning("adaptive: cannot plan: %s", error)
             return Decision.observe(batch_id, now_s, in_force, f"no change: cannot plan: {error}")
-        baseline = fmean([sample.throughput_per_s for sample in self._window])
         self._reference_per_s = baseline
         self._last_candidates = tuple(options)
-        load = load_of(self._window)
         choice = self._choose(estimate.operators, options, current, baseline, load)
         self._basis = _Basis(estimate.operators, choice.objective, load.offered_rate_per_s, machine.cores)
+        reason = choice.reason + self._correction_note(choice, plain)
+        used = correction if search is not self._search else None
         if choice.option is None:
             self._phase = Phase.SETTLED
             self._window = []
-            return Decision.observe(batch_id, now_s, in_force, f"settled: {choice.reason}")
+            return replace(Decision.observe(batch_id, now_s, in_force, f"settled: {reason}"), correction=used)
         option = choice.option
         switch = PlanSwitch(option.scored.plan, option.change, option.predicted,
                             relative_gain(current, option.predicted), option.cost_s)
         trial = Trial(switch, self._plan, choice.objective, baseline, choice.required_per_s)
         release = choice.objective is Objective.RATE and option.threads < self._plan.threads
-        return self._start(trial, batch_id, now_s, choice.reason, Action.RELEASE if release else Action.APPLY)
+        decision = self._start(trial, batch_id, now_s, reason, Action.RELEASE if release else Action.APPLY)
+        return replace(decision, correction=used)
+
+    # -- learning from measurements ---------------------------------------------------------------
+    def _remember(self, plan: Plan, measured_per_s: float, cores: int | None,
+                  operators: Sequence[OperatorStats] | None = None) -> None:
+        """Keep what `plan` measured, with the operator statistics it ran on, for the correction."""
+        if self._measured is None:
+            return
+        if operators is None:
+            estimate = estimate_operators(self._chain, self._window, self.config.min_operator_samples)
+            operators = estimate.operators or (self._basis.operators if self._basis is not None else None)
+        if operators is None:
+            return
+        self._measured.record(PlanMeasurement(plan, tuple(operators), self._planning_machine(cores), measured_per_s))
+
+    def _fit_correction(self) -> Correction | None:
+        if self._measured is None:
+            return None
+        try:
+            self._correction = self._measured.fit(self._search)  # type: ignore[arg-type]
+        except ValueError as error:  # a measured plan the model cannot evaluate any more
+            log.info("adaptive: no model correction: %s", error)
+            self._correction = None
+        return self._correction
+
+    def _corrected_search(self) -> PlanSearch:
+        """The search with the learned factors; the plain one while nothing was learned."""
+        correction = self._correction
+        if self._measured is None or correction is None or correction.is_identity():
+            return self._search
+        return self._search.with_factors(correction.as_dict)  # type: ignore[attr-defined]
+
+    def _correction_note(self, choice: _Choice, plain: _Choice | None) -> str:
+        """What the correction is, and whether it changed the choice, for the reason."""
+        if plain is None or self._correction is None:
+            return ""
+        note = f"; model corrected by the measurements: {self._correction.describe()}"
+        chosen = choice.option.change.after if choice.option is not None else None
+        uncorrected = plain.option.change.after if plain.option is not None else None
+        if chosen == uncorrected:
+            return note
+        if uncorrected is None:
+            return note + "; the correction changed the ranking: uncorrected, no plan would be worth a switch"
+        return note + f"; the correction changed the ranking: uncorrected, the model would pick {uncorrected}"
 
     def _options(self, options: Sequence[ScoredPlan]) -> tuple[list[_Option], int]:
         """Candidates other than the plan in force that repeat no blacklisted change."""
@@ -882,6 +1004,13 @@ class AdaptiveController:
                 f"evaluating {candidate}: {len(self._window)} of {config.evaluation_batches} batches,"
                 f" {_rate(measured)} so far vs {_rate(trial.baseline_per_s)} before",
             )
+        self._remember(self._plan, measured, self._basis.cores if self._basis is not None else None)
+        drift = self._drift_since_planning()
+        if drift is not None:
+            # The baseline was measured on another workload: comparing with it would blacklist
+            # (or keep) the candidate for the workload's doing. No verdict; plan afresh from here.
+            self._trial = None
+            return self._reopen(batch_id, now_s, f"{drift} while {candidate} was evaluated: no verdict on it")
         verdict = judge(trial, measured, config)
         if verdict.keep:
             self._trial = None
@@ -912,6 +1041,16 @@ class AdaptiveController:
             return Decision.halt(batch_id, now_s, back.after, reason + ": halt", switch, change)
         self._phase = Phase.PROFILING
         return Decision.revert(batch_id, now_s, back.after, change, reason, switch)
+
+    def _drift_since_planning(self) -> str | None:
+        """An operator's cost or selectivity that moved beyond `operator_sensitivity` between the
+        last planning's profile and the window (the evaluation's)."""
+        if self._basis is None:
+            return None
+        estimate = estimate_operators(self._chain, self._window, self.config.min_operator_samples)
+        if estimate.operators is None:
+            return None
+        return operator_drift(self._basis.operators, estimate.operators, self.config.operator_sensitivity)
 
     def _workload_change(self, cores: int | None) -> str | None:
         """At the end of a monitoring window: what changed since the last planning, if anything."""
@@ -978,8 +1117,9 @@ class AdaptiveController:
         if estimate.operators is not None:
             machine = self._machine
             try:
-                current = self._search.predict_per_s(estimate.operators, self._plan, machine)
-                predicted = self._search.predict_per_s(estimate.operators, plan, machine)
+                search = self._corrected_search()
+                current = search.predict_per_s(estimate.operators, self._plan, machine)
+                predicted = search.predict_per_s(estimate.operators, plan, machine)
                 gain = relative_gain(current, predicted)
             except ValueError as error:
                 log.info("adaptive: no prediction for the injected plan: %s", error)

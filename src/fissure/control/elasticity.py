@@ -17,31 +17,49 @@ improvement below off. On synthetic curves (`fissure elastic-sim`; docs/elastic-
 the numbers) the rules as written settle far from the best level: their threshold applies to one
 more thread, which at 20 threads asks for a steeper slope than linear scaling has; they only look
 one step up or down, so a slow start hides a far better level; single noisy samples raise false
-trends and false changes in load. The improvements, each a named step behind a parameter:
+trends and false changes in load. On a real machine one period's throughput at a fixed level
+varies by 10-15 %, which single-sample comparisons cannot resolve at all: improvements 3-5, 8 and
+10 are about that. The improvements, each a named step behind a parameter:
 
 1. Level ladder (`ladder_ratio`): the level below and the level above are the neighbouring rungs
    of a geometric ladder (1, 2, 3, 4, 5, 6, 8, 10, 12, 15, ...), which the Streams paper's separate
    `levelBelow` / `levelAbove` allow, instead of +-1.
 2. Sensitivity per doubling (`sensitivity_per_doubling`): a trend from level a to level b needs a
    relative gain of (1 + SENS) ** log2(b / a) - 1, so SENS means the same at 2 threads as at 20.
-3. Smoothing (`smoothing_window`): a level's throughput is the mean of its last samples.
+3. Smoothing (`smoothing_window`): a level's throughput is the mean of its last samples (up to
+   32: a level held for long gets a sharp estimate; comparisons weigh means by their sample counts).
 4. Significance (`trend_noise_z`): a trend must also exceed that many standard errors of the
-   measurement noise, estimated from consecutive periods at one level (`assumed_noise` before).
+   measurement noise, estimated robustly from every sample taken at a level measured before
+   (`assumed_noise`, a cautious 10 %, until samples tell).
 5. Confirmed change in load (`load_change_confirmations`, `load_change_noise_z`): several
-   deviating samples in a row at one level, each beyond SENS and beyond the noise; with
-   `elastic_operator_load_change` the elastic operator starts afresh on the same test.
+   deviating samples in a row at one level, each beyond SENS and beyond the noise; or
+   (`load_change_window`, `load_change_mean_z`) the mean of the level's last few samples departing
+   from the mean of its earlier ones; with `elastic_operator_load_change` the elastic operator
+   starts afresh on the same tests.
 6. Trust horizon (`trust_horizon_periods`): what a level not visited for that many periods recorded
    is forgotten (the Streams paper's `lastTime`, unused as written), so neighbours get re-probed
    and a change that leaves the current level's rate as it was is still found; a refinement (8)
    is redone after three horizons.
 7. Coarse scan (`coarse_scan_ratio`): at the start and after each change in load, measure a few
    levels spread over the whole range, one period each, and start the rules from the best.
-8. Refinement (`refine`): when the rules first hold at a level in an epoch, measure every level
-   between its two neighbouring rungs, one period each, and go to the best (the smallest within
-   `settle_tie_margin` of it); the rules go on from there.
+8. Refinement (`refine`, `refine_samples`): when the rules first hold at a level in an epoch,
+   measure every level between its two neighbouring rungs and go to the best. Without the settled
+   state (10): one period each, the best is the smallest within `settle_tie_margin`, and the rules
+   go on from there. With it: the rungs join, and a race of successive halving (every level left
+   sampled as often, the better half kept, up to `refine_samples` each; a level the leader beats
+   significantly drops out) picks the level with the highest mean (neighbours at half weight).
 9. Guard (`decrease_guard_margin`): a decrease for want of a trend only goes to a level measured
    close to the best of the epoch, and a level measured clearly below the best moves towards it,
    so that many small "no trend" steps cannot add up to a large loss on a long gentle slope.
+10. Settled state (`settle`, `settle_noise_z`, `probe_interval_periods`,
+   `max_probe_interval_periods`, `probe_samples`): after the refinement the policy holds the
+   chosen level and keeps sampling it. Now and then it probes one neighbouring rung (alternating
+   sides), and moves there only when that rung's mean beats the held level's by the papers'
+   threshold (SENS per doubling for trust-trend, TOLERANCE for the elastic operator) plus
+   `settle_noise_z` standard errors of the two means; a probe that finds no gain doubles the
+   interval to the next one. The rules run the search; the settled state replaces their
+   re-probing (the trust horizon, the elastic operator's peak decay and invalidation) until a
+   change in load, which starts a new epoch (scan, rules, refinement) as before.
 """
 
 from __future__ import annotations
@@ -60,6 +78,8 @@ POLICY_NAMES = ("trust-trend", "elastic-operator")
 
 # A refinement ages like trust, but slower: it costs a period per level between two rungs.
 REFINEMENT_HORIZONS = 3
+# Races in a row that may each move the window on when its best level is at the window's end.
+MAX_RACE_EXTENSIONS = 2
 
 
 @dataclass(frozen=True)
@@ -81,24 +101,42 @@ class ElasticityConfig:
             paper: value not given).
         ladder_ratio: improvement 1, geometric step between rungs; 1.0 is the papers' +-1.
         sensitivity_per_doubling: improvement 2; False is the papers' threshold per step.
-        smoothing_window: improvement 3, samples averaged per level; 1 is the papers' last sample.
+        smoothing_window: improvement 3, samples averaged per level (the most recent ones); 1 is the
+            papers' last sample. Large, so that a level held for long gets a sharp estimate; a
+            change in load starts every level afresh, so old samples never mix with new ones.
         trend_noise_z: improvement 4, standard errors of noise a trend must exceed; 0 is the papers'.
-        assumed_noise: improvement 4, relative noise of one sample until repeated samples tell.
+        assumed_noise: improvement 4, relative noise of one sample until repeated samples tell
+            (weighs as two samples; cautious, since a low guess makes noise look like trends).
         load_change_confirmations: improvement 5, deviating periods in a row; 1 is the Streams paper's.
         load_change_noise_z: improvement 5, standard errors of noise a deviation must also exceed.
         elastic_operator_load_change: improvement 5 for the elastic operator (the 2009 paper has no
             change-in-load test: it decays peaks and invalidates those above a big gain).
         trust_horizon_periods: improvement 6, periods after which what a level not visited recorded
-            is forgotten; None is the papers' (trust lasts until a change in load).
+            is forgotten; None is the papers' (trust lasts until a change in load). Not applied in
+            the settled state (improvement 10), whose probes refresh the neighbours.
         coarse_scan_ratio: improvement 7, geometric step of the scanned levels; None: no scan.
         refine: improvement 8, measure the levels between the neighbouring rungs once the rules hold.
         settle_tie_margin: improvement 8, levels within this share of the best count as equal, and
             the smallest wins (fewer threads for the same throughput).
-        refine_samples: improvement 8, periods spent at each level the refinement measures.
+        refine_samples: improvement 8, at most this many samples per level in the refinement's race
+            (levels clearly below the leader drop out early); 1 measures each level once.
         decrease_guard_margin: improvement 9, a level counts as clearly below the epoch's best when
             the best beats it by more than this share (and the noise); such a level is not the
             target of a decrease for want of a trend (trust-trend's rule 5, the elastic operator
             staying low after peaking), and the policy moves from it towards the best. None: off.
+        load_change_window: improvement 5, a change in load is also the mean of a level's last this
+            many samples departing from the mean of its earlier samples (at least as many) by more
+            than SENS and `load_change_mean_z` standard errors: under noise of 10 % and more, a
+            drop of 30 % hides in single samples but not in a mean of four. None: off.
+        load_change_mean_z: improvement 5, standard errors for that test (high: it runs every period).
+        settle: improvement 10, after the refinement hold the chosen level (settled): keep sampling
+            it, probe one neighbouring rung now and then, move only on a significant gain.
+        settle_noise_z: improvement 10, standard errors a settled level's neighbour must beat it by
+            (on top of the trend threshold) to be moved to; also the refinement's elimination test.
+        probe_interval_periods: improvement 10, periods at the settled level before the first probe;
+            doubled after each probe that finds nothing better, up to max_probe_interval_periods.
+        probe_samples: improvement 10, periods in a row a probe may stay at a neighbour that measures
+            better but not yet significantly so.
     """
 
     min_threads: int = 1
@@ -110,9 +148,9 @@ class ElasticityConfig:
     decay_rate: float = 0.01
     ladder_ratio: float = 1.25
     sensitivity_per_doubling: bool = True
-    smoothing_window: int = 4
+    smoothing_window: int = 32
     trend_noise_z: float = 0.5
-    assumed_noise: float = 0.02
+    assumed_noise: float = 0.1
     load_change_confirmations: int = 2
     load_change_noise_z: float = 2.5
     elastic_operator_load_change: bool = True
@@ -120,8 +158,15 @@ class ElasticityConfig:
     coarse_scan_ratio: float | None = 1.6
     refine: bool = True
     settle_tie_margin: float = 0.01
-    refine_samples: int = 1
+    refine_samples: int = 6
     decrease_guard_margin: float | None = 0.01
+    load_change_window: int | None = 4
+    load_change_mean_z: float = 3.5
+    settle: bool = True
+    settle_noise_z: float = 2.0
+    probe_interval_periods: int = 8
+    max_probe_interval_periods: int = 32
+    probe_samples: int = 3
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_threads <= self.max_threads:
@@ -148,6 +193,17 @@ class ElasticityConfig:
             raise ValueError("trend_noise_z and load_change_noise_z must be >= 0")
         if self.decrease_guard_margin is not None and not 0 <= self.decrease_guard_margin < 1:
             raise ValueError(f"decrease_guard_margin must be in [0, 1) or None, got {self.decrease_guard_margin}")
+        if self.settle_noise_z < 0:
+            raise ValueError(f"settle_noise_z must be >= 0, got {self.settle_noise_z}")
+        if not 1 <= self.probe_interval_periods <= self.max_probe_interval_periods:
+            raise ValueError(
+                "probe_interval_periods must be >= 1 and <= max_probe_interval_periods, got "
+                f"{self.probe_interval_periods} and {self.max_probe_interval_periods}"
+            )
+        if self.load_change_window is not None and self.load_change_window < 2:
+            raise ValueError(f"load_change_window must be >= 2 or None, got {self.load_change_window}")
+        if self.probe_samples < 1:
+            raise ValueError(f"probe_samples must be >= 1, got {self.probe_samples}")
 
     @classmethod
     def as_written(cls, **overrides) -> ElasticityConfig:
@@ -163,7 +219,10 @@ class ElasticityConfig:
             trust_horizon_periods=None,
             coarse_scan_ratio=None,
             refine=False,
+            refine_samples=1,
             decrease_guard_margin=None,
+            settle=False,
+            load_change_window=None,
         )
         return cls(**{**paper, **overrides})
 
@@ -337,12 +396,36 @@ class _Ladder:
 
 @dataclass
 class _Survey:
-    """Levels still to measure, one period each, then the best of `candidates` is chosen."""
+    """The coarse scan (improvement 7): levels still to measure, one period each, then the best."""
 
-    purpose: str  # "coarse scan" (improvement 7) or "refine" (improvement 8)
+    purpose: str
     todo: deque[int]
     candidates: tuple[int, ...]
-    home: int | None  # refine: the level the rules held at
+
+
+@dataclass
+class _Race:
+    """The refinement (improvement 8): the levels between the rungs around `home` (and, with
+    improvement 10, the rungs), sampled in rounds; see `_PolicyBase._continue_race`."""
+
+    home: int
+    candidates: list[int]
+    samples: dict[int, int]  # samples taken in the race, per candidate
+    target: int = 1  # samples each candidate left should have before the next round
+    edge: tuple[int, ...] = ()  # the rungs at the window's ends
+    extensions: int = 0  # races before this one in a row, each ending on its window's edge
+
+
+@dataclass
+class _Settled:
+    """Improvement 10: the level held since the refinement, and when and where to probe next."""
+
+    level: int
+    interval: int  # periods at the level between two probes (doubles while probes find nothing)
+    next_probe_time: int  # logical time of the next probe
+    probe: int | None = None  # the neighbouring rung being probed, None while at `level`
+    probe_periods: int = 0  # periods spent at `probe` in this probe
+    last_probed: int | None = None  # the neighbour probed last time
 
 
 class _PolicyBase:
@@ -367,11 +450,12 @@ class _PolicyBase:
         }
         self._time = 0
         self._survey: _Survey | None = None
+        self._race: _Race | None = None
+        self._settled: _Settled | None = None
         self._refined: dict[int, int] = {}  # level -> logical time of its last refinement
         self._deviations: dict[int, list[float]] = {}  # per level: consecutive deviating samples
-        self._step_changes: deque[float] = deque(maxlen=32)  # |x_t / x_(t-1) - 1| at one level
-        self._previous_level: int | None = None
-        self._previous_throughput = math.nan
+        # One estimate of the relative noise per sample taken at a level already measured.
+        self._noise_samples: deque[float] = deque(maxlen=48)
         self._start_epoch()
 
     @property
@@ -409,12 +493,16 @@ class _PolicyBase:
                 f"level {self._level} not in force yet ({measurement.level_in_force} threads active): no change",
             )
         self._time += 1
-        self._note_step_change(throughput)
+        self._note_noise(throughput)
         prefix = self._observe(throughput)
         self._records[self._level].record(throughput, self._time)
         self._after_record()
         if self._survey is not None:
             return self._continue_survey(now_s, prefix)
+        if self._race is not None:
+            return self._continue_race(now_s, prefix)
+        if self._settled is not None:
+            return self._settled_step(measurement, prefix)
         decision = self._pull_towards_best(measurement, prefix) or self._rules(measurement, prefix)
         if decision is not None:
             return decision
@@ -436,6 +524,10 @@ class _PolicyBase:
     def _stable_reason(self) -> str:
         return "stable"
 
+    def _gain_threshold(self, lower_level: int, upper_level: int) -> float:
+        """The relative gain between two levels that the paper's rules call significant."""
+        return trend_threshold(self.config, lower_level, upper_level, self.config.sensitivity)
+
     # -- shared steps -------------------------------------------------------------------------
     def _move(self, level: int, now_s: float, reason: str) -> ThreadLevelDecision:
         previous, self._level = self._level, level
@@ -446,23 +538,46 @@ class _PolicyBase:
     def _value(self, level: int) -> float:
         return self._records[level].throughput
 
+    def _smoothed_value(self, level: int) -> float:
+        """The level's mean with its measured next-door levels' means at half weight (each
+        counted with no more samples than the level itself has): a curve of throughput by level
+        is smooth, so neighbours carry information, and a level at the edge of a plateau is not
+        chosen for one lucky run."""
+        own = self._records[level]
+        weight_sum, total = 0.0, 0.0
+        for other_level, share in ((level - 1, 0.5), (level, 1.0), (level + 1, 0.5)):
+            record = self._records.get(other_level)
+            if record is None or not record.trusted or not record.recent:
+                continue
+            weight = share * min(len(record.recent), max(1, len(own.recent)))
+            weight_sum += weight
+            total += weight * record.throughput
+        return total / weight_sum if weight_sum else own.throughput
+
     def _noise(self) -> float:
-        """Relative noise of one sample (improvement 4), from consecutive periods at one level:
-        the median of |x_t / x_(t-1) - 1| is 0.954 sigma for normal noise, and a median is not
-        thrown by the one jump a change in load makes. `assumed_noise` weighs as two pairs."""
+        """Relative noise of one sample (improvement 4), robust: the median of the per-sample
+        estimates `_note_noise` keeps, which a change in load (a few large deviations) does not
+        throw. `assumed_noise` weighs as two samples."""
         prior_weight = 2.0
-        pairs = sorted(self._step_changes)
-        if not pairs:
+        estimates = sorted(self._noise_samples)
+        if not estimates:
             return self.config.assumed_noise
-        robust = pairs[len(pairs) // 2] / 0.954
+        robust = estimates[len(estimates) // 2]
         return math.sqrt(
-            (prior_weight * self.config.assumed_noise**2 + len(pairs) * robust**2) / (prior_weight + len(pairs))
+            (prior_weight * self.config.assumed_noise**2 + len(estimates) * robust**2) / (prior_weight + len(estimates))
         )
 
-    def _note_step_change(self, throughput: float) -> None:
-        if self._previous_level == self._level and self._previous_throughput > 0:
-            self._step_changes.append(abs(throughput / self._previous_throughput - 1))
-        self._previous_level, self._previous_throughput = self._level, throughput
+    def _note_noise(self, throughput: float) -> None:
+        """A sample at a level measured n times before deviates from their mean by sigma x
+        sqrt(1 + 1 / n) for noise sigma, and the median of |normal| is 0.6745 of its sigma; so
+        every such sample gives an estimate of sigma, not only consecutive periods at one level
+        (a scan or a refinement rarely stays two periods at one level)."""
+        record = self._records[self._level]
+        count = len(record.recent)
+        if record.trusted and count and record.throughput > 0:
+            deviation = abs(throughput / record.throughput - 1)
+            # Capped: one absurd sample (a mean near zero) must not overflow the estimate.
+            self._noise_samples.append(min(1.0, deviation / math.sqrt(1 + 1 / count) / 0.6745))
 
     def _significantly_greater(
         self, lower: float, upper: float, threshold: float, lower_samples: int, upper_samples: int
@@ -473,8 +588,24 @@ class _PolicyBase:
             return False
         if self.config.trend_noise_z == 0:
             return True
-        standard_error = self._noise() * math.sqrt(1 / max(1, lower_samples) + 1 / max(1, upper_samples))
-        return gain > self.config.trend_noise_z * standard_error
+        return gain > self.config.trend_noise_z * self._standard_error(lower_samples, upper_samples)
+
+    def _standard_error(self, lower_samples: int, upper_samples: int) -> float:
+        """Relative standard error of the difference of two levels' means."""
+        return self._noise() * math.sqrt(1 / max(1, lower_samples) + 1 / max(1, upper_samples))
+
+    def _confidently_better(
+        self, reference_level: int, level: int, threshold: float, noise_z: float | None = None
+    ) -> bool:
+        """Improvement 10: `level`'s mean beats `reference_level`'s by more than `threshold` plus
+        `settle_noise_z` standard errors, so the true gain very likely exceeds the threshold (a
+        one-sided test on the means, not on single samples)."""
+        reference, candidate = self._records[reference_level], self._records[level]
+        if not (reference.trusted and candidate.trusted):
+            return False
+        z = self.config.settle_noise_z if noise_z is None else noise_z
+        margin = z * self._standard_error(len(reference.recent), len(candidate.recent))
+        return relative_gain(reference.throughput, candidate.throughput) > threshold + margin
 
     def _is_trend(self, lower_level: int, upper_level: int, base: float) -> bool:
         """The measured throughput of upper_level beats lower_level's by a trend (both trusted)."""
@@ -507,6 +638,9 @@ class _PolicyBase:
             self.config.sensitivity,
             self.config.load_change_noise_z * self._noise() * math.sqrt(1 + 1 / len(record.recent)),
         )
+        if self._mean_shifted(record, throughput):
+            self._deviations.clear()
+            return True
         if abs(deviation) <= threshold or (streak and (streak[-1] > 0) != (deviation > 0)):
             streak.clear()
         if abs(deviation) <= threshold:
@@ -517,11 +651,24 @@ class _PolicyBase:
         self._deviations.clear()
         return True
 
+    def _mean_shifted(self, record: _Record, throughput: float) -> bool:
+        """Improvement 5: the mean of the level's last `load_change_window` samples (this one
+        included) departs from the mean of its earlier samples beyond SENS and the noise."""
+        window = self.config.load_change_window
+        if window is None or len(record.recent) + 1 < 2 * window:
+            return False
+        samples = [*record.recent, throughput]
+        recent, earlier = samples[-window:], samples[:-window]
+        earlier_mean = sum(earlier) / len(earlier)
+        shift = relative_gain(earlier_mean, sum(recent) / window)
+        margin = self.config.load_change_mean_z * self._noise() * math.sqrt(1 / window + 1 / len(earlier))
+        return abs(shift) > max(self.config.sensitivity, margin)
+
     def _expire_trust(self) -> None:
         """Improvement 6: what a level not visited within the horizon recorded is forgotten."""
         horizon = self.config.trust_horizon_periods
-        if horizon is None:
-            return
+        if horizon is None or self._settled is not None:
+            return  # settled: the probes (improvement 10) refresh the neighbours instead
         for level, record in self._records.items():
             if record.trusted and level != self._level and self._time - record.last_time > horizon:
                 record.forget()
@@ -533,24 +680,200 @@ class _PolicyBase:
         self._refined.clear()
         self._ladder.reset(self._level)
         self._survey = None
+        self._race = None
+        self._settled = None
         ratio = self.config.coarse_scan_ratio
         if ratio is not None:
             scan = geometric_ladder(self.config.min_threads, self.config.max_threads, ratio)
             # Start with the level in force (it is measured now anyway), then climb.
             todo = [level for level in scan if level != self._level]
-            self._survey = _Survey("coarse scan", deque(todo), tuple(sorted({self._level, *scan})), None)
+            self._survey = _Survey("coarse scan", deque(todo), tuple(sorted({self._level, *scan})))
 
     def _start_refinement(self, now_s: float, prefix: str) -> ThreadLevelDecision | None:
-        """Improvement 8: the rules hold at a rung; measure the levels between its neighbours."""
-        if not self.config.refine or self._refined_recently(self._level):
+        """Improvement 8: the rules hold at a rung; race the levels between its neighbours."""
+        if not self.config.refine:
+            return self._settle_without_refinement(now_s, prefix)
+        if self._refined_recently(self._level):
             return None
         self._refined[self._level] = self._time
         candidates = self._ladder.levels_between_neighbours(self._level)
+        if self.config.settle:
+            candidates = self._race_window(self._level)
+        if not candidates:
+            return self._settle_without_refinement(now_s, prefix)
+        self._race = self._new_race(self._level, candidates)
+        return self._continue_race(now_s, prefix)
+
+    def _new_race(self, home: int, candidates: list[int], extensions: int = 0) -> _Race:
+        levels = [home, *candidates]
+        rungs = (self._ladder.below(home), self._ladder.above(home))
+        edge = tuple(rung for rung in rungs if rung is not None)
+        return _Race(home, levels, dict.fromkeys(levels, 0), edge=edge, extensions=extensions)
+
+    def _settle_without_refinement(self, now_s: float, prefix: str) -> ThreadLevelDecision | None:
+        """With nothing to refine, the level the rules hold at is the settled one."""
+        if not self.config.settle:
+            return None
+        self._enter_settled(self._level)
+        reason = prefix + f"settle on level {self._level}: the rules hold here"
+        return ThreadLevelDecision.hold(self._level, now_s, reason)
+
+    def _continue_race(self, now_s: float, prefix: str) -> ThreadLevelDecision:
+        """One period of the refinement's race. Without improvement 10 (the papers' noise):
+        every candidate measured once, nearest to home first, then the best. With it, rounds of
+        successive halving: every level left gets `target` samples; then the better half (by
+        `_smoothed_value`, at least two) stays and the target doubles, up to `refine_samples`;
+        any time, a level the leader beats by `settle_tie_margin` plus `settle_noise_z` standard
+        errors drops out (after two samples: the leader is the luckiest of several). Then the
+        best of those left."""
+        race = self._race
+        assert race is not None
+        if self._level in race.samples:
+            race.samples[self._level] += 1
+        if self.config.settle:
+            self._race_eliminate(race)
+        while True:
+            pending = [level for level in race.candidates if race.samples[level] < race.target]
+            if pending:
+                level = min(
+                    pending, key=lambda candidate: (race.samples[candidate], abs(candidate - self._level), candidate)
+                )
+                again = " again" if race.samples[level] else ""
+                left = len(race.candidates)
+                return self._move(level, now_s, prefix + f"refine: measure level {level}{again} ({left} left)")
+            if len(race.candidates) == 1 or race.target >= self.config.refine_samples or not self.config.settle:
+                break
+            ranked = sorted(race.candidates, key=self._smoothed_value, reverse=True)
+            race.candidates = ranked[: max(2, math.ceil(len(ranked) / 2))]
+            race.target = min(2 * race.target, self.config.refine_samples)
+        self._race = None
+        # Under noise the smallest level within the tie margin is mostly the edge of a plateau,
+        # so with the settled state the level with the highest mean wins.
+        if self.config.settle:
+            chosen = max(race.candidates, key=self._smoothed_value)
+        else:
+            chosen = self._best_of(tuple(race.candidates))
+        self._refined[chosen] = self._time
+        left = ", ".join(str(level) for level in sorted(race.candidates))
+        if (
+            self.config.settle
+            and chosen in race.edge
+            and race.extensions < MAX_RACE_EXTENSIONS
+            and self._confidently_better(race.home, chosen, 0.0, noise_z=1.0)
+        ):
+            # The best is a rung at the window's end, clearly above the middle: a slope, so the
+            # true best may lie beyond it. (On a plateau an end wins by chance only: no new race.)
+            self._ladder.reset(chosen)
+            self._race = self._new_race(chosen, self._race_window(chosen), race.extensions + 1)
+            moved_on = f"refine: level {chosen} won at the window's end; race around it; "
+            return self._continue_race(now_s, prefix + moved_on)
+        if self.config.settle:
+            self._enter_settled(chosen)
+            reason = f"refine: settle on level {chosen}, the best between the rungs around {race.home} (left: {left})"
+        else:
+            reason = f"refine: go to level {chosen}, the best between the rungs around {race.home}"
+        return self._move(chosen, now_s, prefix + reason)
+
+    def _race_window(self, level: int) -> list[int]:
+        """The levels between the rungs around `level`, and the rungs: under noise the rules may
+        hold one rung off the best."""
+        rungs = [self._ladder.below(level), self._ladder.above(level)]
+        return self._ladder.levels_between_neighbours(level) + [rung for rung in rungs if rung is not None]
+
+    def _race_eliminate(self, race: _Race) -> None:
+        measured = [level for level in race.candidates if race.samples[level]]
+        if not measured:
+            return
+        leader = max(measured, key=self._value)
+        race.candidates = [
+            level
+            for level in race.candidates
+            if level == leader
+            or race.samples[level] < 2
+            or not self._confidently_better(level, leader, self.config.settle_tie_margin)
+        ]
+
+    # -- improvement 10: the settled state ------------------------------------------------------
+    def _enter_settled(self, level: int) -> None:
+        self._ladder.reset(level)
+        interval = self.config.probe_interval_periods
+        self._settled = _Settled(level=level, interval=interval, next_probe_time=self._time + interval)
+
+    def _settled_step(self, measurement: PeriodMeasurement, prefix: str) -> ThreadLevelDecision:
+        """Hold the settled level, sampling it every period so its mean sharpens. Every
+        `interval` periods probe a neighbouring rung (`_probe_target`); move there only if its
+        mean beats the settled level's by the paper's threshold plus `settle_noise_z` standard
+        errors; stay up to `probe_samples` periods at a neighbour that looks better but not yet
+        significantly, or whose sample departs from its record (a change in load is confirmed
+        there, by `_observe`); back off (interval doubles, up to `max_probe_interval_periods`)
+        after each probe that finds no gain."""
+        settled, now_s = self._settled, measurement.now_s
+        assert settled is not None
+        home = settled.level
+        if settled.probe is None:
+            if self._time < settled.next_probe_time:
+                left = settled.next_probe_time - self._time
+                held = len(self._records[home].recent)
+                reason = f"settled at level {home} ({held} samples), probe in {left} periods"
+                return ThreadLevelDecision.hold(home, now_s, prefix + reason)
+            target = self._probe_target(home, settled.last_probed, measurement)
+            if target is None:
+                settled.next_probe_time = self._time + settled.interval
+                return ThreadLevelDecision.hold(home, now_s, prefix + f"settled at level {home}: no neighbour to probe")
+            settled.probe, settled.probe_periods = target, 0
+            return self._move(target, now_s, prefix + f"settled at level {home}: probe level {target}")
+        probe = settled.probe
+        settled.probe_periods += 1
+        lower, upper = sorted((home, probe))
+        threshold = self._gain_threshold(lower, upper)
+        gain = relative_gain(self._value(home), self._value(probe))
+        samples = f"{len(self._records[probe].recent)} vs {len(self._records[home].recent)} samples"
+        if self._confidently_better(home, probe, threshold):
+            self._enter_settled(probe)
+            reason = f"settled: level {probe} beats level {home} by {gain:.1%} ({samples}); settle there"
+            return ThreadLevelDecision.hold(probe, now_s, prefix + reason)
+        if self._deviations.get(probe) and settled.probe_periods <= self.config.probe_samples:
+            # This sample departs from what the level measured before: stay to confirm a change in load.
+            return ThreadLevelDecision.hold(
+                probe, now_s, prefix + f"settled: level {probe} departs from its record; measure again"
+            )
+        if gain > 0 and settled.probe_periods < self.config.probe_samples:
+            reason = f"settled: level {probe} {gain:+.1%} against level {home}, not significant yet; measure again"
+            return ThreadLevelDecision.hold(probe, now_s, prefix + reason)
+        if gain <= 0:
+            settled.interval = min(2 * settled.interval, self.config.max_probe_interval_periods)
+        settled.probe, settled.last_probed = None, probe
+        settled.next_probe_time = self._time + 1 + settled.interval
+        verdict = "no gain" if gain <= 0 else "gain not significant"
+        return self._move(
+            home,
+            now_s,
+            prefix + f"settled: level {probe} {gain:+.1%} against level {home} ({samples}), {verdict}; "
+            f"back, next probe in {settled.interval} periods",
+        )
+
+    def _probe_target(self, home: int, last_probed: int | None, measurement: PeriodMeasurement) -> int | None:
+        """The neighbouring rung not probed last time (a change that does not show at the
+        settled level may show on either side); the first time, the one with the higher upper
+        confidence bound (unknown: infinite). An increase only while the CPU usage is acceptable."""
+        neighbours = [self._ladder.below(home)]
+        if cpu_usage_acceptable(self.config, measurement):
+            neighbours.append(self._ladder.above(home))
+        candidates = [level for level in neighbours if level is not None]
         if not candidates:
             return None
-        todo = deque(level for level in candidates for _ in range(self.config.refine_samples))
-        self._survey = _Survey("refine", todo, (self._level, *candidates), self._level)
-        return self._continue_survey(now_s, prefix)
+        if last_probed is not None and len(candidates) > 1:
+            return next(level for level in candidates if level != last_probed)
+
+        def upper_bound(level: int) -> float:
+            record = self._records[level]
+            if not record.trusted:
+                return math.inf
+            spread = self.config.settle_noise_z * self._noise() / math.sqrt(len(record.recent))
+            return relative_gain(self._value(home), record.throughput * (1 + spread))
+
+        # Ties (both unknown) go to the one visited longer ago.
+        return max(candidates, key=lambda level: (upper_bound(level), -self._records[level].last_time))
 
     def _refined_recently(self, level: int) -> bool:
         """Refined in this epoch, and (improvement 6) not longer ago than three trust horizons."""
@@ -567,13 +890,8 @@ class _PolicyBase:
             return self._move(level, now_s, prefix + f"{survey.purpose}: measure level {level}")
         self._survey = None
         chosen = self._best_of(survey.candidates)
-        if survey.home is not None:
-            self._refined[chosen] = self._time
-            reason = f"refine: settle on level {chosen}, the best between the rungs around {survey.home}"
-        else:
-            self._ladder.reset(chosen)
-            reason = f"coarse scan: start the rules from level {chosen}, the best scanned"
-        return self._move(chosen, now_s, prefix + reason)
+        self._ladder.reset(chosen)
+        return self._move(chosen, now_s, prefix + f"coarse scan: start the rules from level {chosen}, the best scanned")
 
     def _best_trusted(self) -> int:
         """The trusted level with the highest smoothed throughput."""
@@ -712,6 +1030,9 @@ class ElasticOperatorPolicy(_PolicyBase):
             len(self._records[upper_level].recent),
         )
 
+    def _gain_threshold(self, lower_level: int, upper_level: int) -> float:
+        return trend_threshold(self.config, lower_level, upper_level, self.config.tolerance)
+
     def _observe(self, throughput: float) -> str:
         self._expire_trust()
         if self.config.elastic_operator_load_change and self._load_changed(throughput):
@@ -727,7 +1048,10 @@ class ElasticOperatorPolicy(_PolicyBase):
         if record.peak is None:
             record.peak = current
         elif current > record.peak:
-            if self._less(self._level, record.peak, self._level, current):
+            # The refinement's race and the settled state (improvements 8, 10) do their own
+            # probing: invalidating the peaks above would throw their samples away.
+            owned = self._race is not None or self._settled is not None
+            if not owned and self._less(self._level, record.peak, self._level, current):
                 for level, other in self._records.items():
                     if level > self._level:
                         other.forget()
@@ -887,6 +1211,24 @@ def tent_curve(
             share = base_share + (1 - base_share) * rise
         else:
             share = max(0.05, 1 - fall_per_level * (level - peak_level))
+        rates.append(peak_rate * share)
+    return tuple(rates)
+
+
+def rise_plateau_fall_curve(
+    max_threads: int, knee_level: int, plateau_end_level: int, fall_per_level: float, peak_rate: float
+) -> tuple[float, ...]:
+    """Linear rise to peak_rate at knee_level, flat up to plateau_end_level, then a linear fall
+    (fall_per_level of the peak per level, down to a floor of 30 %): an I/O-bound operator whose
+    service serves a fixed number of requests at once, and whose client threads cost CPU."""
+    rates = []
+    for level in range(1, max_threads + 1):
+        if level <= knee_level:
+            share = level / knee_level
+        elif level <= plateau_end_level:
+            share = 1.0
+        else:
+            share = max(0.3, 1 - fall_per_level * (level - plateau_end_level))
         rates.append(peak_rate * share)
     return tuple(rates)
 

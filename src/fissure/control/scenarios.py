@@ -6,7 +6,9 @@
 (d) `rate-drop`: the offered rate drops to a trickle, the loop releases threads, and takes them
     back when the rate returns.
 (e) `model-mismatch` (beyond the issue): the model believes an exchange costs 2 us per tuple, it
-    costs 40, so the planner's favourites hurt: evaluate, revert and blacklist at work.
+    costs 40, so the planner's favourites hurt: the loop reverts and blacklists the first one,
+    learns from the measurements that c_p is about 20 times what it believed
+    (fissure.control.model_correction) and plans with the corrected model.
 
 All of them run a five-operator chain (parse, enrich, filter, a keyed count, a stateful report)
 on a 4-core model machine: a simulation of the model, not a Spark run.

@@ -56,9 +56,10 @@ from fissure.control.adaptive import (
     SwitchCosts,
 )
 from fissure.control.driver import Timeline, TimelineEntry, plot_timeline, run_adaptive
+from fissure.control.model_correction import OPERATORS_TERM, Correction, scale_operators
 from fissure.control.plan_change import SwitchKind, plan_fingerprint
 from fissure.graph import OperatorEstimate, Pipeline
-from fissure.model.spark_model import evaluate_spark
+from fissure.model.spark_model import SparkConstants, evaluate_spark
 from fissure.model.throughput import canonical_regions
 from fissure.model.types import Kind, Machine, OperatorStats, Plan
 from fissure.optimize.exhaustive import SearchTooLarge
@@ -553,6 +554,10 @@ class SparkModelSearch:
 
     Candidates: the planner at every thread budget 1..M, and the pipelining-only and fission-only
     optima at M (as `fissure.control.adaptive.ChainPlanSearch` does with the paper's model).
+
+    A `CorrectablePlanSearch` (fissure.control.model_correction): its terms are the operators'
+    work and every Spark model constant; `with_factors` gives the same search with the constants
+    (and the operators' costs) scaled by what the loop learned from the measured plans.
     """
 
     def __init__(self, settings: SparkModelSettings | None = None, method: str = "heuristic",
@@ -571,21 +576,30 @@ class SparkModelSearch:
         for name, keys in keys_per_batch.items():
             self._keys[name] = (self._keys.get(name, []) + [keys])[-self._window:]
 
-    def current_settings(self) -> SparkModelSettings:
+    def current_settings(self, factors: Mapping[str, float] | None = None) -> SparkModelSettings:
+        """The settings for the batches seen so far; with `factors`, its constants scaled by them."""
         workload = self.settings.workload
         if self._records:
             workload = replace(workload, batch_records=max(1, round(_median(self._records))))
         if self._keys:
             workload = replace(workload, keys_per_batch={**workload.keys_per_batch,
                                                          **{name: _median(values) for name, values in self._keys.items()}})
-        return replace(self.settings, workload=workload)
+        constants = self.settings.constants
+        if factors:
+            constants = constants.with_values(**{name: getattr(constants, name) * factors[name]
+                                                 for name in SparkConstants.names() if name in factors})
+        return replace(self.settings, workload=workload, constants=constants)
 
-    def predict_per_s(self, operators: Sequence[OperatorStats], plan: Plan, machine: Machine) -> float:
-        settings = self.current_settings()
+    def predict_per_s(self, operators: Sequence[OperatorStats], plan: Plan, machine: Machine,
+                      factors: Mapping[str, float] | None = None) -> float:
+        settings = self.current_settings(factors)
+        operators = scale_operators(operators, factors or {})
         return evaluate_spark(operators, plan, machine.cores, settings.constants, settings.workload).throughput_per_s
 
-    def candidates(self, operators: Sequence[OperatorStats], machine: Machine) -> tuple[ScoredPlan, ...]:
-        settings = self.current_settings()
+    def candidates(self, operators: Sequence[OperatorStats], machine: Machine,
+                   factors: Mapping[str, float] | None = None) -> tuple[ScoredPlan, ...]:
+        settings = self.current_settings(factors)
+        operators = scale_operators(operators, factors or {})
         budget = self.max_threads or default_max_threads(machine.cores)
         runs = [(self.method, threads) for threads in range(1, budget + 1)] + [(m, budget) for m in self.alternatives]
         found: dict[str, ScoredPlan] = {}
@@ -597,6 +611,31 @@ class SparkModelSearch:
                 continue
             found.setdefault(plan_fingerprint(result.plan), ScoredPlan(result.plan, result.throughput_per_s))
         return tuple(found.values())
+
+    # -- CorrectablePlanSearch ------------------------------------------------------------------
+    def correction_terms(self) -> tuple[str, ...]:
+        return (OPERATORS_TERM, *SparkConstants.names())
+
+    def seconds_per_record(self, operators: Sequence[OperatorStats], plan: Plan, machine: Machine,
+                           factors: Mapping[str, float]) -> float:
+        return 1.0 / self.predict_per_s(operators, plan, machine, factors)
+
+    def with_factors(self, factors: Mapping[str, float]) -> CorrectedSparkModelSearch:
+        return CorrectedSparkModelSearch(self, dict(factors))
+
+
+@dataclass(frozen=True)
+class CorrectedSparkModelSearch:
+    """A `SparkModelSearch` seen through the factors the loop learned (its batch shape stays live)."""
+
+    search: SparkModelSearch
+    factors: Mapping[str, float]
+
+    def predict_per_s(self, operators: Sequence[OperatorStats], plan: Plan, machine: Machine) -> float:
+        return self.search.predict_per_s(operators, plan, machine, self.factors)
+
+    def candidates(self, operators: Sequence[OperatorStats], machine: Machine) -> tuple[ScoredPlan, ...]:
+        return self.search.candidates(operators, machine, self.factors)
 
 
 def _median(values: Sequence[float]) -> float:
@@ -614,6 +653,7 @@ class AdaptiveRunReport(RunReport):
     timeline_json: str | None = None
     timeline_png: str | None = None
     queries: int = 0  # streaming queries started (1 + restarts)
+    correction: str | None = None  # the model correction learned from the measured plans, described
 
 
 class LiveLine:
@@ -700,24 +740,29 @@ def run_adaptive_on_spark(
     finally:
         queries.close()
         live_line.close()
-    paths = write_timeline(timeline, realizer.switches, run_dir, initial, controller.plan)
+    correction = controller.correction
+    paths = write_timeline(timeline, realizer.switches, run_dir, initial, controller.plan, correction)
     report = AdaptiveRunReport(
         plan=controller.plan, batches=observations.batches, input_records=observations.input_records,
         dead_letters=queries.dead_letter_log.count, elapsed_s=run_clock() - started, checkpoint=checkpoint,
         timeline=timeline, switches=tuple(realizer.switches), timeline_json=paths[0], timeline_png=paths[1],
-        queries=queries.queries_started)
+        queries=queries.queries_started, correction=correction.describe() if correction is not None else None)
     if owned_checkpoint:
         shutil.rmtree(checkpoint, ignore_errors=True)
     return report
 
 
 def write_timeline(timeline: Timeline, switches: Sequence[SwitchRecord], run_dir: str, initial: Plan,
-                   final: Plan) -> tuple[str, str | None]:
-    """`timeline.json` (decisions and switches) and `timeline.png` in `run_dir`; the PNG is
-    skipped, with a log line, without matplotlib."""
+                   final: Plan, correction: Correction | None = None) -> tuple[str, str | None]:
+    """`timeline.json` (decisions, switches, the model correction learned) and `timeline.png` in
+    `run_dir`; the PNG is skipped, with a log line, without matplotlib."""
     json_path = os.path.join(run_dir, "timeline.json")
     document = {**timeline.to_dict(), "initial_plan": plan_fingerprint(initial), "final_plan": plan_fingerprint(final),
                 "switches": [asdict(switch) for switch in switches]}
+    if correction is not None:
+        document["model_correction"] = {"factors": dict(correction.factors), "plans": correction.plans,
+                                        "error_before": correction.error_before,
+                                        "error_after": correction.error_after, "summary": correction.describe()}
     with open(json_path, "w", encoding="utf-8") as handle:
         json.dump(document, handle, indent=1)
         handle.write("\n")

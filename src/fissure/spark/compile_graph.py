@@ -1,0 +1,258 @@
+"""A stream graph compiled to ONE streaming query over envelopes (fissure.worker.graph_pe).
+
+- every source becomes envelopes (route = the source's name, a sequence number
+  `source index << 56 | monotonically_increasing_id()`, its fields in its schema's columns), and
+  the sources are unioned;
+- every pe stage is one mapInArrow running a graph processing element (its pieces as a chain of
+  processes when pipeline boundaries cut it);
+- every keyed node is one transformWithStateInPandas behind a hash exchange on a key column
+  computed in SQL just before it: the key's JSON for rows routed into the node, a constant for a
+  stateful node without key, and one of `spread` spread keys (`~seq mod spread`) for every other
+  row, which the handler passes through without touching state;
+- the runner's foreachBatch persists each micro-batch once and writes each sink from it.
+A stream used by several nodes is computed once: its rows travel once and each consumer reads
+them where it runs, so nothing upstream is recomputed.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql.streaming.stateful_processor import StatefulProcessor
+
+from fissure.graph import PipelineError
+from fissure.model.types import Kind
+from fissure.spark.sources import arrow_schema_of, spark_schema_of
+from fissure.spark.stages import carried_batch_from_pandas, pandas_frame
+from fissure.streamgraph import NodeKind, StreamGraph
+from fissure.worker.columns import DEAD_COLUMNS, DEAD_OPERATOR, SEQ, SEQ_PARTITION_SHIFT, carried_schema
+from fissure.worker.fused import assemble
+from fissure.worker.graph_join import LEFT, RIGHT, JoinStep, arrivals_of, joined_batch, run_join_group
+from fissure.worker.graph_local import SOURCE_SHIFT
+from fissure.worker.graph_pe import (
+    ROUTE, EnvelopeLayout, GraphStage, build_pieces, consumers_after, plan_graph_stages,
+)
+from fissure.worker.keyed import StatefulStep, run_group
+from fissure.worker.region import processing_element
+
+KEY = "_fissure_key"
+SPREAD_PREFIX = "~"
+BOUNDARIES_PROPERTY = "fissure.graph.boundaries"  # JSON {graph name: [operator, ...]}, per micro-batch
+
+
+@dataclass(frozen=True)
+class CompiledGraph:
+    frame: DataFrame  # envelopes: every sink's rows and every dead letter
+    layout: EnvelopeLayout
+    stages: tuple[GraphStage, ...]
+    schemas: Mapping[str, pa.Schema]
+    order: tuple[str, ...]
+
+
+def task_boundaries(graph_name: str) -> list[str] | None:
+    """The boundaries the driver set for this task's micro-batch (None: unset)."""
+    try:
+        from pyspark import TaskContext
+
+        context = TaskContext.get()
+        text = context.getLocalProperty(BOUNDARIES_PROPERTY) if context is not None else None
+        return json.loads(text).get(graph_name) if text else None
+    except Exception:  # noqa: BLE001 - unreadable: run the compiled boundaries
+        return None
+
+
+class GraphRegionFunction:
+    """A pe stage's mapInArrow function: its pieces in one processing element."""
+
+    def __init__(self, graph: StreamGraph, schemas, layout: EnvelopeLayout, stages, stage: GraphStage,
+                 boundaries: Iterable[str], profile_prefix: str | None, query_token: str) -> None:
+        self.graph, self.schemas, self.layout, self.stages, self.stage = graph, schemas, layout, stages, stage
+        # The worker keeps a PE's processes per region id: one query's pieces never serve another.
+        self.region_id = f"graph/{graph.name}/{query_token}/{stage.label}"
+        self.boundaries = tuple(sorted(set(boundaries) & set(stage.nodes)))
+        self.profile_prefix = profile_prefix
+        self._pieces: dict[tuple[str, ...], list] = {}
+
+    def pieces_for_call(self) -> list:
+        requested = task_boundaries(self.graph.name)
+        boundaries = self.boundaries if requested is None else tuple(sorted(set(requested) & set(self.stage.nodes)))
+        pieces = self._pieces.get(boundaries)
+        if pieces is None:
+            pieces = self._pieces[boundaries] = build_pieces(self.graph, self.schemas, self.layout, self.stages,
+                                                             self.stage, boundaries, self.profile_prefix)
+        return pieces
+
+    def __call__(self, batches: Iterator[pa.RecordBatch], pieces=None) -> Iterator[pa.RecordBatch]:
+        pieces = pieces if pieces is not None else self.pieces_for_call()
+        element = processing_element([[piece] for piece in pieces], self.region_id)
+        for batch in element.process(batches):
+            if batch.num_rows:
+                yield batch
+
+
+class GraphStateProcessor(StatefulProcessor):
+    """transformWithStateInPandas handler of one keyed node over envelopes."""
+
+    STATE_NAME = "fissure_state"
+
+    def __init__(self, graph: StreamGraph, schemas, layout: EnvelopeLayout, node_name: str,
+                 forward_inputs: Sequence[str]) -> None:
+        self.graph, self.schemas, self.layout = graph, schemas, layout
+        self.node = graph.node(node_name)
+        self.forward_inputs = tuple(forward_inputs)
+        self.input_schema = pa.schema(list(layout.schema) + [pa.field(KEY, pa.string())])
+        self._state = None
+
+    def init(self, handle) -> None:
+        self._state = handle.getValueState(self.STATE_NAME, "value binary")
+
+    def handleInputRows(self, key, rows, timerValues) -> Iterator[pd.DataFrame]:  # noqa: N802 - Spark's name
+        frames = list(rows)
+        frame = frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)
+        batch = carried_batch_from_pandas(frame, self.input_schema)
+        batch = batch.select(self.layout.schema.names)
+        if str(key[0]).startswith(SPREAD_PREFIX):
+            yield pandas_frame(batch)  # rows of other nodes: through, untouched, no state
+            return
+        stored = self._state.get()
+        output, state = self._run(batch, stored[0] if stored is not None else None)
+        if state is not None:
+            self._state.update((state,))
+        parts = [self.layout.wrap(output, self.node.name)]
+        parts += [self._rows_of(batch, stream) for stream in self.forward_inputs]
+        result = assemble(parts, self.layout.schema)
+        if result.num_rows:
+            yield pandas_frame(result)
+
+    @staticmethod
+    def _rows_of(batch: pa.RecordBatch, stream: str) -> pa.RecordBatch:
+        """The live envelopes of `stream` (forwarded to a later consumer)."""
+        return batch.filter(pc.and_(pc.equal(batch.column(0), stream),
+                                    batch.column(batch.schema.get_field_index(DEAD_OPERATOR)).is_null()))
+
+    def _run(self, batch: pa.RecordBatch, stored: bytes | None) -> tuple[pa.RecordBatch, bytes | None]:
+        node, schemas = self.node, self.schemas
+        if node.kind is NodeKind.JOIN:
+            spec = node.join
+            step = JoinStep(node.name, spec.fn, spec.window.time_field, spec.window.size, spec.window.lateness,
+                            spec.schema)
+            arrivals = [arrival for side, stream in ((LEFT, node.inputs[0]), (RIGHT, node.inputs[1]))
+                        for arrival in arrivals_of(self.layout.extract(batch, stream), schemas[stream], side)]
+            result = run_join_group(step, arrivals, stored)
+            return joined_batch(step, result.records, result.seqs, result.dead), result.state
+        operator = node.operator
+        step = StatefulStep(name=operator.name, fn=operator.fn, state_factory=operator.state_factory,
+                            input_schema=schemas[node.inputs[0]], output_schema=schemas[node.name],
+                            key=operator.key, order_by=operator.order_by)
+        result = run_group(step, self.layout.extract(batch, node.inputs[0]), stored)
+        return result.batch, result.state
+
+    def close(self) -> None:
+        pass
+
+
+class SourceEnvelopeFunction:
+    """mapInArrow function turning a source's rows into envelopes routed to the source, with
+    sequence numbers `source index << 56 | task partition << 40 | row in the partition`."""
+
+    def __init__(self, name: str, index: int, layout: EnvelopeLayout, source_schema: pa.Schema) -> None:
+        self.name, self.index, self.layout, self.source_schema = name, index, layout, source_schema
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        from pyspark import TaskContext
+
+        first_seq = (self.index << SOURCE_SHIFT) + (TaskContext.get().partitionId() << SEQ_PARTITION_SHIFT)
+        schema = carried_schema(self.source_schema)
+        for batch in batches:
+            rows = batch.num_rows
+            columns = [batch.column(batch.schema.get_field_index(name)).cast(field.type)
+                       for name, field in zip(self.source_schema.names, self.source_schema)]
+            columns.append(pa.array(range(first_seq, first_seq + rows), pa.int64()))
+            columns += [pa.nulls(rows, pa.string())] * len(DEAD_COLUMNS)
+            first_seq += rows
+            yield self.layout.wrap(pa.RecordBatch.from_arrays(columns, schema=schema), self.name)
+
+
+def _source_envelopes(name: str, index: int, frame: DataFrame, layout: EnvelopeLayout) -> DataFrame:
+    function = SourceEnvelopeFunction(name, index, layout, layout.stream_schema(name))
+    return frame.mapInArrow(function, spark_schema_of(layout.schema))
+
+
+def _key_column(node, layout: EnvelopeLayout, spread: int):
+    live = F.col(DEAD_OPERATOR).isNull()
+    spread_key = F.concat(F.lit(SPREAD_PREFIX), F.pmod(F.col(SEQ), F.lit(max(1, spread))).cast("string"))
+    expression = None
+    for stream in dict.fromkeys(node.inputs):
+        if node.kind is NodeKind.OPERATOR and node.operator.kind is Kind.STATEFUL:
+            value = F.lit("all")
+        else:
+            schema_number = layout.index[stream]
+            value = F.to_json(F.array(*[F.col(layout.column(schema_number, field)).cast("string") for field in node.key]))
+        condition = live & (F.col(ROUTE) == F.lit(stream))
+        expression = F.when(condition, value) if expression is None else expression.when(condition, value)
+    return expression.otherwise(spread_key)
+
+
+def compile_graph(graph: StreamGraph, source_frames: Mapping[str, DataFrame], *, boundaries: Iterable[str] = (),
+                  state_partitions: int = 1, profile_accumulator=None) -> CompiledGraph:
+    """The query of `graph` over the streaming DataFrames of its sources (by source name).
+
+    `boundaries`: stateless operators whose input port starts a new process of their graph PE
+    (a task may override them per micro-batch: BOUNDARIES_PROPERTY). `profile_accumulator`: a
+    Spark accumulator of GraphProfileTally the graph PEs report into (None: not profiled)."""
+    query_token = uuid.uuid4().hex[:12]
+    profile_prefix = f"{graph.name}.{query_token}"
+    bound = {name: arrow_schema_of(frame) for name, frame in source_frames.items()}
+    checked = graph.check(bound)
+    missing = [name for name in graph.sources if name not in source_frames]
+    if missing:
+        raise PipelineError(f"no source bound to {', '.join(map(repr, missing))} of graph {graph.name!r}; pass "
+                            f"sources={{name: FileSource(...), ...}} for every source")
+    boundaries = set(boundaries)
+    unknown = sorted(boundaries - {node.name for node in graph.nodes if node.stateless})
+    if unknown:
+        raise PipelineError(f"pipeline boundaries {', '.join(map(repr, unknown))} name no stateless operator of graph "
+                            f"{graph.name!r}; a boundary is the input port of a stateless operator or union")
+    schemas = {name: schema for name, schema in checked.schemas.items() if graph.node(name).kind is not NodeKind.SINK}
+    layout = EnvelopeLayout(schemas)
+    frames = [_source_envelopes(name, index, source_frames[name], layout) for index, name in enumerate(graph.sources)]
+    frame = frames[0]
+    for other in frames[1:]:
+        frame = frame.unionByName(other)
+    stages = plan_graph_stages(graph, checked.order)
+    envelope_spark_schema = spark_schema_of(layout.schema)
+    done = set(graph.sources)
+    for stage in stages:
+        done |= set(stage.nodes)
+        if stage.kind == "pe":
+            function = GraphRegionFunction(graph, schemas, layout, stages, stage, boundaries,
+                                           profile_prefix if profile_accumulator is not None else None, query_token)
+            if profile_accumulator is not None:
+                from fissure.worker.graph_profiling import ProfiledGraphRegion
+
+                function = ProfiledGraphRegion(function, profile_accumulator)
+            frame = frame.mapInArrow(function, envelope_spark_schema)
+            continue
+        node = graph.node(stage.nodes[0])
+        forward = [stream for stream in dict.fromkeys(node.inputs) if consumers_after(graph, stream, done)]
+        processor = GraphStateProcessor(graph, schemas, layout, node.name, forward)
+        frame = (frame.withColumn(KEY, _key_column(node, layout, state_partitions))
+                 .groupBy(KEY).transformWithStateInPandas(processor, envelope_spark_schema, "Append", "None"))
+    return CompiledGraph(frame, layout, stages, schemas, checked.order)
+
+
+def sink_frame(compiled: CompiledGraph, graph: StreamGraph, sink: str, frame: DataFrame) -> DataFrame:
+    """The live rows of `sink`'s stream in an envelope frame, under the stream's field names."""
+    stream = graph.node(sink).inputs[0]
+    columns = compiled.layout.columns_of(stream)
+    names = compiled.layout.stream_schema(stream).names
+    return (frame.filter((F.col(ROUTE) == F.lit(stream)) & F.col(DEAD_OPERATOR).isNull())
+            .select(*[F.col(column).alias(name) for column, name in zip(columns, names)]))

@@ -1,0 +1,123 @@
+"""The autopipelining loop of a running graph: profile -> optimize -> insert -> evaluate, live.
+
+After every micro-batch (`GraphRunner` calls `on_batch` at the end of its foreachBatch), the
+loop counts batches into a window. When a window of `profile_batches` batches is complete it
+reads what the graph PEs reported in it (fissure.worker.graph_profiling), and:
+- profiling: builds mu(t), mu(o, t) (fissure.profile.graph_profile), runs the optimizer
+  (`plan_autopipelining`) and the control stage's `decide_after_optimization`; an INSERT adds the
+  ports as pipeline boundaries from the next batch on (`GraphRunner.set_boundaries`: a Spark local
+  property, no restart), a HALT ends the loop;
+- evaluating: compares each new port's throughput (records into it per second of batch wall
+  time) with the window before the insertion through `evaluate_round`: the ports that did not
+  gain are removed again and blacklisted; CONTINUE goes back to profiling, HALT ends the loop.
+The decisions (`AutopipelineControlDecision`, each with its reason) are kept in order.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from fissure.control.autopipeline_control import (
+    AutopipelineControlConfig, AutopipelineControlDecision, ControlAction, InsertionRound,
+    decide_after_optimization, evaluate_round,
+)
+from fissure.optimize.autopipeline import DEFAULT_BETA, plan_autopipelining
+from fissure.profile.graph_profile import autopipeline_profile, piece_measurements, port_throughput_per_s, tally_delta
+from fissure.streamgraph import NodeKind
+
+
+@dataclass(frozen=True)
+class GraphAutopipelineConfig:
+    profile_batches: int = 3  # micro-batches per measurement window
+    beta: float = DEFAULT_BETA
+    # settle_s 0: the window after an insertion already ran entirely under the new boundaries.
+    control: AutopipelineControlConfig = field(default_factory=lambda: AutopipelineControlConfig(settle_s=0.0))
+
+    def __post_init__(self) -> None:
+        if self.profile_batches < 1:
+            raise ValueError(f"profile_batches must be >= 1, got {self.profile_batches}")
+
+
+@dataclass(frozen=True)
+class LoopDecision:
+    batch_id: int
+    boundaries_after: tuple[str, ...]
+    decision: AutopipelineControlDecision
+
+
+class GraphAutopipeliner:
+    """Drives `runner` (a GraphRunner with profiling on); see the module docstring."""
+
+    def __init__(self, runner, config: GraphAutopipelineConfig = GraphAutopipelineConfig(),
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        if runner.accumulator is None and not runner.profile:
+            raise ValueError("autopipelining needs the runner's profiling: GraphRunner(..., profile=True)")
+        self.runner, self.config, self.clock = runner, config, clock
+        graph = runner.graph
+        self.input_port_count = sum(1 for node in graph.nodes if node.kind not in (NodeKind.SOURCE, NodeKind.SINK))
+        self.blacklist: frozenset[str] = frozenset()
+        self.decisions: list[LoopDecision] = []
+        self.phase = "profiling"  # "evaluating", "halted"
+        self._round: InsertionRound | None = None
+        self._window: list = []
+        self._snapshot: dict = {}
+        self.last_profile = None
+
+    def attach(self) -> GraphAutopipeliner:
+        self.runner.listeners.on_batch.append(self.on_batch)
+        return self
+
+    def _first_nodes(self) -> list[str]:
+        stages = self.runner.compiled.stages if self.runner.compiled is not None else ()
+        return [stage.nodes[0] for stage in stages if stage.kind == "pe"]
+
+    def on_batch(self, batch) -> None:
+        if self.phase == "halted":
+            return
+        self._window.append(batch)
+        if len(self._window) < self.config.profile_batches:
+            return
+        now_pieces = self.runner.profile_tally().pieces
+        measurements = piece_measurements(tally_delta(now_pieces, self._snapshot))
+        wall_s = sum(item.wall_s for item in self._window)
+        self._snapshot = {key: [value[0], value[1], {n: list(v) for n, v in value[2].items()}]
+                          for key, value in now_pieces.items()}
+        self._window = []
+        throughput = port_throughput_per_s(measurements, wall_s)
+        if not measurements:
+            return
+        if self.phase == "profiling":
+            self._optimize(batch.batch_id, measurements, throughput)
+        else:
+            self._evaluate(batch.batch_id, throughput)
+
+    def _optimize(self, batch_id: int, measurements, throughput) -> None:
+        profile = autopipeline_profile(self.runner.graph, measurements, stage_first_nodes=self._first_nodes(),
+                                       beta=self.config.beta, blacklist=self.blacklist)
+        self.last_profile = profile
+        decision = decide_after_optimization(plan_autopipelining(profile), self.blacklist)
+        boundaries = set(self.runner.boundaries)
+        if decision.action is ControlAction.INSERT:
+            self._round = InsertionRound(decision.insert, self.clock(), {port: throughput.get(port, float("nan"))
+                                                                         for port in decision.insert})
+            boundaries |= set(decision.insert)
+            self.phase = "evaluating"
+        else:
+            self.phase = "halted"
+        self._apply(batch_id, boundaries, decision)
+
+    def _evaluate(self, batch_id: int, throughput) -> None:
+        decision = evaluate_round(self._round, throughput, self.clock(), self.blacklist, self.input_port_count,
+                                  self.config.control)
+        if decision.action is ControlAction.WAIT:
+            self.decisions.append(LoopDecision(batch_id, tuple(self.runner.boundaries), decision))
+            return
+        self.blacklist = decision.blacklist
+        self.phase = "halted" if decision.action is ControlAction.HALT else "profiling"
+        self._apply(batch_id, set(self.runner.boundaries) - set(decision.revert), decision)
+
+    def _apply(self, batch_id: int, boundaries: set[str], decision: AutopipelineControlDecision) -> None:
+        self.runner.set_boundaries(boundaries)
+        self.decisions.append(LoopDecision(batch_id, tuple(sorted(boundaries)), decision))

@@ -1,0 +1,497 @@
+"""Stream programs that are graphs, not chains: several sources, fan-out, fan-in, joins, several sinks.
+
+    g = StreamGraph("logwatch2")
+    lines = g.source("lines", schema={"value": str})
+    parsed = lines.map("parse", parse, schema=PARSED)            # a Stream handle
+    failures = parsed.filter("failures", is_failure)              # fan-out: `parsed` used twice
+    per_host = parsed.partitioned("per_host", count, key="host", schema=COUNTS)
+    both = g.union("events", failures, other)                     # fan-in; schemas must agree
+    joined = g.join("enrich", failures, hosts, key="host", window=TumblingWindow("ts", 60),
+                    fn=lambda left, right: {...}, schema=ENRICHED)
+    failures.sink("alerts"); per_host.sink("per_host")
+
+A `Stream` has the builder methods of the chain API (`fissure.Pipeline`: map, filter, flat_map,
+map_batches, filter_batches, partitioned, stateful) with the same arguments and checks; each
+returns the new operator's output stream. Using one handle in several places is fan-out. Sources
+are bound to data by name at run time (`run_local`, `fissure.run_graph`).
+
+`StreamGraph.add(...)` is the low-level form: a node with its inputs named, possibly before they
+exist, so any graph (cycles included) can be written down; `check()` refuses what cannot run.
+
+Join semantics (`join`): an inner equi-join on `key` of two streams, in tumbling event-time
+windows of `window.size` units of the numeric field `window.time_field` (window w holds
+w * size <= t < (w + 1) * size). A left and a right record join when their keys are equal and
+they fall in the same window; `fn(left, right)` runs once per such pair, when the later of the
+two arrives (a symmetric hash join), and returns a record, several, or None. State is kept per
+key: each key has a watermark, the largest event time it has seen on either side; window w of
+that key closes, and its records are evicted, once the watermark reaches
+(w + 1) * size + window.lateness. A record that arrives for a closed window is not joined: it
+becomes a dead letter ("late record"). Records of one key are taken in event-time order within
+a micro-batch (then source order), so a key's records that arrive in time order across
+micro-batches give the same pairs however the stream is cut into micro-batches.
+"""
+
+from __future__ import annotations
+
+import typing
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from enum import Enum
+
+import pyarrow as pa
+
+from fissure.graph import (
+    _NAME_PATTERN,
+    RESERVED_FIELD_PREFIX,
+    Operator,
+    Pipeline,
+    PipelineError,
+    SchemaSpec,
+    _normalize_key,
+    _positional_capacity,
+    to_arrow_schema,
+)
+from fissure.model.types import Kind
+
+# The chain API's builder methods a Stream offers, with the same arguments.
+OPERATOR_METHODS = ("map", "filter", "flat_map", "map_batches", "filter_batches", "partitioned", "stateful")
+
+
+class NodeKind(str, Enum):
+    SOURCE = "source"
+    OPERATOR = "operator"
+    UNION = "union"
+    JOIN = "join"
+    SINK = "sink"
+
+
+@dataclass(frozen=True)
+class TumblingWindow:
+    """Tumbling event-time windows of `size` units of the numeric field `time_field`; a window
+    closes `lateness` units after its end (per key, see the module docstring)."""
+
+    time_field: str
+    size: float
+    lateness: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.time_field, str) or not self.time_field:
+            raise PipelineError(f"a join window needs the name of its time field, got {self.time_field!r}")
+        if not isinstance(self.size, (int, float)) or isinstance(self.size, bool) or not self.size > 0:
+            raise PipelineError(f"a join window's size must be a number > 0, got {self.size!r}")
+        if not isinstance(self.lateness, (int, float)) or isinstance(self.lateness, bool) or not self.lateness >= 0:
+            raise PipelineError(f"a join window's lateness must be a number >= 0, got {self.lateness!r}")
+
+    def window_of(self, time_value: float) -> int:
+        return int(time_value // self.size)
+
+    def closes_at(self, window: int) -> float:
+        """The watermark at which `window` closes."""
+        return (window + 1) * self.size + self.lateness
+
+
+@dataclass(frozen=True)
+class JoinSpec:
+    key: tuple[str, ...]
+    window: TumblingWindow
+    fn: Callable[[dict, dict], typing.Any]
+    schema: pa.Schema  # the records fn emits
+
+    @property
+    def callable_name(self) -> str:
+        return getattr(self.fn, "__qualname__", None) or repr(self.fn)
+
+
+@dataclass(frozen=True)
+class Node:
+    """A source, an operator, a union, a join or a sink, and the names of the nodes it reads."""
+
+    name: str
+    kind: NodeKind
+    inputs: tuple[str, ...] = ()
+    operator: Operator | None = None  # NodeKind.OPERATOR
+    join: JoinSpec | None = None  # NodeKind.JOIN
+    schema: pa.Schema | None = None  # NodeKind.SOURCE: the declared schema, if any
+
+    @property
+    def keyed(self) -> bool:
+        """Runs behind a hash exchange with state: a partitioned or stateful operator, or a join."""
+        return self.kind is NodeKind.JOIN or (self.operator is not None and self.operator.kind is not Kind.STATELESS)
+
+    @property
+    def stateless(self) -> bool:
+        return self.kind is NodeKind.UNION or (self.kind is NodeKind.OPERATOR and not self.keyed)
+
+    @property
+    def key(self) -> tuple[str, ...] | None:
+        if self.join is not None:
+            return self.join.key
+        return self.operator.key if self.operator is not None else None
+
+    def describe(self) -> str:
+        if self.operator is not None:
+            return f"operator {self.operator.describe()}"
+        if self.join is not None:
+            return f"join {self.name!r} ({self.join.callable_name} key={','.join(self.join.key)})"
+        return f"{self.kind.value} {self.name!r}"
+
+
+class Stream:
+    """The output of a source, operator, union or join; use it as the input of what follows."""
+
+    def __init__(self, graph: StreamGraph, name: str) -> None:
+        self.graph = graph
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"Stream({self.graph.name!r}.{self.name})"
+
+    def map(self, name: str, fn, **options) -> Stream:
+        """As `Pipeline.map`: one record in, one out."""
+        return self.graph.add("map", name, fn, inputs=[self], **options)
+
+    def filter(self, name: str, fn, **options) -> Stream:
+        """As `Pipeline.filter`."""
+        return self.graph.add("filter", name, fn, inputs=[self], **options)
+
+    def flat_map(self, name: str, fn, **options) -> Stream:
+        """As `Pipeline.flat_map`."""
+        return self.graph.add("flat_map", name, fn, inputs=[self], **options)
+
+    def map_batches(self, name: str, fn, **options) -> Stream:
+        """As `Pipeline.map_batches`."""
+        return self.graph.add("map_batches", name, fn, inputs=[self], **options)
+
+    def filter_batches(self, name: str, fn, **options) -> Stream:
+        """As `Pipeline.filter_batches`."""
+        return self.graph.add("filter_batches", name, fn, inputs=[self], **options)
+
+    def partitioned(self, name: str, fn, **options) -> Stream:
+        """As `Pipeline.partitioned`: fn(state, record), one state per value of `key`."""
+        return self.graph.add("partitioned", name, fn, inputs=[self], **options)
+
+    def stateful(self, name: str, fn, **options) -> Stream:
+        """As `Pipeline.stateful`: fn(state, record), one state for the stream."""
+        return self.graph.add("stateful", name, fn, inputs=[self], **options)
+
+    def sink(self, name: str) -> StreamGraph:
+        """A named sink fed by this stream; bound to a real sink by name at run time."""
+        return self.graph.sink(name, self)
+
+
+StreamLike = typing.Union[Stream, str]
+
+
+@dataclass(frozen=True)
+class GraphLayout:
+    """A checked graph: its nodes in topological order and the schema of every stream (None where
+    a source's schema is not known yet)."""
+
+    order: tuple[str, ...]
+    schemas: Mapping[str, pa.Schema | None]
+
+
+class StreamGraph:
+    """A stream program as a directed acyclic graph of named nodes. See the module docstring."""
+
+    def __init__(self, name: str = "graph") -> None:
+        if not isinstance(name, str) or not _NAME_PATTERN.match(name):
+            raise PipelineError(f"graph name {name!r} is not valid; use letters, digits, '_' or '-'")
+        self.name = name
+        self._nodes: dict[str, Node] = {}
+
+    # --- building ----------------------------------------------------------------------------
+    def source(self, name: str, schema: SchemaSpec = None) -> Stream:
+        """A named input stream. `schema` lets `check()` verify fields before any data is bound;
+        without it the fields are checked when the source is bound at run time."""
+        self._register(Node(name, NodeKind.SOURCE, schema=to_arrow_schema(schema, f"source {name!r}")))
+        return Stream(self, name)
+
+    def add(self, method: str, name: str, fn, *, inputs: Sequence[StreamLike], **options) -> Stream:
+        """Low level: an operator built as `Pipeline.<method>(name, fn, **options)` would build it,
+        reading the named nodes `inputs` (exactly one; they may be added later)."""
+        if method not in OPERATOR_METHODS:
+            raise PipelineError(f"operator {name!r}: unknown method {method!r}; use one of {', '.join(OPERATOR_METHODS)}")
+        scratch = Pipeline(self.name)
+        getattr(scratch, method)(name, fn, **options)  # every check of the chain API, same messages
+        inputs = self._input_names(name, inputs)
+        if len(inputs) != 1:
+            raise PipelineError(
+                f"operator {name!r} ({method}) reads {len(inputs)} streams ({', '.join(inputs) or 'none'}); an "
+                f"operator reads exactly one: merge streams first with graph.union(...) or graph.join(...)")
+        self._register(Node(name, NodeKind.OPERATOR, inputs, operator=scratch.operators[0]))
+        return Stream(self, name)
+
+    def union(self, name: str, *streams: StreamLike) -> Stream:
+        """The records of all `streams` as one stream (fan-in); their schemas must agree."""
+        inputs = self._input_names(name, streams)
+        if len(inputs) < 2:
+            raise PipelineError(f"union {name!r} merges {len(inputs)} stream(s); give it two or more")
+        if len(set(inputs)) != len(inputs):
+            raise PipelineError(f"union {name!r} names a stream twice ({', '.join(inputs)}); each record would "
+                                f"come out twice: name every stream once")
+        self._register(Node(name, NodeKind.UNION, inputs))
+        return Stream(self, name)
+
+    def join(self, name: str, left: StreamLike, right: StreamLike, *, key: str | Sequence[str],
+             window: TumblingWindow, fn: Callable[[dict, dict], typing.Any], schema: SchemaSpec) -> Stream:
+        """Keyed windowed inner join of two streams (see the module docstring for its semantics).
+
+        `fn(left_record, right_record)` returns the joined record (a dict of `schema`), several
+        (an iterable) or None; `key` names fields both sides have, with the same types.
+        """
+        fields = _normalize_key(name, key)
+        if not isinstance(window, TumblingWindow):
+            raise PipelineError(f"join {name!r}: window must be a TumblingWindow(time_field, size), got {window!r}")
+        _check_join_fn(name, fn)
+        declared = to_arrow_schema(schema, f"join {name!r}")
+        if declared is None:
+            raise PipelineError(f"join {name!r}: declare the schema= of the records fn returns")
+        inputs = self._input_names(name, (left, right))
+        if inputs[0] == inputs[1]:
+            raise PipelineError(f"join {name!r} joins stream {inputs[0]!r} with itself; self-joins are not "
+                                f"supported: fan the stream out through two operators (e.g. two maps) and join those")
+        self._register(Node(name, NodeKind.JOIN, inputs, join=JoinSpec(fields, window, fn, declared)))
+        return Stream(self, name)
+
+    def sink(self, name: str, stream: StreamLike | None) -> StreamGraph:
+        """A named output fed by `stream`; bound to a real sink by name at run time."""
+        inputs = self._input_names(name, [] if stream is None else [stream])
+        self._register(Node(name, NodeKind.SINK, inputs))
+        return self
+
+    def _input_names(self, name: str, streams: Iterable[StreamLike]) -> tuple[str, ...]:
+        names = []
+        for stream in streams:
+            if isinstance(stream, Stream):
+                if stream.graph is not self:
+                    raise PipelineError(f"{name!r}: stream {stream.name!r} belongs to graph {stream.graph.name!r}, "
+                                        f"not {self.name!r}; build both in one StreamGraph")
+                names.append(stream.name)
+            elif isinstance(stream, str) and stream:
+                names.append(stream)
+            else:
+                raise PipelineError(f"{name!r}: inputs must be Stream handles or node names, got {stream!r}")
+        return tuple(names)
+
+    def _register(self, node: Node) -> None:
+        if not isinstance(node.name, str) or not _NAME_PATTERN.match(node.name):
+            raise PipelineError(f"{node.kind.value} name {node.name!r} is not valid; use letters, digits, '_' or '-', "
+                                f"starting with a letter or '_'")
+        if node.name.startswith(RESERVED_FIELD_PREFIX):
+            raise PipelineError(f"{node.kind.value} name {node.name!r} uses the prefix {RESERVED_FIELD_PREFIX!r} "
+                                f"that fissure reserves")
+        existing = self._nodes.get(node.name)
+        if existing is not None:
+            raise PipelineError(f"name {node.name!r} is used twice in graph {self.name!r} ({_article(existing.kind.value)} "
+                                f"and {_article(node.kind.value)}); sources, operators and sinks share one namespace: "
+                                f"give each its own name")
+        self._nodes[node.name] = node
+
+    # --- reading -----------------------------------------------------------------------------
+    @property
+    def nodes(self) -> tuple[Node, ...]:
+        return tuple(self._nodes.values())
+
+    def node(self, name: str) -> Node:
+        try:
+            return self._nodes[name]
+        except KeyError:
+            raise PipelineError(f"graph {self.name!r} has no node {name!r}; it has {', '.join(self._nodes)}") from None
+
+    def _of_kind(self, kind: NodeKind) -> tuple[str, ...]:
+        return tuple(node.name for node in self._nodes.values() if node.kind is kind)
+
+    @property
+    def sources(self) -> tuple[str, ...]:
+        return self._of_kind(NodeKind.SOURCE)
+
+    @property
+    def sinks(self) -> tuple[str, ...]:
+        return self._of_kind(NodeKind.SINK)
+
+    def consumers(self, name: str) -> tuple[str, ...]:
+        """The nodes that read `name`'s output, in the order they were added."""
+        return tuple(node.name for node in self._nodes.values() if name in node.inputs)
+
+    def __repr__(self) -> str:
+        return f"StreamGraph({self.name!r}: {len(self._nodes)} nodes, sinks {', '.join(self.sinks) or 'none'})"
+
+    # --- checking ----------------------------------------------------------------------------
+    def check(self, source_schemas: Mapping[str, pa.Schema] | None = None) -> GraphLayout:
+        """Check the graph (and, where source schemas are known, every field it uses); returns its
+        topological order and stream schemas. Raises PipelineError naming the node and the fix.
+
+        `source_schemas` gives (or overrides) source schemas, e.g. those of the bound data.
+        """
+        self._check_structure()
+        order = self._topological_order()
+        self._check_connected(order)
+        known = {name: node.schema for name, node in self._nodes.items() if node.kind is NodeKind.SOURCE}
+        for name, schema in (source_schemas or {}).items():
+            if name not in known:
+                raise PipelineError(f"graph {self.name!r} has no source {name!r}; its sources are "
+                                    f"{', '.join(self.sources)}")
+            for field_name in schema.names:
+                if field_name.startswith(RESERVED_FIELD_PREFIX):
+                    raise PipelineError(f"source {name!r} has a field {field_name!r}; the prefix "
+                                        f"{RESERVED_FIELD_PREFIX!r} is reserved by fissure")
+            known[name] = schema
+        return GraphLayout(tuple(order), self._schemas(order, known))
+
+    def _check_structure(self) -> None:
+        if not self._nodes:
+            raise PipelineError(f"graph {self.name!r} is empty; add a source with graph.source(...)")
+        if not self.sinks:
+            raise PipelineError(f"graph {self.name!r} has no sink, so nothing it computes is kept; end each branch "
+                                f"with stream.sink('name')")
+        for node in self._nodes.values():
+            if node.kind is NodeKind.SINK and not node.inputs:
+                raise PipelineError(f"sink {node.name!r} is fed by nothing; give it a stream: graph.sink({node.name!r}, stream)")
+            for name in node.inputs:
+                if name not in self._nodes:
+                    raise PipelineError(f"{node.describe()} reads {name!r}, which graph {self.name!r} does not have; "
+                                        f"add it, or read one of {', '.join(n for n in self._nodes if n != node.name)}")
+                if self._nodes[name].kind is NodeKind.SINK:
+                    raise PipelineError(f"{node.describe()} reads sink {name!r}; a sink has no output: read the stream "
+                                        f"that feeds the sink instead ({', '.join(self._nodes[name].inputs)})")
+
+    def _topological_order(self) -> list[str]:
+        remaining = {name: len(node.inputs) for name, node in self._nodes.items()}
+        ready = [name for name, count in remaining.items() if count == 0]
+        order = []
+        while ready:
+            name = ready.pop(0)
+            order.append(name)
+            for consumer in self.consumers(name):
+                remaining[consumer] -= self._nodes[consumer].inputs.count(name)
+                if remaining[consumer] == 0:
+                    ready.append(consumer)
+        if len(order) < len(self._nodes):
+            cycle = self._find_cycle(set(self._nodes) - set(order))
+            raise PipelineError(f"graph {self.name!r} has a cycle: {' -> '.join(cycle)}; a stream may not feed back "
+                                f"into its own upstream: keep what must flow back in a stateful operator's state")
+        return order
+
+    def _find_cycle(self, candidates: set[str]) -> list[str]:
+        start = min(candidates, key=list(self._nodes).index)
+        path, seen = [start], {start}
+        while True:  # every unordered node has an unordered input: walk inputs until one repeats
+            following = next(name for name in self._nodes[path[-1]].inputs if name in candidates)
+            if following in seen:
+                cycle = path[path.index(following):] + [following]
+                return list(reversed(cycle))
+            path.append(following)
+            seen.add(following)
+
+    def _check_connected(self, order: list[str]) -> None:
+        reaches_sink = set(self.sinks)
+        for name in reversed(order):
+            if any(consumer in reaches_sink for consumer in self.consumers(name)):
+                reaches_sink.add(name)
+        for name in order:
+            node = self._nodes[name]
+            if node.kind is NodeKind.SOURCE and not self.consumers(name):
+                raise PipelineError(f"source {name!r} is read by nothing; connect it (e.g. graph.source({name!r}).map(...)"
+                                    f" ... .sink(...)) or remove it")
+            if name not in reaches_sink:
+                raise PipelineError(f"{node.describe()} is unconnected: its output reaches no sink, so its work would "
+                                    f"be lost; end its branch with .sink('name') or remove it")
+
+    def _schemas(self, order: list[str], known: Mapping[str, pa.Schema | None]) -> dict[str, pa.Schema | None]:
+        schemas: dict[str, pa.Schema | None] = {}
+        for name in order:
+            node = self._nodes[name]
+            if node.kind is NodeKind.SOURCE:
+                schemas[name] = known[name]
+            elif node.kind is NodeKind.SINK:
+                schemas[name] = schemas[node.inputs[0]]
+            elif node.kind is NodeKind.UNION:
+                schemas[name] = _union_schema(node, [(source, schemas[source]) for source in node.inputs])
+            elif node.kind is NodeKind.JOIN:
+                _check_join_inputs(node, schemas[node.inputs[0]], schemas[node.inputs[1]], node.inputs)
+                schemas[name] = node.join.schema
+            else:
+                upstream = schemas[node.inputs[0]]
+                if upstream is not None:
+                    _check_operator_fields(node.operator, upstream, node.inputs[0])
+                schemas[name] = node.operator.schema if node.operator.schema is not None else upstream
+        return schemas
+
+
+def _article(word: str) -> str:
+    return f"{'an' if word[0] in 'aeiou' else 'a'} {word}"
+
+
+def _check_join_fn(name: str, fn) -> None:
+    if not callable(fn):
+        raise PipelineError(f"join {name!r}: fn={fn!r} is not callable; pass fn=lambda left, right: {{...}}")
+    capacity = _positional_capacity(fn)
+    if capacity is not None:
+        required, maximum = capacity
+        if not (required <= 2 and (maximum == -1 or maximum >= 2)):
+            raise PipelineError(f"join {name!r}: {getattr(fn, '__qualname__', fn)!r} cannot be called with two "
+                                f"arguments; it must take (left_record, right_record)")
+
+
+def _check_operator_fields(operator: Operator, upstream: pa.Schema, upstream_name: str) -> None:
+    needed = list(operator.reads) + list(operator.key or ()) + ([operator.order_by] if operator.order_by else [])
+    for field_name in needed:
+        if field_name not in upstream.names:
+            role = ("is keyed on" if operator.key and field_name in operator.key else
+                    "is ordered by" if field_name == operator.order_by else "reads")
+            raise PipelineError(
+                f"operator {operator.name!r} ({operator.callable_name}) {role} field {field_name!r}, but its input "
+                f"{upstream_name!r} has only {', '.join(upstream.names)}; rename the field upstream or declare it in "
+                f"the schema= of an earlier operator")
+
+
+def _union_schema(node: Node, inputs: list[tuple[str, pa.Schema | None]]) -> pa.Schema | None:
+    known = [(name, schema) for name, schema in inputs if schema is not None]
+    if len(known) < len(inputs):
+        return None
+    first_name, first = known[0]
+    for name, schema in known[1:]:
+        if not _same_fields(first, schema):
+            raise PipelineError(
+                f"union {node.name!r}: stream {name!r} has fields ({_fields_text(schema)}) but {first_name!r} has "
+                f"({_fields_text(first)}); every stream of a union needs the same field names and types: map them "
+                f"to one schema before the union")
+    return first
+
+
+def _same_fields(first: pa.Schema, second: pa.Schema) -> bool:
+    return sorted((f.name, str(f.type)) for f in first) == sorted((f.name, str(f.type)) for f in second)
+
+
+def _fields_text(schema: pa.Schema) -> str:
+    return ", ".join(f"{field.name}: {field.type}" for field in schema)
+
+
+def _check_join_inputs(node: Node, left: pa.Schema | None, right: pa.Schema | None, names: Sequence[str]) -> None:
+    spec = node.join
+    for side, schema, stream in (("left", left, names[0]), ("right", right, names[1])):
+        if schema is None:
+            continue
+        for field_name in (*spec.key, spec.window.time_field):
+            if field_name not in schema.names:
+                role = "key" if field_name in spec.key else "time"
+                raise PipelineError(
+                    f"join {node.name!r}: its {side} input {stream!r} lacks the {role} field {field_name!r} (it has "
+                    f"{', '.join(schema.names)}); add the field to {stream!r}'s schema or join on fields both sides have")
+        time_type = schema.field(spec.window.time_field).type
+        if not (pa.types.is_integer(time_type) or pa.types.is_floating(time_type)):
+            raise PipelineError(f"join {node.name!r}: time field {spec.window.time_field!r} of {stream!r} is {time_type}; "
+                                f"windows need a number (e.g. epoch seconds): convert it in a map before the join")
+    if left is not None and right is not None:
+        for field_name in spec.key:
+            if left.field(field_name).type != right.field(field_name).type:
+                raise PipelineError(
+                    f"join {node.name!r}: key field {field_name!r} is {left.field(field_name).type} on the left "
+                    f"({names[0]!r}) but {right.field(field_name).type} on the right ({names[1]!r}); equal keys need "
+                    f"one type: convert one side in a map before the join")
+
+
+def join_sides(node: Node, stream: str) -> tuple[bool, bool]:
+    """(is left input, is right input) of a join node for records of `stream`."""
+    return node.inputs[0] == stream, node.inputs[1] == stream

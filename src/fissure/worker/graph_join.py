@@ -1,0 +1,105 @@
+"""The keyed windowed stream-stream join of one key in one micro-batch (no pyspark here).
+
+Semantics: fissure.streamgraph's module docstring. The state of a key is a plain dict, pickled
+between micro-batches: its watermark and, per open window, the left and right records seen.
+"""
+
+from __future__ import annotations
+
+import pickle
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+
+from fissure.worker.columns import SEQ
+from fissure.worker.fused import (
+    DeadLetter, assemble, dead_letter_batch, describe_error, live_batch, normalize_emitted, record_text, records_to_batch,
+)
+
+LEFT, RIGHT = 0, 1
+
+
+@dataclass(frozen=True)
+class JoinStep:
+    name: str
+    fn: Callable[[dict, dict], Any]
+    time_field: str
+    window_size: float
+    lateness: float
+    output_schema: pa.Schema
+
+
+@dataclass(frozen=True)
+class JoinArrival:
+    """One record reaching the join: its side (LEFT or RIGHT) and sequence number."""
+
+    side: int
+    record: dict
+    seq: int
+
+
+@dataclass(frozen=True)
+class JoinResult:
+    records: list
+    seqs: list[int]
+    dead: list[DeadLetter]
+    state: bytes
+
+
+def arrival_order(arrival: JoinArrival, time_field: str) -> tuple:
+    return (arrival.record[time_field], arrival.seq, arrival.side)
+
+
+def run_join_group(step: JoinStep, arrivals: Sequence[JoinArrival], stored_state: bytes | None) -> JoinResult:
+    """Join one key's arrivals (any order: they are taken by event time, then sequence number)."""
+    state = pickle.loads(stored_state) if stored_state is not None else {"watermark": None, "windows": {}}
+    windows: dict[int, tuple[list, list]] = state["windows"]
+    records, seqs, dead = [], [], []
+    for arrival in sorted(arrivals, key=lambda a: arrival_order(a, step.time_field)):
+        event_time = arrival.record[step.time_field]
+        if event_time is None:
+            dead.append(DeadLetter(step.name, f"MissingTime: field {step.time_field!r} is null",
+                                   record_text(arrival.record), arrival.seq))
+            continue
+        watermark = event_time if state["watermark"] is None else max(state["watermark"], event_time)
+        state["watermark"] = watermark
+        for closed in [w for w in windows if (w + 1) * step.window_size + step.lateness <= watermark]:
+            del windows[closed]
+        window = int(event_time // step.window_size)
+        if (window + 1) * step.window_size + step.lateness <= watermark:
+            dead.append(DeadLetter(
+                step.name, f"LateRecord: window [{window * step.window_size:g}, {(window + 1) * step.window_size:g}) "
+                           f"closed at watermark {watermark:g} of this key (lateness {step.lateness:g})",
+                record_text(arrival.record), arrival.seq))
+            continue
+        sides = windows.setdefault(window, ([], []))
+        for other in sides[1 - arrival.side]:
+            left, right = (arrival.record, other) if arrival.side == LEFT else (other, arrival.record)
+            try:
+                emitted = normalize_emitted(step.fn(left, right))
+            except Exception as error:  # noqa: BLE001 - a bad pair becomes a dead letter
+                dead.append(DeadLetter(step.name, describe_error(error), record_text({"left": left, "right": right}),
+                                       arrival.seq))
+                continue
+            records.extend(emitted)
+            seqs.extend([arrival.seq] * len(emitted))
+        sides[arrival.side].append(arrival.record)
+    return JoinResult(records, seqs, dead, pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL))
+
+
+def arrivals_of(carried: pa.RecordBatch, data_schema: pa.Schema, side: int) -> list[JoinArrival]:
+    """The live rows of a carried batch as arrivals on `side`."""
+    records = carried.select(data_schema.names).to_pylist()
+    seqs = carried.column(carried.schema.get_field_index(SEQ)).to_pylist()
+    return [JoinArrival(side, record, seq) for record, seq in zip(records, seqs)]
+
+
+def joined_batch(step: JoinStep, records: list, seqs: list[int], dead: list[DeadLetter]) -> pa.RecordBatch:
+    """The join's output as a carried batch: the records that fit its schema, then dead letters
+    (late records, failed pairs, records that do not fit)."""
+    dead = list(dead)
+    data, kept_seqs = records_to_batch(records, seqs, step.output_schema, step.name, dead)
+    emitted = live_batch(data, kept_seqs)
+    return assemble([emitted, dead_letter_batch(dead, step.output_schema) if dead else None], emitted.schema)

@@ -1,0 +1,159 @@
+"""The reference executor of a stream graph: in process, deterministic, no Spark.
+
+    results = run_local(graph, {"lines": [{"value": "..."}, ...]})
+    results["alerts"]          # the records that reached sink "alerts", as dicts
+    results.dead_letters       # every record an operator could not process, with the reason
+
+Each operator runs with the same per-operator code as on Spark (fissure.worker.fused for
+stateless operators, fissure.worker.keyed for stateful ones, fissure.worker.graph_join for
+joins), so records, types and dead letters are the same; what differs is the routing, done here
+node by node over whole streams. A call is one micro-batch: a keyed operator gets each key's
+records in (order_by, source order) order, as on Spark within a batch. `LocalGraphRun` keeps
+the state between calls, to run several micro-batches.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from fissure.model.types import Kind
+from fissure.streamgraph import NodeKind, PipelineError, StreamGraph
+from fissure.worker.columns import DEAD_COLUMNS, DEAD_ERROR, DEAD_OPERATOR, DEAD_RECORD, SEQ, carried_schema
+from fissure.worker.fused import FusedStage, Step, assemble, conform, live_batch, split_dead
+from fissure.worker.graph_join import LEFT, RIGHT, JoinArrival, JoinStep, arrivals_of, joined_batch, run_join_group
+from fissure.worker.keyed import StatefulStep, run_group
+
+SOURCE_SHIFT = 56  # sequence numbers: source index << SOURCE_SHIFT | position
+
+
+@dataclass(frozen=True)
+class LocalDeadLetter:
+    node: str
+    error: str
+    record: str  # JSON
+    seq: int
+
+
+class LocalResults(dict):
+    """Sink name -> records (dicts); `dead_letters` holds what operators could not process."""
+
+    dead_letters: list[LocalDeadLetter]
+
+
+def key_text(record: Mapping, key: Sequence[str]) -> str:
+    return json.dumps([record[field] for field in key], default=repr)
+
+
+class LocalGraphRun:
+    """Runs micro-batches of `graph` one after another, keeping keyed state between them."""
+
+    def __init__(self, graph: StreamGraph) -> None:
+        self.graph = graph
+        self.states: dict[str, dict[str, bytes]] = {}  # node -> key -> pickled state
+
+    def run_batch(self, sources: Mapping[str, Sequence[Mapping]]) -> LocalResults:
+        graph = self.graph
+        unknown = sorted(set(sources) - set(graph.sources))
+        if unknown:
+            raise PipelineError(f"graph {graph.name!r} has no source {', '.join(map(repr, unknown))}; its sources are "
+                                f"{', '.join(graph.sources)}")
+        missing = [name for name in graph.sources if name not in sources]
+        if missing:
+            raise PipelineError(f"no records given for source(s) {', '.join(map(repr, missing))} of graph {graph.name!r}; "
+                                f"pass an empty list for a source without records")
+        declared = {name: graph.node(name).schema for name in graph.sources}
+        bound = {name: declared[name] if declared[name] is not None else _inferred_schema(name, sources[name])
+                 for name in graph.sources}
+        layout = graph.check(bound)
+        schemas = layout.schemas
+        streams: dict[str, pa.RecordBatch] = {}
+        dead: list[LocalDeadLetter] = []
+        for name in layout.order:
+            node = graph.node(name)
+            if node.kind is NodeKind.SINK:
+                continue
+            if node.kind is NodeKind.SOURCE:
+                index = graph.sources.index(name)
+                records = [dict(record) for record in sources[name]]
+                data = pa.RecordBatch.from_pylist(records, schema=schemas[name])
+                output = live_batch(data, [(index << SOURCE_SHIFT) + position for position in range(len(records))])
+            elif node.kind is NodeKind.UNION:
+                schema = carried_schema(schemas[name])
+                merged = assemble([conform(streams[source], schema) for source in node.inputs], schema)
+                output = merged.take(pc.sort_indices(merged, sort_keys=[(SEQ, "ascending")]))
+            elif node.kind is NodeKind.JOIN:
+                output = self._join(node, streams, schemas)
+            elif node.keyed:
+                output = self._stateful(node, streams[node.inputs[0]], schemas)
+            else:
+                operator = node.operator
+                step = Step(name=operator.name, action=operator.action.value, fn=operator.fn,
+                            output_schema=schemas[name],
+                            batch_format=operator.batch_format.value if operator.batch_format else None)
+                source = streams[node.inputs[0]]
+                output = FusedStage([step], schemas[node.inputs[0]])(source) if source.num_rows else \
+                    pa.RecordBatch.from_pylist([], schema=carried_schema(schemas[name]))
+            live, new_dead = split_dead(output)
+            if new_dead is not None:
+                dead += [LocalDeadLetter(row[DEAD_OPERATOR], row[DEAD_ERROR], row[DEAD_RECORD], row[SEQ])
+                         for row in new_dead.select([SEQ, *DEAD_COLUMNS]).to_pylist()]
+            streams[name] = live
+        results = LocalResults()
+        for sink in graph.sinks:
+            stream = graph.node(sink).inputs[0]
+            results[sink] = streams[stream].select(schemas[stream].names).to_pylist()
+        results.dead_letters = dead
+        return results
+
+    def _stateful(self, node, carried: pa.RecordBatch, schemas) -> pa.RecordBatch:
+        operator = node.operator
+        input_schema = schemas[node.inputs[0]]
+        step = StatefulStep(name=operator.name, fn=operator.fn, state_factory=operator.state_factory,
+                            input_schema=input_schema, output_schema=schemas[node.name], key=operator.key,
+                            order_by=operator.order_by)
+        states = self.states.setdefault(node.name, {})
+        groups: dict[str, list[int]] = {}
+        for position, record in enumerate(carried.select(input_schema.names).to_pylist()):
+            key = key_text(record, operator.key) if operator.kind is Kind.PARTITIONED else "all"
+            groups.setdefault(key, []).append(position)
+        parts = []
+        for key, positions in groups.items():
+            result = run_group(step, carried.take(pa.array(positions)), states.get(key))
+            if result.state is not None:
+                states[key] = result.state
+            parts.append(result.batch)
+        return assemble(parts, carried_schema(schemas[node.name]))
+
+    def _join(self, node, streams, schemas) -> pa.RecordBatch:
+        spec = node.join
+        step = JoinStep(node.name, spec.fn, spec.window.time_field, spec.window.size, spec.window.lateness, spec.schema)
+        states = self.states.setdefault(node.name, {})
+        groups: dict[str, list[JoinArrival]] = {}
+        for side, stream in ((LEFT, node.inputs[0]), (RIGHT, node.inputs[1])):
+            for arrival in arrivals_of(streams[stream], schemas[stream], side):
+                groups.setdefault(key_text(arrival.record, spec.key), []).append(arrival)
+        records, seqs, dead = [], [], []
+        for key, arrivals in groups.items():
+            result = run_join_group(step, arrivals, states.get(key))
+            states[key] = result.state
+            records += result.records
+            seqs += result.seqs
+            dead += result.dead
+        return joined_batch(step, records, seqs, dead)
+
+
+def _inferred_schema(source: str, records: Sequence[Mapping]) -> pa.Schema:
+    if not records:
+        raise PipelineError(f"source {source!r} has no declared schema and no records to infer one from; declare "
+                            f"graph.source({source!r}, schema={{...}})")
+    return pa.Table.from_pylist([dict(record) for record in records]).schema
+
+
+def run_local(graph: StreamGraph, sources: Mapping[str, Sequence[Mapping]]) -> LocalResults:
+    """Run `graph` over the given records of every source, as one micro-batch; see the module docstring."""
+    return LocalGraphRun(graph).run_batch(sources)

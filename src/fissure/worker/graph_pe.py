@@ -1,0 +1,286 @@
+"""A stream graph's records as envelopes, and the graph processing element that runs on them.
+
+No pyspark here: the Spark layer (fissure.spark.compile_graph) ships these objects to its workers.
+
+Envelope: one row per record of any stream of the graph. `_fissure_route` names the stream the
+row belongs to (the node that produced it: a source, an operator, a union or a join); then the
+sequence number and the dead-letter columns of the chain runner (fissure.worker.columns); then,
+per distinct stream schema i, its fields as nullable columns `_fissure_s{i}_{field}` (null on the
+rows of other streams). Rows are routed by the stream they belong to, not by the node they go
+to: a row of a stream with several consumers travels once and each consumer reads it where it
+runs; a stage forwards a stream's rows only while a consumer after it still needs them.
+
+The graph is cut into stages in topological order (`plan_graph_stages`): maximal stateless
+subgraphs ("pe" stages, one mapInArrow each) and one stage per keyed node (a partitioned or
+stateful operator, or a join: transformWithStateInPandas behind a hash exchange). Within a pe
+stage, pipeline boundaries cut the subgraph into pieces (`pieces_for`), run as a chain of
+processes by the chain's ProcessingElement; a piece runs its nodes on the rows routed to them and
+passes every other row through.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from fissure.streamgraph import Node, NodeKind, StreamGraph
+from fissure.worker.columns import DEAD_COLUMNS, DEAD_OPERATOR, INTERNAL_FIELDS, SEQ, carried_schema
+from fissure.worker.fused import FusedStage, Step, assemble, conform, split_dead
+
+ROUTE = "_fissure_route"
+COLUMN_PREFIX = "_fissure_s"
+
+
+# --- stages and pieces (pure decisions) --------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GraphStage:
+    """One Spark-side step: a pe stage (stateless nodes, one mapInArrow) or a keyed node."""
+
+    position: int  # 0-based, in execution order
+    kind: str  # "pe" or "keyed"
+    nodes: tuple[str, ...]  # in topological order
+
+    @property
+    def label(self) -> str:
+        return f"pe{self.position}" if self.kind == "pe" else self.nodes[0]
+
+
+def plan_graph_stages(graph: StreamGraph, order: Sequence[str]) -> tuple[GraphStage, ...]:
+    """Stages in execution order. Keyed node i (in topological order) gets stage K_i; a stateless
+    node runs in the earliest pe stage after every input is available (a source's rows at once, a
+    keyed node's after its stage, a stateless node's in that node's stage): PE_0 K_1 PE_1 K_2 ..."""
+    available: dict[str, int] = {}  # node -> pe index where its output can be read
+    pe_nodes: dict[int, list[str]] = {}
+    keyed: list[str] = []
+    for name in order:
+        node = graph.node(name)
+        if node.kind is NodeKind.SOURCE:
+            available[name] = 0
+        elif node.kind is NodeKind.SINK:
+            continue
+        elif node.keyed:
+            keyed.append(name)
+            available[name] = len(keyed)
+        else:
+            index = max(available[source] for source in node.inputs)
+            available[name] = index
+            pe_nodes.setdefault(index, []).append(name)
+    stages: list[GraphStage] = []
+    for index in range(len(keyed) + 1):
+        if index > 0:
+            stages.append(GraphStage(len(stages), "keyed", (keyed[index - 1],)))
+        if pe_nodes.get(index):
+            stages.append(GraphStage(len(stages), "pe", tuple(pe_nodes[index])))
+    return tuple(stages)
+
+
+def pieces_for(graph: StreamGraph, nodes: Sequence[str], boundaries: Iterable[str]) -> tuple[tuple[str, ...], ...]:
+    """A pe stage's nodes cut at the pipeline boundaries (operators whose input port starts a new
+    process), as a chain of pieces in topological order. A boundary node opens a new piece; any
+    other node runs in the latest piece of its inputs in this stage (the first if none is)."""
+    cut = set(boundaries)
+    piece_of: dict[str, int] = {}
+    pieces: list[list[str]] = [[]]
+    for name in nodes:
+        if name in cut and pieces[-1]:
+            pieces.append([])
+            index = len(pieces) - 1
+        elif name in cut:
+            index = 0
+        else:
+            index = max((piece_of[source] for source in graph.node(name).inputs if source in piece_of), default=0)
+        piece_of[name] = index
+        pieces[index].append(name)
+    return tuple(tuple(piece) for piece in pieces if piece)
+
+
+def consumers_after(graph: StreamGraph, stream: str, done: set[str]) -> bool:
+    """Whether some consumer of `stream` (a node or a sink) is not in `done`."""
+    return any(consumer not in done for consumer in graph.consumers(stream))
+
+
+# --- envelopes --------------------------------------------------------------------------------
+
+
+class EnvelopeLayout:
+    """The envelope schema of a graph and the conversions between envelopes and carried batches."""
+
+    def __init__(self, stream_schemas: Mapping[str, pa.Schema]) -> None:
+        self.schemas: list[pa.Schema] = []
+        self.index: dict[str, int] = {}
+        for stream, schema in stream_schemas.items():
+            for number, known in enumerate(self.schemas):
+                if known.equals(schema):
+                    self.index[stream] = number
+                    break
+            else:
+                self.index[stream] = len(self.schemas)
+                self.schemas.append(schema)
+        fields = [pa.field(ROUTE, pa.string()), *INTERNAL_FIELDS]
+        for number, schema in enumerate(self.schemas):
+            fields += [pa.field(self.column(number, field.name), field.type) for field in schema]
+        self.schema = pa.schema(fields)
+
+    @staticmethod
+    def column(schema_number: int, field_name: str) -> str:
+        return f"{COLUMN_PREFIX}{schema_number}_{field_name}"
+
+    def stream_schema(self, stream: str) -> pa.Schema:
+        return self.schemas[self.index[stream]]
+
+    def columns_of(self, stream: str) -> list[str]:
+        number = self.index[stream]
+        return [self.column(number, name) for name in self.schemas[number].names]
+
+    def extract(self, batch: pa.RecordBatch, stream: str) -> pa.RecordBatch:
+        """The live rows of `stream` in `batch`, as a carried batch (user fields, seq, dead columns)."""
+        mask = pc.and_(pc.equal(batch.column(0), stream), batch.column(batch.schema.get_field_index(DEAD_OPERATOR)).is_null())
+        rows = batch.filter(mask)
+        schema = self.stream_schema(stream)
+        columns = [rows.column(rows.schema.get_field_index(name)) for name in self.columns_of(stream)]
+        columns += [rows.column(rows.schema.get_field_index(name)) for name in (SEQ, *DEAD_COLUMNS)]
+        return pa.RecordBatch.from_arrays(columns, schema=carried_schema(schema))
+
+    def wrap(self, carried: pa.RecordBatch, stream: str) -> pa.RecordBatch:
+        """A carried batch of `stream` (live rows and dead letters) as envelopes routed to it."""
+        rows = carried.num_rows
+        own = self.index[stream]
+        by_name = {name: carried.column(position) for position, name in enumerate(carried.schema.names)}
+        columns = [pa.array([stream] * rows, pa.string())]
+        columns += [by_name[name] for name in (SEQ, *DEAD_COLUMNS)]
+        for number, schema in enumerate(self.schemas):
+            for field in schema:
+                columns.append(by_name[field.name].cast(field.type) if number == own else pa.nulls(rows, field.type))
+        return pa.RecordBatch.from_arrays(columns, schema=self.schema)
+
+    def empty(self) -> pa.RecordBatch:
+        return pa.RecordBatch.from_pylist([], schema=self.schema)
+
+
+def routes_of(batch: pa.RecordBatch) -> set[str]:
+    return {route for route in pc.unique(batch.column(0)).to_pylist() if route is not None}
+
+
+# --- running stateless nodes ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StatelessNode:
+    """A stateless node as a piece runs it: an operator (a one-step FusedStage) or a union."""
+
+    name: str
+    inputs: tuple[str, ...]
+    output_schema: pa.Schema
+    stage: FusedStage | None  # None: a union
+
+    def run(self, inputs: Sequence[pa.RecordBatch]) -> pa.RecordBatch:
+        """Its carried output (live rows and new dead letters) from its inputs' live carried rows."""
+        present = [batch for batch in inputs if batch is not None and batch.num_rows]
+        if self.stage is None:
+            schema = carried_schema(self.output_schema)
+            return assemble([conform(batch, schema) for batch in present], schema)
+        return assemble([self.stage(batch) for batch in present], carried_schema(self.output_schema))
+
+
+def stateless_node(node: Node, schemas: Mapping[str, pa.Schema]) -> StatelessNode:
+    output_schema = schemas[node.name]
+    if node.kind is NodeKind.UNION:
+        return StatelessNode(node.name, node.inputs, output_schema, None)
+    operator = node.operator
+    step = Step(name=operator.name, action=operator.action.value, fn=operator.fn, output_schema=output_schema,
+                batch_format=operator.batch_format.value if operator.batch_format else None)
+    return StatelessNode(node.name, node.inputs, output_schema, FusedStage([step], schemas[node.inputs[0]]))
+
+
+class GraphPiece:
+    """One process's share of a pe stage: a `RecordBatch -> RecordBatch` stage over envelopes.
+
+    Runs `nodes` (topological order) on the rows routed to them, emits the rows of the streams
+    in `forward` (needed after this piece) and passes every row of other streams through. With
+    `profile_id`, adds each node's thread-CPU time and records into shared counters
+    (fissure.worker.graph_profiling) that the driver turns into mu(t) and mu(o, t).
+    """
+
+    def __init__(self, nodes: Sequence[StatelessNode], layout: EnvelopeLayout, forward: Iterable[str],
+                 profile_id: str | None = None) -> None:
+        self.nodes = tuple(nodes)
+        self.layout = layout
+        self.forward = frozenset(forward)
+        produced = {node.name for node in self.nodes}
+        self.consumed = frozenset(stream for node in self.nodes for stream in node.inputs if stream not in produced)
+        self.profile_id = profile_id
+        self._profile = None
+
+    @property
+    def name(self) -> str:
+        return ",".join(node.name for node in self.nodes)
+
+    def __repr__(self) -> str:
+        return f"GraphPiece({self.name})"
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state["_profile"] = None
+        return state
+
+    def bind_profile(self):
+        if self.profile_id is not None and self._profile is None:
+            from fissure.worker.graph_profiling import PieceProfile
+
+            self._profile = PieceProfile(self.profile_id, tuple(node.name for node in self.nodes))
+        return self._profile
+
+    def __call__(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+        profile = self._profile if self._profile is not None else self.bind_profile()
+        started_cpu_s = time.thread_time()
+        present = routes_of(batch) & self.consumed
+        if not present:
+            return batch
+        live, dead = split_dead(batch)
+        route = live.column(0)
+        keep = pc.invert(pc.is_in(route, value_set=pa.array(sorted(present - self.forward), pa.string())))
+        parts = [live.filter(keep), dead]
+        available = {stream: self.layout.extract(live, stream) for stream in present}
+        for index, node in enumerate(self.nodes):
+            inputs = [available.get(stream) for stream in node.inputs]
+            records_in = sum(batch.num_rows for batch in inputs if batch is not None)
+            if not records_in:
+                continue
+            node_started_s = time.thread_time()
+            output = node.run(inputs)
+            live_output, new_dead = split_dead(output)
+            available[node.name] = live_output
+            if profile is not None:
+                profile.node(index, records_in, live_output.num_rows, time.thread_time() - node_started_s)
+            if new_dead is not None:
+                parts.append(self.layout.wrap(new_dead, node.name))
+            if node.name in self.forward and live_output.num_rows:
+                parts.append(self.layout.wrap(live_output, node.name))
+        if profile is not None:
+            profile.piece(time.thread_time() - started_cpu_s)
+        return assemble(parts, self.layout.schema)
+
+
+def build_pieces(graph: StreamGraph, schemas: Mapping[str, pa.Schema], layout: EnvelopeLayout,
+                 stages: Sequence[GraphStage], stage: GraphStage, boundaries: Iterable[str],
+                 profile_prefix: str | None = None) -> list[GraphPiece]:
+    """The pieces of pe `stage` under `boundaries`, each with the streams it must forward."""
+    done = {name for earlier in stages[:stage.position] for name in earlier.nodes}
+    done |= set(graph.sources)
+    pieces = []
+    names = pieces_for(graph, stage.nodes, boundaries)
+    for number, piece in enumerate(names):
+        done |= set(piece)
+        readable = set(piece) | {stream for name in piece for stream in graph.node(name).inputs}
+        forward = {stream for stream in readable if consumers_after(graph, stream, done)}
+        profile_id = f"{profile_prefix}/{stage.label}/{'|'.join(','.join(p) for p in names)}/p{number}" \
+            if profile_prefix else None
+        pieces.append(GraphPiece([stateless_node(graph.node(name), schemas) for name in piece], layout, forward,
+                                 profile_id))
+    return pieces

@@ -1,0 +1,222 @@
+"""Stream graphs on Spark: the same per-sink results as run_local, with and without pipeline
+boundaries, no recomputation of shared upstream work, boundaries changed live, the
+autopipelining loop, and exactly-once across a driver killed mid-stream."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from fissure import PipelineError, StreamGraph, TumblingWindow, run_local
+from fissure.cli.autopipeline_cmd import load_profile
+from fissure.control.autopipeline_control import ControlAction
+from fissure.profile.graph_profile import autopipeline_profile, piece_measurements, profile_json
+from fissure.spark.graph_autopipeline import GraphAutopipelineConfig
+from fissure.spark.graph_runner import GraphRunner, run_graph
+from fissure.spark.sinks import MemorySink
+from fissure.testing import record_files
+
+pytestmark = pytest.mark.spark
+
+EVENT = {"host": str, "ts": int, "v": int}
+HOSTS = {"host": str, "ts": int, "owner": str}
+JOINED = {"host": str, "ts": int, "v": int, "owner": str}
+EVENTS = [{"host": f"h{i % 3}", "ts": i, "v": i % 5} for i in range(60)]  # 6 files of 10: ts [10k, 10k + 9]
+HOST_RECORDS = [{"host": f"h{i % 3}", "ts": 2 * i, "owner": f"o{i}"} for i in range(30)]  # 6 files of 5
+
+
+def count(state, record):
+    state["n"] = state.get("n", 0) + 1
+    return {"host": record["host"], "n": state["n"]}
+
+
+def enrich(left, right):
+    return {"host": left["host"], "ts": left["ts"], "v": left["v"], "owner": right["owner"]}
+
+
+def build_graph(calls_path: str | None = None) -> StreamGraph:
+    """Two sources, fan-out of `parsed` to three consumers in three stages, a union, a keyed
+    operator, a join, a failing operator (dead letters) and three sinks."""
+    def parse(record):
+        if calls_path is not None:
+            with open(calls_path, "a", encoding="utf-8") as handle:
+                handle.write(f"{record['ts']}\n")
+        return {**record, "v": record["v"] * 10}
+
+    def check(record):
+        if record["ts"] % 17 == 0:
+            raise ValueError("ts divisible by 17")
+        return record
+
+    g = StreamGraph("spark_graph")
+    events = g.source("events", schema=EVENT)
+    hosts = g.source("hosts", schema=HOSTS)
+    parsed = events.map("parsed", parse)
+    big = parsed.filter("big", lambda r: r["v"] >= 20)
+    small = parsed.filter("small", lambda r: r["v"] < 20).map("checked", check)
+    g.union("both", big, small).sink("all")
+    parsed.partitioned("per_host", count, key="host", schema={"host": str, "n": int}).sink("counts")
+    g.join("enrich", big, hosts, key="host", window=TumblingWindow("ts", 10, lateness=5), fn=enrich,
+           schema=JOINED).sink("enriched")
+    return g
+
+
+def sources(tmp_path):
+    return {"events": record_files(tmp_path / "events", EVENTS, EVENT, records_per_file=10, max_files_per_trigger=1),
+            "hosts": record_files(tmp_path / "hosts", HOST_RECORDS, HOSTS, records_per_file=5, max_files_per_trigger=1)}
+
+
+def canonical(records):
+    return sorted(json.dumps(record, sort_keys=True) for record in records)
+
+
+def expected():
+    return run_local(build_graph(), {"events": EVENTS, "hosts": HOST_RECORDS})
+
+
+def assert_same_as_local(sinks):
+    local = expected()
+    for name, sink in sinks.items():
+        assert canonical(sink.records()) == canonical(local[name]), name
+    return local
+
+
+@pytest.mark.parametrize("boundaries, partitions", [((), 1), (("big", "both"), 2)],
+                         ids=["no-boundary", "boundaries-2-partitions"])
+def test_graph_matches_run_local_and_runs_shared_work_once(spark, tmp_path, boundaries, partitions):
+    calls = tmp_path / "parse-calls.txt"
+    sinks = {name: MemorySink() for name in ("all", "counts", "enriched")}
+    report = run_graph(build_graph(str(calls)), sources(tmp_path), sinks, spark=spark, boundaries=boundaries,
+                       state_partitions=partitions)
+    local = assert_same_as_local(sinks)
+    assert len(local["enriched"]) > 0 and len(local["all"]) < len(EVENTS)  # the join and the dead letters matter
+    # `parsed` feeds big, small (pe stage) and per_host (keyed stage), big feeds enrich: each
+    # event is parsed exactly once, so nothing upstream was recomputed for the other consumers
+    assert sorted(int(line) for line in calls.read_text().split()) == list(range(len(EVENTS)))
+    assert report.dead_letters == len(local.dead_letters) == 2  # small events with ts 0 and 51 fail in checked
+    assert len(report.batches) >= 2 and all(batch.boundaries == tuple(sorted(boundaries)) for batch in report.batches)
+
+
+def test_binding_and_boundary_errors_name_the_fix(spark, tmp_path):
+    graph = build_graph()
+    with pytest.raises(PipelineError, match="missing enriched"):
+        GraphRunner(graph, sources(tmp_path), {"all": MemorySink(), "counts": MemorySink()}, spark=spark)
+    runner = GraphRunner(graph, sources(tmp_path), {name: MemorySink() for name in graph.sinks}, spark=spark)
+    with pytest.raises(PipelineError, match="per_host name no stateless operator"):
+        runner.set_boundaries(["big", "per_host"])
+    with pytest.raises(PipelineError, match="'nowhere' name no stateless operator"):
+        run_graph(graph, sources(tmp_path), {name: MemorySink() for name in graph.sinks}, spark=spark,
+                  boundaries=["nowhere"])
+
+
+def test_boundaries_change_live_and_pieces_are_profiled(spark, tmp_path):
+    sinks = {name: MemorySink() for name in ("all", "counts", "enriched")}
+    runner = GraphRunner(build_graph(), sources(tmp_path), sinks, spark=spark, profile=True)
+    runner.listeners.on_batch.append(lambda batch: runner.set_boundaries(["big"]) if batch.batch_id == 0 else None)
+    runner.start(available_now=True)
+    try:
+        runner.await_termination(300)
+    finally:
+        report = runner.stop()
+    assert_same_as_local(sinks)
+    assert report.batches[0].boundaries == () and report.batches[-1].boundaries == ("big",)
+    pieces = runner.profile_tally().pieces
+    cuts = {piece_id.split("/")[2] for piece_id in pieces}
+    assert cuts == {"parsed,big,small,checked,both", "parsed,small,checked|big,both"}
+    measurements = piece_measurements(pieces)
+    records_into = {}
+    for piece in measurements:
+        for node, records in piece.node_records_in.items():
+            records_into[node] = records_into.get(node, 0) + records
+    assert records_into["parsed"] == len(EVENTS)  # every event counted once, across both cuts
+    profile = autopipeline_profile(runner.graph, measurements, stage_first_nodes=["parsed"])
+    by_name = {thread.name: thread for thread in profile.threads}
+    two_pieces = by_name["pe0/parsed,small,checked|big,both/p1"]
+    assert set(two_pieces.port_utilization) == {"big", "both"}
+    assert two_pieces.port_utilization["big"] >= two_pieces.port_utilization["both"]  # both is downstream of big
+    one_piece = by_name["pe0/parsed,big,small,checked,both/p0"]
+    assert "parsed" not in one_piece.port_utilization  # a boundary at the stage's first node cuts nothing
+    profile_file = tmp_path / "profile.json"
+    profile_file.write_text(json.dumps(profile_json(profile)))
+    assert load_profile(profile_file).threads == profile.threads  # the CLI reads what the runner measured
+
+
+def test_autopipelining_loop_inserts_boundaries_while_running(spark, tmp_path):
+    sinks = {name: MemorySink() for name in ("all", "counts", "enriched")}
+    config = GraphAutopipelineConfig(profile_batches=1, beta=0.0)  # every process is a bottleneck
+    report = run_graph(build_graph(), sources(tmp_path), sinks, spark=spark, autopipeline=True,
+                       autopipeline_config=config)
+    assert_same_as_local(sinks)
+    first = report.decisions[0]
+    assert first.decision.action is ControlAction.INSERT and first.decision.insert
+    inserted = set(first.decision.insert)
+    later = [batch for batch in report.batches if batch.batch_id > first.batch_id]
+    assert later and inserted <= set(later[0].boundaries)  # applied from the next batch, no restart
+    for item in report.decisions[1:]:
+        assert item.decision.reason
+        assert set(item.decision.revert) <= set(item.decision.blacklist)
+
+
+RESTART_DRIVER = textwrap.dedent("""
+    import sys
+    sys.path.insert(0, sys.argv[5])
+    import fissure
+    from fissure.spark.sinks import FileSink
+    from fissure.spark.graph_runner import run_graph
+    from test_spark_graph import build_graph, sources_for_restart
+
+    inputs, out, checkpoint, available_now = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4] == "1"
+    graph = build_graph()
+    sinks = {name: FileSink(f"{out}/{name}") for name in graph.sinks}
+    run_graph(graph, sources_for_restart(inputs), sinks, checkpoint=checkpoint, boundaries=["big"],
+              config=fissure.RunnerConfig(master="local[2]"), available_now=available_now)
+""")
+
+
+def sources_for_restart(inputs):
+    from fissure.spark.sources import FileSource
+
+    return {"events": FileSource(f"{inputs}/events", format="json", schema=EVENT, max_files_per_trigger=1),
+            "hosts": FileSource(f"{inputs}/hosts", format="json", schema=HOSTS, max_files_per_trigger=1)}
+
+
+def committed(path):
+    if not os.path.isdir(path):
+        return 0
+    return sum(os.path.exists(os.path.join(path, entry, "_SUCCESS")) for entry in os.listdir(path))
+
+
+@pytest.mark.slow
+def test_sigkill_then_restart_keeps_every_sink_exactly_once(spark, tmp_path):
+    sources(tmp_path)  # writes the input files
+    script = tmp_path / "driver.py"
+    script.write_text(RESTART_DRIVER)
+    out, checkpoint = tmp_path / "out", tmp_path / "ckpt"
+    tests_dir = os.path.dirname(os.path.abspath(__file__))
+
+    def start(available_now):
+        return subprocess.Popen([sys.executable, str(script), str(tmp_path), str(out), str(checkpoint),
+                                 "1" if available_now else "0", tests_dir],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    first = start(False)
+    deadline = time.monotonic() + 240
+    while committed(out / "enriched") < 2 and time.monotonic() < deadline and first.poll() is None:
+        time.sleep(0.2)
+    assert first.poll() is None, "the first driver ended before it could be killed"
+    os.kill(first.pid, signal.SIGKILL)
+    first.wait()
+    assert 2 <= committed(out / "enriched") < 6
+    second = start(True)
+    assert second.wait(timeout=300) == 0
+    local = expected()
+    for name in ("all", "counts", "enriched"):
+        rows = [row.asDict() for row in spark.read.parquet(str(out / name)).drop("batch_id").collect()]
+        assert canonical(rows) == canonical(local[name]), name

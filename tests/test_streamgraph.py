@@ -1,0 +1,446 @@
+"""StreamGraph: definition, every validation error, stages and pieces, and run_local's semantics."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+
+import fissure
+from fissure import PipelineError, StreamGraph, TumblingWindow, run_local
+from fissure.worker.graph_local import LocalGraphRun
+from fissure.worker.graph_pe import EnvelopeLayout, GraphPiece, build_pieces, pieces_for, plan_graph_stages
+
+EVENT = {"host": str, "ts": int, "v": int}
+HOSTS = {"host": str, "ts": int, "owner": str}
+JOINED = {"host": str, "ts": int, "v": int, "owner": str}
+
+
+def count(state, record):
+    state["n"] = state.get("n", 0) + 1
+    return {"host": record["host"], "n": state["n"]}
+
+
+def joined(left, right):
+    return {"host": left["host"], "ts": left["ts"], "v": left["v"], "owner": right["owner"]}
+
+
+def example_graph() -> StreamGraph:
+    """Two sources, fan-out, union, a partitioned operator, a join, three sinks."""
+    g = StreamGraph("example")
+    events = g.source("events", schema=EVENT)
+    hosts = g.source("hosts", schema=HOSTS)
+    parsed = events.map("parsed", lambda r: {**r, "v": r["v"] * 10})
+    big = parsed.filter("big", lambda r: r["v"] >= 20)
+    small = parsed.filter("small", lambda r: r["v"] < 20)
+    g.union("both", big, small).sink("all")
+    parsed.partitioned("per_host", count, key="host", schema={"host": str, "n": int}).sink("counts")
+    g.join("enrich", big, hosts, key="host", window=TumblingWindow("ts", 10), fn=joined, schema=JOINED).sink("enriched")
+    return g
+
+
+def test_builder_returns_streams_and_fan_out_is_reuse():
+    g = example_graph()
+    assert g.sources == ("events", "hosts")
+    assert g.sinks == ("all", "counts", "enriched")
+    assert g.consumers("parsed") == ("big", "small", "per_host")
+    layout = g.check()
+    assert layout.order.index("parsed") < layout.order.index("big") < layout.order.index("enrich")
+    assert layout.schemas["per_host"].names == ["host", "n"]
+    assert layout.schemas["both"].names == ["host", "ts", "v"]
+    assert isinstance(fissure.StreamGraph("x").source("s"), fissure.streamgraph.Stream)
+
+
+# --- validation ---------------------------------------------------------------------------------
+
+
+def test_duplicate_names_across_kinds():
+    g = StreamGraph("g")
+    s = g.source("lines")
+    with pytest.raises(PipelineError, match=r"'lines' is used twice .*\(a source and an operator\)"):
+        s.map("lines", lambda r: r)
+    s.map("parse", lambda r: r)
+    with pytest.raises(PipelineError, match="'parse' is used twice"):
+        s.sink("parse")
+
+
+def test_chain_checks_are_reused():
+    g = StreamGraph("g")
+    s = g.source("lines")
+    with pytest.raises(PipelineError, match="has no key"):
+        s.partitioned("p", count)
+    with pytest.raises(PipelineError, match="cannot be called with 1 argument"):
+        s.map("m", lambda a, b: a)
+    with pytest.raises(PipelineError, match="not valid"):
+        s.map("bad name", lambda r: r)
+
+
+def test_cycle_through_low_level_add_is_detected():
+    g = StreamGraph("g")
+    g.source("s")
+    g.add("map", "a", lambda r: r, inputs=["u"])
+    g.add("map", "b", lambda r: r, inputs=["a"])
+    g.union("u", "s", "b")
+    g.sink("out", "b")
+    with pytest.raises(PipelineError, match=r"has a cycle: (a -> b -> u -> a|b -> u -> a -> b|u -> a -> b -> u)"):
+        g.check()
+
+
+def test_unknown_input_and_reading_a_sink():
+    g = StreamGraph("g")
+    g.source("s").sink("out")
+    g.add("map", "a", lambda r: r, inputs=["nowhere"])
+    with pytest.raises(PipelineError, match="reads 'nowhere', which graph 'g' does not have"):
+        g.check()
+    g2 = StreamGraph("g2")
+    g2.source("s").sink("out")
+    g2.add("map", "a", lambda r: r, inputs=["out"])
+    with pytest.raises(PipelineError, match="reads sink 'out'; a sink has no output"):
+        g2.check()
+
+
+def test_operator_reads_exactly_one_stream():
+    g = StreamGraph("g")
+    a, b = g.source("a"), g.source("b")
+    with pytest.raises(PipelineError, match="reads 2 streams .* graph.union"):
+        g.add("map", "m", lambda r: r, inputs=[a, b])
+
+
+def test_no_sink_and_sink_fed_by_nothing():
+    g = StreamGraph("g")
+    g.source("s").map("m", lambda r: r)
+    with pytest.raises(PipelineError, match="has no sink"):
+        g.check()
+    g.sink("out", None)
+    with pytest.raises(PipelineError, match="sink 'out' is fed by nothing"):
+        g.check()
+    with pytest.raises(PipelineError, match="is empty"):
+        StreamGraph("e").check()
+
+
+def test_unconnected_operator_and_unread_source():
+    g = StreamGraph("g")
+    s = g.source("s")
+    s.map("kept", lambda r: r).sink("out")
+    s.filter("lost", lambda r: True)
+    with pytest.raises(PipelineError, match="operator lost .* is unconnected: its output reaches no sink"):
+        g.check()
+    g2 = StreamGraph("g2")
+    g2.source("s").sink("out")
+    g2.source("unused")
+    with pytest.raises(PipelineError, match="source 'unused' is read by nothing"):
+        g2.check()
+
+
+def test_key_missing_on_partitioned_input_and_on_join_sides():
+    g = StreamGraph("g")
+    s = g.source("s", schema={"user": str, "ts": int})
+    s.partitioned("p", count, key="host", schema={"host": str, "n": int}).sink("out")
+    with pytest.raises(PipelineError, match="operator 'p' .* is keyed on field 'host', but its input 's' has only user, ts"):
+        g.check()
+
+    def join_graph(left_schema, right_schema):
+        g = StreamGraph("j")
+        left, right = g.source("l", schema=left_schema), g.source("r", schema=right_schema)
+        g.join("jn", left, right, key="host", window=TumblingWindow("ts", 5), fn=joined, schema=JOINED).sink("out")
+        return g
+
+    with pytest.raises(PipelineError, match="join 'jn': its left input 'l' lacks the key field 'host'"):
+        join_graph({"ts": int}, HOSTS).check()
+    with pytest.raises(PipelineError, match="join 'jn': its right input 'r' lacks the key field 'host'"):
+        join_graph(EVENT, {"ts": int, "owner": str}).check()
+    with pytest.raises(PipelineError, match="its right input 'r' lacks the time field 'ts'"):
+        join_graph(EVENT, {"host": str, "owner": str}).check()
+    with pytest.raises(PipelineError, match="key field 'host' is string on the left .* but int64 on the right"):
+        join_graph(EVENT, {"host": int, "ts": int}).check()
+    with pytest.raises(PipelineError, match="time field 'ts' of 'l' is string"):
+        join_graph({"host": str, "ts": str}, HOSTS).check()
+
+
+def test_key_checked_against_bound_schema_when_source_is_undeclared():
+    g = StreamGraph("g")
+    g.source("s").partitioned("p", count, key="host", schema={"host": str, "n": int}).sink("out")
+    g.check()  # nothing known yet
+    with pytest.raises(PipelineError, match="keyed on field 'host'"):
+        g.check({"s": pa.schema([("user", pa.string())])})
+    with pytest.raises(PipelineError, match="keyed on field 'host'"):
+        run_local(g, {"s": [{"user": "a"}]})
+
+
+def test_union_schema_mismatch():
+    g = StreamGraph("g")
+    a = g.source("a", schema={"x": int})
+    b = g.source("b", schema={"x": str})
+    g.union("u", a, b).sink("out")
+    with pytest.raises(PipelineError, match="union 'u': stream 'b' has fields \\(x: string\\) but 'a' has \\(x: int64\\)"):
+        g.check()
+    with pytest.raises(PipelineError, match="give it two or more"):
+        g.union("u2", a)
+    with pytest.raises(PipelineError, match="names a stream twice"):
+        g.union("u3", a, a)
+
+
+def test_join_definition_errors():
+    g = StreamGraph("g")
+    a, b = g.source("a"), g.source("b")
+    with pytest.raises(PipelineError, match="self-joins are not supported"):
+        g.join("j", a, a, key="host", window=TumblingWindow("ts", 1), fn=joined, schema=JOINED)
+    with pytest.raises(PipelineError, match="declare the schema="):
+        g.join("j", a, b, key="host", window=TumblingWindow("ts", 1), fn=joined, schema=None)
+    with pytest.raises(PipelineError, match="must take \\(left_record, right_record\\)"):
+        g.join("j", a, b, key="host", window=TumblingWindow("ts", 1), fn=lambda x: x, schema=JOINED)
+    with pytest.raises(PipelineError, match="size must be a number > 0"):
+        TumblingWindow("ts", 0)
+    with pytest.raises(PipelineError, match="has no key"):
+        g.join("j", a, b, key=[], window=TumblingWindow("ts", 1), fn=joined, schema=JOINED)
+
+
+def test_streams_of_another_graph_are_refused():
+    other = StreamGraph("other").source("s")
+    with pytest.raises(PipelineError, match="belongs to graph 'other'"):
+        StreamGraph("g").union("u", other, "x")
+
+
+# --- stages and pieces ----------------------------------------------------------------------------
+
+
+def test_stages_cut_at_keyed_nodes_in_topological_order():
+    g = example_graph()
+    stages = plan_graph_stages(g, g.check().order)
+    assert [(stage.kind, stage.nodes) for stage in stages] == [
+        ("pe", ("parsed", "big", "small", "both")), ("keyed", ("per_host",)), ("keyed", ("enrich",))]
+
+
+def test_a_stateless_node_runs_after_the_keyed_stage_of_its_latest_input():
+    g = StreamGraph("g")
+    s = g.source("s", schema=EVENT)
+    direct = s.map("direct", lambda r: r)
+    counted = s.partitioned("per_host", count, key="host", schema={"host": str, "n": int})
+    widened = counted.map("widened", lambda r: {"host": r["host"], "ts": r["n"], "v": 0}, schema=EVENT)
+    g.union("merged", direct, widened).map("after", lambda r: r).sink("out")
+    stages = plan_graph_stages(g, g.check().order)
+    assert [(stage.kind, stage.nodes) for stage in stages] == [
+        ("pe", ("direct",)), ("keyed", ("per_host",)), ("pe", ("widened", "merged", "after"))]
+    results = run_local(g, {"s": [{"host": "a", "ts": 5, "v": 1}, {"host": "a", "ts": 6, "v": 2}]})
+    assert sorted((r["ts"], r["v"]) for r in results["out"]) == [(1, 0), (2, 0), (5, 1), (6, 2)]
+
+
+def test_pieces_follow_the_boundaries():
+    g = example_graph()
+    nodes = ("parsed", "big", "small", "both")
+    assert pieces_for(g, nodes, ()) == (nodes,)
+    assert pieces_for(g, nodes, ["big"]) == (("parsed", "small"), ("big", "both"))
+    assert pieces_for(g, nodes, ["big", "both"]) == (("parsed", "small"), ("big",), ("both",))
+    assert pieces_for(g, nodes, ["parsed"]) == (nodes,)  # a boundary at the first node cuts nothing off
+
+
+def test_piece_forwards_only_what_later_nodes_need():
+    g = example_graph()
+    layout = g.check()
+    schemas = {name: schema for name, schema in layout.schemas.items() if name not in g.sinks}
+    envelope = EnvelopeLayout(schemas)
+    stages = plan_graph_stages(g, layout.order)
+    first, second = build_pieces(g, schemas, envelope, stages, stages[0], ["big"])
+    # parsed is read by big (next piece) and per_host (keyed stage); small by both (next piece)
+    assert first.forward == {"parsed", "small"}
+    # small is done once both ran; big is read by enrich, both by sink 'all', parsed by per_host
+    assert second.forward == {"parsed", "big", "both"}
+    assert isinstance(first, GraphPiece)
+
+
+def test_pieces_give_the_same_rows_as_one_piece():
+    g = example_graph()
+    layout = g.check()
+    schemas = {name: schema for name, schema in layout.schemas.items() if name not in g.sinks}
+    envelope = EnvelopeLayout(schemas)
+    stages = plan_graph_stages(g, layout.order)
+    from fissure.worker.columns import carried_schema
+    from fissure.worker.fused import live_batch
+
+    data = pa.RecordBatch.from_pylist([{"host": f"h{i % 2}", "ts": i, "v": i % 4} for i in range(12)],
+                                      schema=schemas["events"])
+    batch = envelope.wrap(live_batch(data, list(range(12))), "events")
+
+    def run(boundaries):
+        out = batch
+        for piece in build_pieces(g, schemas, envelope, stages, stages[0], boundaries):
+            out = piece(out)
+        return sorted(map(str, out.to_pylist()))
+
+    assert carried_schema(schemas["events"]).names[:3] == ["host", "ts", "v"]
+    assert run([]) == run(["big"]) == run(["big", "small", "both"])
+
+
+# --- run_local ------------------------------------------------------------------------------------
+
+
+def test_run_local_fan_out_union_keyed_and_join():
+    events = [{"host": "a", "ts": 1, "v": 1}, {"host": "b", "ts": 2, "v": 3}, {"host": "a", "ts": 12, "v": 2}]
+    hosts = [{"host": "a", "ts": 5, "owner": "ann"}, {"host": "a", "ts": 15, "owner": "al"},
+             {"host": "b", "ts": 25, "owner": "bo"}]
+    results = run_local(example_graph(), {"events": events, "hosts": hosts})
+    assert sorted(results["all"], key=lambda r: r["ts"]) == [
+        {"host": "a", "ts": 1, "v": 10}, {"host": "b", "ts": 2, "v": 30}, {"host": "a", "ts": 12, "v": 20}]
+    assert results["counts"] == [{"host": "a", "n": 1}, {"host": "a", "n": 2}, {"host": "b", "n": 1}]
+    # big = v >= 20: (b, 2, 30) in window 0 has no b host in window 0; (a, 12, 20) meets (a, 15) in window 1
+    assert results["enriched"] == [{"host": "a", "ts": 12, "v": 20, "owner": "al"}]
+    assert results.dead_letters == []
+
+
+def test_join_emits_every_pair_of_a_window_once_whatever_the_side_order():
+    g = StreamGraph("j")
+    left, right = g.source("l", schema=EVENT), g.source("r", schema=HOSTS)
+    g.join("jn", left, right, key="host", window=TumblingWindow("ts", 10), fn=joined, schema=JOINED).sink("out")
+    lefts = [{"host": "a", "ts": 1, "v": 1}, {"host": "a", "ts": 3, "v": 2}]
+    rights = [{"host": "a", "ts": 2, "owner": "x"}, {"host": "a", "ts": 9, "owner": "y"}, {"host": "b", "ts": 2, "owner": "z"}]
+    pairs = sorted((r["v"], r["owner"]) for r in run_local(g, {"l": lefts, "r": rights})["out"])
+    assert pairs == [(1, "x"), (1, "y"), (2, "x"), (2, "y")]
+
+
+def test_join_evicts_closed_windows_and_dead_letters_late_records():
+    g = StreamGraph("j")
+    left, right = g.source("l", schema=EVENT), g.source("r", schema=HOSTS)
+    g.join("jn", left, right, key="host", window=TumblingWindow("ts", 10, lateness=2), fn=joined,
+           schema=JOINED).sink("out")
+    run = LocalGraphRun(g)
+    first = run.run_batch({"l": [{"host": "a", "ts": 5, "v": 1}], "r": [{"host": "a", "ts": 11, "owner": "x"}]})
+    assert first["out"] == [] and first.dead_letters == []
+    # watermark 11 < 10 + 2: window 0 still open; a right record at ts 8 joins the stored left
+    second = run.run_batch({"l": [], "r": [{"host": "a", "ts": 8, "owner": "y"}]})
+    assert second["out"] == [{"host": "a", "ts": 5, "v": 1, "owner": "y"}]
+    # watermark 12 closes window 0 (its state is evicted); a record for it is late
+    third = run.run_batch({"l": [{"host": "a", "ts": 12, "v": 2}], "r": []})
+    assert third["out"] == [{"host": "a", "ts": 12, "v": 2, "owner": "x"}]
+    # within a batch records go by event time: ts 3 before ts 12 would still join; in a later batch it is late
+    fourth = run.run_batch({"l": [], "r": [{"host": "a", "ts": 3, "owner": "z"}]})
+    assert fourth["out"] == []
+    (late,) = fourth.dead_letters
+    assert late.node == "jn" and late.error.startswith("LateRecord: window [0, 10) closed at watermark 12")
+    assert list(pickle_windows(run.states["jn"])) == [1]
+
+
+def pickle_windows(states):
+    import json
+    import pickle
+
+    return pickle.loads(states[json.dumps(["a"])])["windows"].keys()
+
+
+def test_run_local_dead_letters_carry_node_and_reason():
+    g = StreamGraph("d")
+    g.source("s", schema={"x": int}).map("inv", lambda r: {"x": 10 // r["x"]}).sink("out")
+    results = run_local(g, {"s": [{"x": 2}, {"x": 0}, {"x": 5}]})
+    assert results["out"] == [{"x": 5}, {"x": 2}]
+    (dead,) = results.dead_letters
+    assert dead.node == "inv" and dead.error.startswith("ZeroDivisionError")
+
+
+def test_run_local_binding_errors():
+    g = example_graph()
+    with pytest.raises(PipelineError, match="no records given for source\\(s\\) 'hosts'"):
+        run_local(g, {"events": []})
+    with pytest.raises(PipelineError, match="has no source 'nope'"):
+        run_local(g, {"events": [], "hosts": [], "nope": []})
+    undeclared = StreamGraph("u")
+    undeclared.source("s").sink("out")
+    with pytest.raises(PipelineError, match="no declared schema and no records"):
+        run_local(undeclared, {"s": []})
+
+
+# --- graph profiles and the autopipelining loop, with a recording fake runner (no Spark) ---------
+
+from fissure.control.autopipeline_control import ControlAction  # noqa: E402
+from fissure.profile.graph_profile import autopipeline_profile, piece_measurements, tally_delta  # noqa: E402
+from fissure.spark.graph_autopipeline import GraphAutopipelineConfig, GraphAutopipeliner  # noqa: E402
+from fissure.worker.graph_profiling import GraphProfileTally  # noqa: E402
+
+ONE_PIECE = "example/pe0/parsed,big,small,both/p0"
+
+
+def piece_counts(cpu_s, wall_s, node_cpu_s, node_records):
+    return [cpu_s, wall_s, {name: [node_records.get(name, 0), 0, value] for name, value in node_cpu_s.items()}]
+
+
+def test_profile_is_mu_of_threads_and_ports_downstream_within_the_piece():
+    g = example_graph()
+    pieces = {ONE_PIECE: piece_counts(0.9, 1.0, {"parsed": 0.1, "big": 0.4, "small": 0.1, "both": 0.2}, {})}
+    profile = autopipeline_profile(g, piece_measurements(pieces), stage_first_nodes=["parsed"], beta=0.8)
+    (thread,) = profile.threads
+    assert thread.name == "pe0/parsed,big,small,both/p0"
+    assert thread.utilization == pytest.approx(0.9)
+    # big feeds both: mu(big) = big + both; parsed, the stage's first node, offers no port
+    assert thread.port_utilization == pytest.approx({"big": 0.6, "small": 0.3, "both": 0.2})
+    later = {ONE_PIECE: piece_counts(1.9, 3.0, {"parsed": 0.3, "big": 0.4, "small": 0.1, "both": 0.2}, {"big": 5})}
+    assert tally_delta(later, pieces)[ONE_PIECE][:2] == pytest.approx([1.0, 2.0])
+    assert tally_delta(later, pieces)[ONE_PIECE][2]["big"] == pytest.approx([5, 0, 0.0])
+
+
+class RecordingRunner:
+    """What GraphAutopipeliner needs of a GraphRunner; records every boundary change."""
+
+    def __init__(self, graph):
+        from types import SimpleNamespace
+
+        self.graph = graph
+        self.profile, self.accumulator = True, None
+        self.compiled = SimpleNamespace(stages=plan_graph_stages(graph, graph.check().order))
+        self.boundaries = ()
+        self.listeners = SimpleNamespace(on_batch=[])
+        self.applied: list[tuple[str, ...]] = []
+        self.tally = GraphProfileTally()
+
+    def set_boundaries(self, boundaries):
+        self.boundaries = tuple(sorted(boundaries))
+        self.applied.append(self.boundaries)
+
+    def profile_tally(self):
+        return self.tally.copy()
+
+    def run_batch(self, batch_id, wall_s, pieces):
+        from fissure.spark.graph_runner import GraphBatch
+
+        for piece, (cpu_s, piece_wall_s, nodes) in pieces.items():
+            self.tally.add_piece(piece, cpu_s, piece_wall_s, nodes)
+        for listener in self.listeners.on_batch:
+            listener(GraphBatch(batch_id, wall_s, self.boundaries, {}, 0))
+
+
+BUSY = {"parsed": 0.1, "big": 0.45, "small": 0.1, "both": 0.1}  # big: U 0.55, small 0.7, both 0.8
+CUT = "example/pe0/parsed,small|big,both"
+
+
+def test_loop_inserts_keeps_a_port_that_gains_then_halts():
+    runner = RecordingRunner(example_graph())
+    loop = GraphAutopipeliner(runner, GraphAutopipelineConfig(profile_batches=1, beta=0.8), clock=lambda: 0.0).attach()
+    runner.run_batch(0, 1.0, {ONE_PIECE: piece_counts(0.9, 1.0, BUSY, {"big": 100})})
+    first = loop.decisions[0].decision
+    assert (first.action, first.insert) == (ControlAction.INSERT, ("big",))
+    assert runner.applied == [("big",)]
+    # the next window ran under the new cut, twice as fast: big's throughput 100/s -> 200/s
+    runner.run_batch(1, 0.5, {f"{CUT}/p0": piece_counts(0.3, 0.5, {"parsed": 0.1, "small": 0.1}, {}),
+                              f"{CUT}/p1": piece_counts(0.3, 0.5, {"big": 0.2, "both": 0.1}, {"big": 100})})
+    second = loop.decisions[1].decision
+    assert (second.action, second.keep, second.revert) == (ControlAction.CONTINUE, ("big",), ())
+    assert runner.applied[-1] == ("big",)
+    runner.run_batch(2, 0.5, {f"{CUT}/p0": piece_counts(0.3, 0.5, {"parsed": 0.1, "small": 0.1}, {}),
+                              f"{CUT}/p1": piece_counts(0.3, 0.5, {"big": 0.2, "both": 0.1}, {"big": 100})})
+    third = loop.decisions[2].decision
+    assert third.action is ControlAction.HALT and "no thread is at or above beta 0.8" in third.reason
+    assert loop.phase == "halted"
+    runner.run_batch(3, 0.5, {})
+    assert len(loop.decisions) == 3
+
+
+def test_loop_reverts_and_blacklists_a_port_that_does_not_gain():
+    runner = RecordingRunner(example_graph())
+    loop = GraphAutopipeliner(runner, GraphAutopipelineConfig(profile_batches=1, beta=0.8), clock=lambda: 0.0).attach()
+    runner.run_batch(0, 1.0, {ONE_PIECE: piece_counts(0.9, 1.0, BUSY, {"big": 100})})
+    runner.run_batch(1, 1.25, {f"{CUT}/p0": piece_counts(0.3, 1.25, {"parsed": 0.1, "small": 0.1}, {}),
+                               f"{CUT}/p1": piece_counts(0.3, 1.25, {"big": 0.2, "both": 0.1}, {"big": 100})})
+    second = loop.decisions[1].decision
+    assert second.revert == ("big",) and second.blacklist == frozenset({"big"})
+    assert second.action is ControlAction.CONTINUE  # 1 of 4 ports blacklisted: below alpha 0.5
+    assert runner.applied == [("big",), ()]
+    # profiling again: big is blacklisted, so the optimizer offers small instead
+    runner.run_batch(2, 1.0, {ONE_PIECE: piece_counts(0.9, 1.0, BUSY, {"small": 100})})
+    third = loop.decisions[2].decision
+    assert (third.action, third.insert) == (ControlAction.INSERT, ("small",))
