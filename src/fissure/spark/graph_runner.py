@@ -36,10 +36,10 @@ from fissure.spark.compile_graph import BOUNDARIES_PROPERTY, CompiledGraph, comp
 from fissure.spark.config import RunnerConfig
 from fissure.spark.runner import ship_operator_modules
 from fissure.spark.session import QUERY_DEFAULTS, create_session
-from fissure.spark.sinks import DeadLetterLog
+from fissure.spark.sinks import DeadLetterLog, write_dead_letters
 from fissure.spark.sources import SourceLike, open_source
 from fissure.streamgraph import StreamGraph
-from fissure.worker.columns import DEAD_ERROR, DEAD_OPERATOR, DEAD_RECORD, SEQ
+from fissure.worker.columns import DEAD_OPERATOR
 from fissure.worker.graph_pe import ROUTE
 from fissure.worker.graph_profiling import GraphProfileTally, GraphProfileTallyParam
 
@@ -154,15 +154,7 @@ class GraphRunner:
         started_s = time.monotonic()
         frame = frame.persist()
         try:
-            dead = frame.filter(F.col(DEAD_OPERATOR).isNotNull()).select(DEAD_OPERATOR, DEAD_ERROR, DEAD_RECORD, SEQ)
-            dead_count = dead.count()
-            if dead_count:
-                self.dead_letter_log.count += dead_count
-                self.dead_letter_log.write(dead, batch_id)
-                if self.dead_letter_sink is not None:
-                    self.dead_letter_sink.write(
-                        dead.select(F.col(DEAD_OPERATOR).alias("operator"), F.col(DEAD_ERROR).alias("error"),
-                                    F.col(DEAD_RECORD).alias("record"), F.col(SEQ).alias("seq")), batch_id)
+            dead_count = write_dead_letters(frame, batch_id, self.dead_letter_log, self.dead_letter_sink)
             counts = {row[ROUTE]: row["count"] for row in
                       frame.filter(F.col(DEAD_OPERATOR).isNull()).groupBy(ROUTE).count().collect()}
             sink_rows = {}
