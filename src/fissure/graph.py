@@ -440,6 +440,20 @@ class Pipeline:
         return self
 
 
+def check_operator_fields(operator: Operator, upstream: pa.Schema, input_description: str) -> None:
+    """Refuse an operator that reads, is keyed on or is ordered by a field its input lacks."""
+    needed = list(operator.reads) + list(operator.key or ()) + ([operator.order_by] if operator.order_by else [])
+    for field_name in needed:
+        if field_name not in upstream.names:
+            role = ("is keyed on" if operator.key and field_name in operator.key else
+                    "is ordered by" if field_name == operator.order_by else "reads")
+            raise PipelineError(
+                f"operator {operator.name!r} ({operator.callable_name}) {role} field {field_name!r}, "
+                f"but {input_description} has only {', '.join(upstream.names)}; "
+                f"rename the field upstream or declare it in the schema= of an earlier operator"
+            )
+
+
 def output_schemas(pipeline: Pipeline, source_schema: pa.Schema) -> dict[str, pa.Schema]:
     """Each operator's output schema, checking that every operator gets the fields it reads.
 
@@ -452,16 +466,7 @@ def output_schemas(pipeline: Pipeline, source_schema: pa.Schema) -> dict[str, pa
     schemas: dict[str, pa.Schema] = {}
     upstream, upstream_label = source_schema, "the source"
     for operator in pipeline.operators:
-        needed = list(operator.reads) + list(operator.key or ()) + ([operator.order_by] if operator.order_by else [])
-        for field_name in needed:
-            if field_name not in upstream.names:
-                role = ("is keyed on" if operator.key and field_name in operator.key else
-                        "is ordered by" if field_name == operator.order_by else "reads")
-                raise PipelineError(
-                    f"operator {operator.name!r} ({operator.callable_name}) {role} field {field_name!r}, "
-                    f"but its input from {upstream_label} has only {', '.join(upstream.names)}; "
-                    f"rename the field upstream or declare it in the schema= of an earlier operator"
-                )
+        check_operator_fields(operator, upstream, f"its input from {upstream_label}")
         schemas[operator.name] = operator.schema if operator.schema is not None else upstream
         upstream, upstream_label = schemas[operator.name], f"operator {operator.name!r}"
     return schemas

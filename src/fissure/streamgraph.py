@@ -44,6 +44,7 @@ from fissure.graph import (
     _NAME_PATTERN,
     RESERVED_FIELD_PREFIX,
     Operator,
+    check_operator_fields,
     Pipeline,
     PipelineError,
     SchemaSpec,
@@ -435,15 +436,7 @@ def _check_join_fn(name: str, fn) -> None:
 
 
 def _check_operator_fields(operator: Operator, upstream: pa.Schema, upstream_name: str) -> None:
-    needed = list(operator.reads) + list(operator.key or ()) + ([operator.order_by] if operator.order_by else [])
-    for field_name in needed:
-        if field_name not in upstream.names:
-            role = ("is keyed on" if operator.key and field_name in operator.key else
-                    "is ordered by" if field_name == operator.order_by else "reads")
-            raise PipelineError(
-                f"operator {operator.name!r} ({operator.callable_name}) {role} field {field_name!r}, but its input "
-                f"{upstream_name!r} has only {', '.join(upstream.names)}; rename the field upstream or declare it in "
-                f"the schema= of an earlier operator")
+    check_operator_fields(operator, upstream, f"its input {upstream_name!r}")
 
 
 def _union_schema(node: Node, inputs: list[tuple[str, pa.Schema | None]]) -> pa.Schema | None:
