@@ -318,6 +318,20 @@ def cost_change(spark, work: Path, change: CostChange, quick: bool, stem: str) -
     }
 
 
+def rollback_window(entries: list[dict], applied_at: int | None, rolled_back_at: int | None) -> dict:
+    """What happened between applying the bad plan and rolling it back, from the timeline: the
+    batches discarded after the switch, the batches evaluated, and whether the verdict came at the
+    end of the first evaluation window (no second window, no keep in between)."""
+    if applied_at is None or rolled_back_at is None:
+        return {"discarded_batches": None, "evaluated_batches": None, "within_one_window": False}
+    between = [entry for entry in entries if applied_at < entry["batch_id"] < rolled_back_at]
+    discarded = sum("discarded" in entry["reason"] for entry in between)
+    evaluated = sum(entry["reason"].startswith("evaluating") for entry in between)
+    other_verdicts = [entry for entry in between if entry["action"] not in ("observe",)]
+    return {"discarded_batches": discarded, "evaluated_batches": evaluated,
+            "within_one_window": not other_verdicts}
+
+
 def bad_injection(spark, work: Path, size: Size, quick: bool, stem: str, inject_at: int) -> dict:
     pipeline = heavy_chain(5.0)  # cheap: the exchanges and the extra state stage only cost
     report = run_adaptive_on_spark(pipeline, inputs(work / "bad-in", size), NoopSink(), spark=spark,
@@ -329,7 +343,10 @@ def bad_injection(spark, work: Path, size: Size, quick: bool, stem: str, inject_
     applied = [entry for entry in entries if entry.action == "apply" and entry.plan_after == bad]
     rolled_back = [entry for entry in entries if entry.action in ("revert", "halt") and entry.plan == bad]
     save_timeline(report.timeline, stem + "_bad-injection")
+    window = rollback_window([asdict(entry) for entry in entries], applied[0].batch_id if applied else None,
+                             rolled_back[0].batch_id if rolled_back else None)
     return {
+        **window,
         "injected_plan": bad,
         "applied_at_batch": applied[0].batch_id if applied else None,
         "rolled_back_at_batch": rolled_back[0].batch_id if rolled_back else None,
@@ -456,7 +473,11 @@ def markdown(document: dict) -> str:
         lines += ["## (c) an injected bad change", "",
                   f"`{bad['injected_plan']}` applied at batch {bad['applied_at_batch']}, rolled back at batch"
                   f" {bad['rolled_back_at_batch']} ({bad['batches_until_rollback']} batches later); tried again:"
-                  f" {bad['retried']}.", ""]
+                  f" {bad['retried']}.", "",
+                  f"Between the two: {bad.get('discarded_batches')} batch discarded after the restart, then"
+                  f" {bad.get('evaluated_batches')} batches evaluated, and the verdict at the end of that first"
+                  f" evaluation window (at least {AdaptiveConfig().evaluation_batches} batches and"
+                  f" {AdaptiveConfig().evaluation_s:g} s): within one window: {bad.get('within_one_window')}.", ""]
         lines += [f"- {reason}" for reason in bad["reasons"]]
         lines.append("")
     if costs is not None:

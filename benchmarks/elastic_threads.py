@@ -22,6 +22,7 @@ count, and settled again after the latency change.
 papers' rules as written against the improved policies, the share of the best level they settle at.
 
     ./dev python benchmarks/elastic_threads.py             # full run, about 23 minutes, quiet machine
+    ./dev python benchmarks/elastic_threads.py --repeats 5 # five elastic runs per policy, about 35 minutes
     ./dev python benchmarks/elastic_threads.py --quick     # smoke test, seconds (numbers mean nothing)
     ./dev python benchmarks/elastic_threads.py --sim-only  # policies on synthetic curves
 
@@ -452,7 +453,11 @@ def simulate_policies(count: int) -> dict:
     """Per noise, policy and variant: the settled share of the best (the elastic-sim contract),
     the true mean throughput over each phase's last quarter as a share of the best (what probing
     in the settled quarter costs) and the level changes in that quarter."""
-    variants = {"as written": ElasticityConfig.as_written(), "improved": ElasticityConfig()}
+    variants = {
+        "as written": ElasticityConfig.as_written(),
+        "improved (1-10, whole rescan)": ElasticityConfig(load_change_scan_span=None),
+        "improved (1-11)": ElasticityConfig(),
+    }
     table = {}
     for noise in SIM_NOISES:
         for policy in POLICY_NAMES:
@@ -626,8 +631,14 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="smoke test: few levels, short runs")
     parser.add_argument("--sim-only", action="store_true", help="only the policies on synthetic curves")
     parser.add_argument("--out", type=Path, default=RESULTS, help="results folder (default: benchmarks/results)")
+    parser.add_argument("--repeats", type=int, default=None,
+                        help=f"elastic runs per policy (default {Settings().repeats}; more give a steadier median)")
     args = parser.parse_args()
     settings = QUICK if args.quick else Settings()
+    if args.repeats is not None:
+        if args.repeats < 1:
+            parser.error("--repeats must be at least 1")
+        settings = replace(settings, repeats=args.repeats)
     suffix = "_quick" if args.quick else ""
     args.out.mkdir(parents=True, exist_ok=True)
 

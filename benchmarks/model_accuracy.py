@@ -154,7 +154,12 @@ def measure_run(spark, pipeline, source, plan, work: Path, profile=True) -> dict
               for batch in runner.query.recentProgress if int(batch["batchId"]) > 0 and batch["numInputRows"]]
     records = sum(count for count, _ in steady)
     seconds = sum(duration for _, duration in steady)
-    return {"records_per_s": records / seconds if seconds else float("nan"),
+    durations_ms: dict[str, float] = {}  # Spark's per-phase durations, summed over the steady batches
+    for batch in runner.query.recentProgress:
+        if int(batch["batchId"]) > 0 and batch["numInputRows"]:
+            for phase, value in batch["durationMs"].items():
+                durations_ms[phase] = durations_ms.get(phase, 0.0) + float(value)
+    return {"records_per_s": records / seconds if seconds else float("nan"), "durations_ms": durations_ms,
             "batch_records": statistics.median(count for count, _ in steady) if steady else 0,
             "batches": len(steady), "profile": report.profile}
 

@@ -10,9 +10,18 @@ against the same operators timed alone.
       profiler's fixed work per batch weighs most;
     - `mixed`: busy operators of known cost with a filter, a keyed and an unkeyed stateful
       operator (benchmarks/model_accuracy.py's `mixed` chain).
-(b) Accuracy: the profiled CPU cost per record of busy-loop operators of known cost (5-80 us)
-    run on Spark, against the same functions timed in isolation in this process (thread CPU time,
-    median of five) before and after the runs.
+(b) Accuracy: the profiled CPU cost per record of synthetic operators of known cost (5-80 us)
+    run on Spark, in one fused chain:
+    - `spin<N>`: spins until its thread's CPU clock has advanced N us: its CPU cost is N us by
+      construction, whatever the machine's speed does, plus the call and the record copy (about
+      1 us, which the profiler rightly charges to the operator);
+    - `busy<N>`: a fixed number of multiplications (about N us): a cost defined by work, whose time
+      follows the machine's speed.
+    The reference of both is the same function timed in isolation in this process (thread CPU time, median of five passes), just before every Spark run, twice: on an
+      idle machine, and with a busy process on the other core (as Spark's JVM and task threads
+      keep it during the run: on this 2-core VM a neighbour's load slows a thread's work by a
+      measurable share). Earlier runs timed the reference only before and after all the Spark
+      runs and saw the ratio swing from 0.90 to 1.21 between two runs of the script.
 (c) The profiler's own CPU cost, in this process (thread CPU time: a busy machine hardly moves it):
     a fused stage of four cheap maps over 10,000-record batches with and without profiling, and a
     stateful update with and without its counting wrapper, alternating, medians.
@@ -51,26 +60,60 @@ def light_pipeline() -> Pipeline:
     return pipeline
 
 
+class CpuSpinMap:
+    """A map whose CPU cost is known by construction: it spins until its thread's CPU clock has
+    advanced `cost_us` microseconds (plus the record copy, well under a microsecond)."""
+
+    def __init__(self, cost_us: float) -> None:
+        self.cost_s = cost_us / 1e6
+
+    def __call__(self, record):
+        until = time.thread_time() + self.cost_s
+        while time.thread_time() < until:
+            pass
+        return {**record, "x": record["x"] + 1.0}
+
+
 def known_cost_pipeline() -> Pipeline:
     pipeline = Pipeline("known")
+    for cost in KNOWN_COSTS_US:
+        pipeline = pipeline.map(f"spin{cost}", CpuSpinMap(cost))
     for cost in KNOWN_COSTS_US:
         pipeline = pipeline.map(f"busy{cost}", shared.BusyMap(cost))
     return pipeline
 
 
-def isolated_costs_us(pipeline: Pipeline, records: int = 2000) -> dict[str, float]:
-    """Each operator's CPU time per record, alone in this process: the median of five passes."""
+def _spin_forever() -> None:
+    while True:
+        pass
+
+
+def isolated_costs_us(pipeline: Pipeline, records: int = 2000, loaded: bool = False) -> dict[str, float]:
+    """Each operator's CPU time per record, alone in this process: the median of five passes.
+    `loaded`: with a process spinning beside it (the other core busy, as during a Spark run)."""
+    import multiprocessing
+
     rows = [{"i": i, "k": "k", "x": float(i % 997) + 0.5} for i in range(records)]
-    costs = {}
-    for operator in pipeline.operators:
-        samples = []
-        for _ in range(5):
-            started = time.thread_time()
-            for row in rows:
-                operator.fn(row)
-            samples.append(1e6 * (time.thread_time() - started) / records)
-        costs[operator.name] = statistics.median(samples)
-    return costs
+    neighbour = None
+    if loaded:
+        neighbour = multiprocessing.get_context("fork").Process(target=_spin_forever, daemon=True)
+        neighbour.start()
+        time.sleep(0.05)
+    try:
+        costs = {}
+        for operator in pipeline.operators:
+            samples = []
+            for _ in range(5):
+                started = time.thread_time()
+                for row in rows:
+                    operator.fn(row)
+                samples.append(1e6 * (time.thread_time() - started) / records)
+            costs[operator.name] = statistics.median(samples)
+        return costs
+    finally:
+        if neighbour is not None:
+            neighbour.terminate()
+            neighbour.join()
 
 
 def in_process_cpu_overhead(rounds: int) -> dict:
@@ -132,33 +175,57 @@ def overhead(spark, name, pipeline, source, args, work) -> dict:
         print(f"[{name}] warm-up: {label}", flush=True)
         shared.measure_run(spark, pipeline, source, plan, work, profile)
     rates = {"profiled": [], "unprofiled": []}
+    durations = {"profiled": [], "unprofiled": []}
     for repeat in range(args.repeats):
         for label, profile in variants if repeat % 2 == 0 else variants[::-1]:  # ABBA: no order bias
             print(f"[{name}] repeat {repeat + 1}/{args.repeats}: {label}", flush=True)
-            rates[label].append(shared.measure_run(spark, pipeline, source, plan, work, profile)["records_per_s"])
+            run = shared.measure_run(spark, pipeline, source, plan, work, profile)
+            rates[label].append(run["records_per_s"])
+            durations[label].append(run["durations_ms"])
     pair_ratios = [profiled / unprofiled for profiled, unprofiled in zip(rates["profiled"], rates["unprofiled"])]
     ratio = statistics.median(pair_ratios)
+    # Where a difference would sit: Spark's per-phase durations (addBatch holds the job, the tasks'
+    # accumulator updates and the foreachBatch write; the others are the driver's bookkeeping).
+    phases = sorted(set().union(*(run.keys() for runs in durations.values() for run in runs)))
+    phase_ms = {phase: {label: statistics.median(run.get(phase, 0.0) for run in runs)
+                        for label, runs in durations.items()} for phase in phases}
     return {"runs_per_s": rates, "pair_ratios": pair_ratios, "profiled_over_unprofiled": ratio,
+            "phase_ms_median": phase_ms,
+            "pair_ratio_quartiles": statistics.quantiles(pair_ratios, n=4) if len(pair_ratios) >= 2 else None,
             "ratio_of_medians": statistics.median(rates["profiled"]) / statistics.median(rates["unprofiled"]),
             "overhead": 1 - ratio}
 
 
 def accuracy(spark, source, args, work) -> dict:
+    """Profiled cost per operator (median over the runs) against its reference: the operator
+    timed alone just before each run (median over the runs), idle and with the other core busy."""
     pipeline = known_cost_pipeline()
-    before = isolated_costs_us(pipeline)
-    summaries = []
-    for repeat in range(args.repeats):
-        print(f"[known costs] repeat {repeat + 1}/{args.repeats}", flush=True)
-        summaries.append(shared.measure_run(spark, pipeline, source, Plan((RegionPlan((pipeline.names,), 1),)),
-                                            work)["profile"])
-    after = isolated_costs_us(pipeline)
+    plan = Plan((RegionPlan((pipeline.names,), 1),))
+    idle, loaded, summaries = [], [], []
+    for repeat in range(args.accuracy_repeats):
+        print(f"[known costs] repeat {repeat + 1}/{args.accuracy_repeats}", flush=True)
+        idle.append(isolated_costs_us(pipeline))
+        loaded.append(isolated_costs_us(pipeline, loaded=True))
+        summaries.append(shared.measure_run(spark, pipeline, source, plan, work)["profile"])
     rows = []
     for operator in pipeline.names:
         profiled = statistics.median(summary.operator(operator).cost_us for summary in summaries)
-        isolated = statistics.median([before[operator], after[operator]])
-        rows.append({"operator": operator, "isolated_us": isolated, "profiled_us": profiled,
-                     "ratio": profiled / isolated})
-    return {"operators": rows, "worst_deviation": max(abs(row["ratio"] - 1) for row in rows)}
+        isolated = statistics.median(costs[operator] for costs in idle)
+        isolated_loaded = statistics.median(costs[operator] for costs in loaded)
+        spin = operator.startswith("spin")
+        rows.append({"operator": operator, "defined_by": "CPU time" if spin else "work",
+                     "nominal_us": float(operator.removeprefix("spin" if spin else "busy")),
+                     "isolated_us": isolated, "isolated_loaded_us": isolated_loaded, "profiled_us": profiled,
+                     "profiled_per_run_us": [summary.operator(operator).cost_us for summary in summaries],
+                     "ratio": profiled / isolated, "ratio_loaded": profiled / isolated_loaded})
+    spins = [row for row in rows if row["defined_by"] == "CPU time"]
+    works = [row for row in rows if row["defined_by"] == "work"]
+    return {"operators": rows,
+            "worst_deviation_cpu_defined": max(abs(row["ratio"] - 1) for row in spins),
+            "worst_deviation_work_idle": max(abs(row["ratio"] - 1) for row in works),
+            "worst_deviation_work_loaded": max(abs(row["ratio_loaded"] - 1) for row in works),
+            # 1 + the share a busy neighbour core adds to a work-defined operator's CPU time
+            "neighbour_slowdown": statistics.median(row["isolated_loaded_us"] / row["isolated_us"] for row in works)}
 
 
 def write_outputs(document: dict, out_dir: Path, stem: str) -> None:
@@ -180,6 +247,17 @@ def write_outputs(document: dict, out_dir: Path, stem: str) -> None:
         lines.append(f"| {name} | {statistics.median(item['runs_per_s']['profiled']):,.0f} | "
                      f"{statistics.median(item['runs_per_s']['unprofiled']):,.0f} | {pairs} | "
                      f"{100 * item['overhead']:+.1f} % |")
+    lines += ["", "Quartiles of the pair ratios (the spread the median sits in): " + "; ".join(
+        f"{name} {', '.join(f'{value:.3f}' for value in item['pair_ratio_quartiles'])}"
+        for name, item in document["overhead"].items() if item.get("pair_ratio_quartiles")), "",
+        "Spark's per-phase durations summed over a run's steady batches (medians over the runs, ms): a "
+        "profiling cost would show in `addBatch` (the job, the tasks' accumulator updates, the foreachBatch "
+        "write) or in the driver's phases.", "",
+        "| workload | phase | profiled ms | unprofiled ms | difference |", "| --- | --- | ---: | ---: | ---: |"]
+    for name, item in document["overhead"].items():
+        for phase, values in item.get("phase_ms_median", {}).items():
+            lines.append(f"| {name} | {phase} | {values['profiled']:.0f} | {values['unprofiled']:.0f} | "
+                         f"{values['profiled'] - values['unprofiled']:+.0f} |")
     cpu = document["in_process"]
     lines += ["", "## The profiler's own CPU cost (in one process, thread CPU time)", "",
               f"- fused stage of four cheap maps, 10,000-record batches: "
@@ -188,10 +266,24 @@ def write_outputs(document: dict, out_dir: Path, stem: str) -> None:
               f"- stateful update wrapper: {cpu['stateful_wrapper_ns']:.0f} ns per record "
               f"({cpu['stateful_ns_per_record']['unprofiled']:.0f} ns for the bare update; Spark's state handler "
               f"spends microseconds per record around it)"]
+    acc = document["accuracy"]
     lines += ["", "## Profiled cost against the cost measured in isolation (target: within 10 %)", "",
-              "| operator | isolated us/record | profiled us/record | ratio |", "| --- | --- | --- | --- |"]
-    for row in document["accuracy"]["operators"]:
-        lines.append(f"| {row['operator']} | {row['isolated_us']:.2f} | {row['profiled_us']:.2f} | {row['ratio']:.3f} |")
+              "One fused chain of six operators on Spark, profiled cost = median over the runs. `spin<N>` "
+              "spins on its thread's CPU clock for N us (N by construction, plus the call and the record copy); "
+              "`busy<N>` does a fixed amount of work (about N us). Reference: the same function timed alone "
+              "in this process just before every Spark run, on the idle machine and with a process spinning "
+              "on the other core (medians over the runs).", "",
+              "| operator | cost defined by | nominal us | reference us/record (idle) | reference, other core busy | "
+              "profiled us/record on Spark | ratio to idle | ratio to loaded |",
+              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for row in acc["operators"]:
+        lines.append(f"| {row['operator']} | {row['defined_by']} | {row['nominal_us']:g} | {row['isolated_us']:.2f} | "
+                     f"{row['isolated_loaded_us']:.2f} | {row['profiled_us']:.2f} | {row['ratio']:.3f} | "
+                     f"{row['ratio_loaded']:.3f} |")
+    lines += ["", f"Worst deviation from the idle reference: CPU-defined operators "
+              f"{100 * acc['worst_deviation_cpu_defined']:.1f} %, work-defined {100 * acc['worst_deviation_work_idle']:.1f} %"
+              f" (against the loaded reference: {100 * acc['worst_deviation_work_loaded']:.1f} %). A busy neighbour "
+              f"core multiplies a work-defined operator's CPU time by {acc['neighbour_slowdown']:.3f} (median)."]
     lines += ["", f"![overhead]({stem}.png)"]
     (out_dir / f"{stem}.md").write_text("\n".join(lines) + "\n")
     plot(document, out_dir / f"{stem}.png")
@@ -211,11 +303,16 @@ def plot(document: dict, path: Path) -> None:
     left.set_title("Profiling overhead (median of paired ratios)")
     left.legend()
     rows = document["accuracy"]["operators"]
-    right.scatter([row["isolated_us"] for row in rows], [row["profiled_us"] for row in rows], color="tab:blue")
-    top = max(max(row["isolated_us"], row["profiled_us"]) for row in rows) * 1.2
+    for defined_by, key, colour, label in (("CPU time", "isolated_us", "tab:blue", "spin (known CPU cost)"),
+                                           ("work", "isolated_us", "tab:orange", "busy vs idle reference"),
+                                           ("work", "isolated_loaded_us", "tab:green", "busy vs loaded reference")):
+        chosen = [row for row in rows if row["defined_by"] == defined_by]
+        right.scatter([row[key] for row in chosen], [row["profiled_us"] for row in chosen], color=colour, label=label)
+    right.legend(fontsize=8)
+    top = max(max(row["isolated_us"], row["isolated_loaded_us"], row["profiled_us"]) for row in rows) * 1.2
     right.plot([0, top], [0, top], color="grey", linewidth=1)
     right.fill_between([0, top], [0, top * 0.9], [0, top * 1.1], color="grey", alpha=0.15)
-    right.set_xlabel("cost timed in isolation (us/record)")
+    right.set_xlabel("reference cost (us/record)")
     right.set_ylabel("profiled cost on Spark (us/record)")
     right.set_title("Profiled vs isolated cost (band: +/-10 %)")
     figure.tight_layout()
@@ -229,10 +326,12 @@ def main(argv=None) -> int:
     parser.add_argument("--records", type=int, default=100_000)
     parser.add_argument("--files", type=int, default=5, help="input files = micro-batches (the first is warm-up)")
     parser.add_argument("--repeats", type=int, default=9)
+    parser.add_argument("--accuracy-repeats", type=int, default=5, help="Spark runs of the known-cost chain")
+    parser.add_argument("--accuracy-records", type=int, default=30_000, help="records of the known-cost chain's input")
     parser.add_argument("--master", default="local[2]")
     args = parser.parse_args(argv)
     if args.quick:
-        args.records, args.files, args.repeats = 2000, 3, 3
+        args.records, args.files, args.repeats, args.accuracy_repeats, args.accuracy_records = 2000, 3, 3, 2, 2000
     shared.LOOPS_PER_US = shared.busy_loops_per_us()
     document = shared.run_header("profiling_overhead.py", argv, args.master, args.quick)
     work = Path(tempfile.mkdtemp(prefix="fissure-profiling-"))
@@ -244,7 +343,8 @@ def main(argv=None) -> int:
     source = shared.synthetic_source(work / "input", args.records, args.files)
     document["overhead"] = {"light": overhead(spark, "light", light_pipeline(), source, args, work),
                             "mixed": overhead(spark, "mixed", shared.mixed_pipeline(), source, args, work)}
-    document["accuracy"] = accuracy(spark, source, args, work)
+    known_source = shared.synthetic_source(work / "known-input", args.accuracy_records, args.files)
+    document["accuracy"] = accuracy(spark, known_source, args, work)
     shared.publish(document, "profiling_overhead_quick" if args.quick else "profiling_overhead", write_outputs)
     spark.stop()
     return 0

@@ -75,6 +75,7 @@ class TestConfig:
             ("cpu_usage_limit", 0),
             ("ladder_ratio", 0.5),
             ("coarse_scan_ratio", 1.0),
+            ("load_change_scan_span", 1.0),
             ("smoothing_window", 0),
             ("trust_horizon_periods", 0),
             ("trend_noise_z", -1),
@@ -94,6 +95,7 @@ class TestConfig:
         assert (paper.ladder_ratio, paper.smoothing_window, paper.load_change_confirmations) == (1.0, 1, 1)
         assert not paper.sensitivity_per_doubling and not paper.refine and not paper.elastic_operator_load_change
         assert paper.trust_horizon_periods is None and paper.coarse_scan_ratio is None
+        assert paper.load_change_scan_span is None
         assert paper.decrease_guard_margin is None and paper.trend_noise_z == 0 and paper.load_change_noise_z == 0
         assert paper.sensitivity == 0.05  # SENS of the Streams paper
         assert not paper.settle and paper.load_change_window is None and paper.refine_samples == 1
@@ -411,6 +413,72 @@ class TestSettledState:
         assert at_ten.reason == "settled: level 10 departs from its record; measure again"
         assert any("load changed" in decision.reason for decision in decisions)
         assert policy.level == 10 and decisions[-1].reason.startswith("settled at level 10")
+
+
+class TestLocalRescan:
+    """Improvement 11: the first epoch scans the whole range; after a change in load only the
+    levels around the one in force are scanned, and the rules go on from the best of them."""
+
+    @staticmethod
+    def scanned(decisions) -> list[int]:
+        return [d.level for d in decisions if ": measure level" in d.reason and "refine" not in d.reason]
+
+    @pytest.mark.parametrize("policy_name", POLICY_NAMES)
+    def test_after_a_change_in_load_the_scan_stays_near_the_level_in_force(self, policy_name):
+        policy = make_policy(policy_name, IMPROVED)
+        curve = tent_curve(32, 16, base_share=0.1, fall_per_level=0.02, peak_rate=1000.0)
+        first = TestSettledState.run(policy, curve, 60)
+        assert self.scanned(first)[:3] == [2, 3, 5]  # the whole range at the start
+        held = policy.level
+        assert 12 <= held <= 20
+        lower = [rate * 0.6 for rate in curve]  # every level 40 % slower: a change in load
+        after = TestSettledState.run(policy, lower, 90)
+        change = next(index for index, d in enumerate(after) if "load changed" in d.reason)
+        rescan = self.scanned(after[change:change + 6])
+        assert rescan and all(held / 2 <= level <= held * 2 for level in rescan), rescan
+        assert "scan around level" in after[change].reason
+        assert policy.level in range(14, 19)  # found the best again (16, within the 2 % steps)
+
+    def test_a_best_that_moved_far_is_still_reached_by_the_rules(self):
+        policy = make_policy("trust-trend", IMPROVED)
+        TestSettledState.run(policy, tent_curve(32, 24, base_share=0.1, fall_per_level=0.04, peak_rate=1000.0), 60)
+        assert policy.level >= 20
+        moved = tent_curve(32, 4, base_share=0.1, fall_per_level=0.04, peak_rate=700.0)
+        TestSettledState.run(policy, moved, 100)
+        assert share_of_best(moved, policy.level) >= 0.95, policy.level
+
+    @pytest.mark.parametrize("policy_name", POLICY_NAMES)
+    def test_a_rescan_that_lands_on_a_flat_floor_widens_until_it_finds_the_slope(self, policy_name):
+        # Settled high up; then the service collapses above 12 threads (the same low rate at every
+        # level from 13 on) and peaks at 5: around the old level nothing has a slope to follow.
+        policy = make_policy(policy_name, IMPROVED)
+        TestSettledState.run(policy, plateau_curve(32, 28, rate_per_thread=40.0), 70)
+        assert policy.level >= 24
+        collapsed = [418, 554, 690, 826, 962, 854, 747, 639, 531, 424, 316, 208] + [48.0] * 20
+        decisions = TestSettledState.run(policy, collapsed, 90)
+        assert any("not clearly below it" in decision.reason for decision in decisions)
+        assert share_of_best(collapsed, policy.level) >= 0.95, policy.level
+
+    def test_the_scan_climbs_no_higher_once_the_cpu_is_busy(self):
+        # Two cores: GIL-free work keeps them busy from two threads on; more threads only cost.
+        policy = make_policy("trust-trend", IMPROVED)
+        curve = [500.0, 1000.0, 1000.0] + [900.0] * 29
+        decisions = []
+        for period in range(1, 12):
+            level = policy.level
+            usage = min(1.0, 0.48 * level)
+            decisions.append(policy.decide(PeriodMeasurement(now_s=float(period), throughput_per_s=curve[level - 1],
+                                                             cpu_usage=usage)))
+        assert max(decision.level for decision in decisions) <= 2, [d.level for d in decisions]
+        assert "scan no higher than level 2" in decisions[1].reason
+
+    def test_off_rescans_the_whole_range(self):
+        policy = make_policy("trust-trend", ElasticityConfig(max_threads=32, load_change_scan_span=None))
+        curve = tent_curve(32, 16, base_share=0.1, fall_per_level=0.02, peak_rate=1000.0)
+        TestSettledState.run(policy, curve, 60)
+        after = TestSettledState.run(policy, [rate * 0.6 for rate in curve], 60)
+        change = next(index for index, d in enumerate(after) if "load changed" in d.reason)
+        assert 1 in [d.level for d in after[change:change + 8]]
 
 
 class TestThreadingVerdict:

@@ -60,6 +60,13 @@ varies by 10-15 %, which single-sample comparisons cannot resolve at all: improv
    interval to the next one. The rules run the search; the settled state replaces their
    re-probing (the trust horizon, the elastic operator's peak decay and invalidation) until a
    change in load, which starts a new epoch (scan, rules, refinement) as before.
+11. Local rescan (`load_change_scan_span`): after a change in load the coarse scan covers only its
+   levels within that factor of the level in force, not the whole range from 1, and goes on past
+   an end of it that is the best or not clearly below the best (a best that moved far, or a floor
+   or plateau with no slope for the rules). A new epoch's scan of levels 1, 2, 3 costs most of its
+   periods' throughput, and a change that was only the machine drifting (a slow 20-30 % swing at
+   one level passes the tests of 5) pays all of it. Every scan climbs only while the CPU usage is
+   acceptable (the Streams paper's check before any increase).
 """
 
 from __future__ import annotations
@@ -115,6 +122,8 @@ class ElasticityConfig:
             is forgotten; None is the papers' (trust lasts until a change in load). Not applied in
             the settled state (improvement 10), whose probes refresh the neighbours.
         coarse_scan_ratio: improvement 7, geometric step of the scanned levels; None: no scan.
+        load_change_scan_span: improvement 11, after a change in load scan only the coarse scan's
+            levels from (level in force / span) to (level in force x span); None: all of them.
         refine: improvement 8, measure the levels between the neighbouring rungs once the rules hold.
         settle_tie_margin: improvement 8, levels within this share of the best count as equal, and
             the smallest wins (fewer threads for the same throughput).
@@ -156,6 +165,7 @@ class ElasticityConfig:
     elastic_operator_load_change: bool = True
     trust_horizon_periods: int | None = 40
     coarse_scan_ratio: float | None = 1.6
+    load_change_scan_span: float | None = 2.0
     refine: bool = True
     settle_tie_margin: float = 0.01
     refine_samples: int = 6
@@ -185,6 +195,8 @@ class ElasticityConfig:
             raise ValueError(f"ladder_ratio must be >= 1 (1 means neighbours +-1), got {self.ladder_ratio}")
         if self.coarse_scan_ratio is not None and not self.coarse_scan_ratio > 1:
             raise ValueError(f"coarse_scan_ratio must be > 1 or None, got {self.coarse_scan_ratio}")
+        if self.load_change_scan_span is not None and not self.load_change_scan_span > 1:
+            raise ValueError(f"load_change_scan_span must be > 1 or None, got {self.load_change_scan_span}")
         if self.smoothing_window < 1 or self.load_change_confirmations < 1 or self.refine_samples < 1:
             raise ValueError("smoothing_window, load_change_confirmations and refine_samples must be >= 1")
         if self.trust_horizon_periods is not None and self.trust_horizon_periods < 1:
@@ -218,6 +230,7 @@ class ElasticityConfig:
             elastic_operator_load_change=False,
             trust_horizon_periods=None,
             coarse_scan_ratio=None,
+            load_change_scan_span=None,
             refine=False,
             refine_samples=1,
             decrease_guard_margin=None,
@@ -401,6 +414,7 @@ class _Survey:
     purpose: str
     todo: deque[int]
     candidates: tuple[int, ...]
+    local: bool = False  # improvement 11: around the level in force, extended while needed
 
 
 @dataclass
@@ -498,7 +512,7 @@ class _PolicyBase:
         self._records[self._level].record(throughput, self._time)
         self._after_record()
         if self._survey is not None:
-            return self._continue_survey(now_s, prefix)
+            return self._continue_survey(measurement, prefix)
         if self._race is not None:
             return self._continue_race(now_s, prefix)
         if self._settled is not None:
@@ -673,8 +687,10 @@ class _PolicyBase:
             if record.trusted and level != self._level and self._time - record.last_time > horizon:
                 record.forget()
 
-    def _start_epoch(self) -> None:
-        """Forget every record, reset the ladder, and schedule the coarse scan (improvement 7)."""
+    def _start_epoch(self, after_load_change: bool = False) -> None:
+        """Forget every record, reset the ladder, and schedule the coarse scan (improvement 7):
+        the whole range at the start, the levels around the one in force after a change in load
+        (improvement 11)."""
         for record in self._records.values():
             record.forget()
         self._refined.clear()
@@ -685,9 +701,15 @@ class _PolicyBase:
         ratio = self.config.coarse_scan_ratio
         if ratio is not None:
             scan = geometric_ladder(self.config.min_threads, self.config.max_threads, ratio)
+            span = self.config.load_change_scan_span
+            purpose = "coarse scan"
+            if after_load_change and span is not None:
+                scan = tuple(level for level in scan if self._level / span <= level <= self._level * span)
+                purpose = f"scan around level {self._level}"
             # Start with the level in force (it is measured now anyway), then climb.
             todo = [level for level in scan if level != self._level]
-            self._survey = _Survey("coarse scan", deque(todo), tuple(sorted({self._level, *scan})))
+            local = after_load_change and span is not None
+            self._survey = _Survey(purpose, deque(todo), tuple(sorted({self._level, *scan})), local=local)
 
     def _start_refinement(self, now_s: float, prefix: str) -> ThreadLevelDecision | None:
         """Improvement 8: the rules hold at a rung; race the levels between its neighbours."""
@@ -882,16 +904,60 @@ class _PolicyBase:
         horizon = self.config.trust_horizon_periods
         return horizon is None or self._time - self._refined[level] <= REFINEMENT_HORIZONS * horizon
 
-    def _continue_survey(self, now_s: float, prefix: str) -> ThreadLevelDecision:
+    def _continue_survey(self, measurement: PeriodMeasurement, prefix: str) -> ThreadLevelDecision:
+        """The scan's next level, or the rules from the best scanned. The scan climbs only while
+        the CPU usage is acceptable (the Streams paper's check before any increase): levels above a
+        level that already keeps the machine busy are dropped from it."""
         survey = self._survey
         assert survey is not None
+        now_s = measurement.now_s
+        if survey.todo and not cpu_usage_acceptable(self.config, measurement):
+            dropped = [level for level in survey.todo if level > self._level]
+            if dropped:
+                survey.todo = deque(level for level in survey.todo if level <= self._level)
+                survey.candidates = tuple(level for level in survey.candidates if level not in dropped)
+                prefix += f"CPU usage {measurement.cpu_usage:.0%}: scan no higher than level {self._level}; "
+        if not survey.todo and survey.local:
+            prefix += self._extend_local_scan(survey, measurement)
         if survey.todo:
             level = survey.todo.popleft()
             return self._move(level, now_s, prefix + f"{survey.purpose}: measure level {level}")
         self._survey = None
         chosen = self._best_of(survey.candidates)
         self._ladder.reset(chosen)
-        return self._move(chosen, now_s, prefix + f"coarse scan: start the rules from level {chosen}, the best scanned")
+        reason = f"{survey.purpose}: start the rules from level {chosen}, the best scanned"
+        return self._move(chosen, now_s, prefix + reason)
+
+    def _extend_local_scan(self, survey: _Survey, measurement: PeriodMeasurement) -> str:
+        """Improvement 11: a local scan goes on along the coarse scan's levels, one at a time,
+        beyond its lowest (highest) level while that level is the best or not clearly below the
+        best (2 standard errors): the best moved farther than the span, or the scan sits on a
+        plateau or a floor with no slope for the rules to follow, which may hide a peak beyond.
+        Upwards only while the CPU usage is acceptable. Returns a reason prefix ("" when done)."""
+        measured = [level for level in survey.candidates if self._records[level].trusted]
+        if not measured:
+            survey.local = False
+            return ""
+        ladder = geometric_ladder(self.config.min_threads, self.config.max_threads, self.config.coarse_scan_ratio)
+        best = max(measured, key=self._value)
+
+        def open_edge(edge: int) -> bool:
+            return edge == best or not self._confidently_better(edge, best, 0.0, noise_z=2.0)
+
+        lowest, highest = min(measured), max(measured)
+        beyond = []
+        if open_edge(lowest):
+            beyond.append(next((level for level in reversed(ladder) if level < lowest), None))
+        if open_edge(highest) and cpu_usage_acceptable(self.config, measurement):
+            beyond.append(next((level for level in ladder if level > highest), None))
+        beyond = [level for level in beyond if level is not None and level not in survey.candidates]
+        if not beyond:
+            survey.local = False
+            return ""
+        survey.todo.extend(beyond)
+        survey.candidates = tuple(sorted({*survey.candidates, *beyond}))
+        edges = " and ".join(str(level) for level in beyond)
+        return f"best scanned level {best}, the scan's edge not clearly below it: measure {edges} too; "
 
     def _best_trusted(self) -> int:
         """The trusted level with the highest smoothed throughput."""
@@ -966,7 +1032,7 @@ class TrustTrendPolicy(_PolicyBase):
         self._expire_trust()
         if not self._load_changed(throughput):
             return ""
-        self._start_epoch()
+        self._start_epoch(after_load_change=True)
         return "load changed, all data untrusted; "
 
     def _rules(self, measurement: PeriodMeasurement, prefix: str) -> ThreadLevelDecision | None:
@@ -1036,7 +1102,7 @@ class ElasticOperatorPolicy(_PolicyBase):
     def _observe(self, throughput: float) -> str:
         self._expire_trust()
         if self.config.elastic_operator_load_change and self._load_changed(throughput):
-            self._start_epoch()
+            self._start_epoch(after_load_change=True)
             self._peaking_from = None
             return "load changed, all peaks forgotten; "
         return ""
