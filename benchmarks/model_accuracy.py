@@ -150,15 +150,14 @@ def measure_run(spark, pipeline, source, plan, work: Path, profile=True) -> dict
         runner.await_termination()
     finally:
         report = runner.stop()
-    steady = [(batch["numInputRows"], batch["durationMs"]["triggerExecution"] / 1e3)
-              for batch in runner.query.recentProgress if int(batch["batchId"]) > 0 and batch["numInputRows"]]
+    batches = [batch for batch in runner.query.recentProgress if int(batch["batchId"]) > 0 and batch["numInputRows"]]
+    steady = [(batch["numInputRows"], batch["durationMs"]["triggerExecution"] / 1e3) for batch in batches]
     records = sum(count for count, _ in steady)
     seconds = sum(duration for _, duration in steady)
     durations_ms: dict[str, float] = {}  # Spark's per-phase durations, summed over the steady batches
-    for batch in runner.query.recentProgress:
-        if int(batch["batchId"]) > 0 and batch["numInputRows"]:
-            for phase, value in batch["durationMs"].items():
-                durations_ms[phase] = durations_ms.get(phase, 0.0) + float(value)
+    for batch in batches:
+        for phase, value in batch["durationMs"].items():
+            durations_ms[phase] = durations_ms.get(phase, 0.0) + float(value)
     return {"records_per_s": records / seconds if seconds else float("nan"), "durations_ms": durations_ms,
             "batch_records": statistics.median(count for count, _ in steady) if steady else 0,
             "batches": len(steady), "profile": report.profile}

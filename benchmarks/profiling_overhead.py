@@ -17,11 +17,11 @@ against the same operators timed alone.
       1 us, which the profiler rightly charges to the operator);
     - `busy<N>`: a fixed number of multiplications (about N us): a cost defined by work, whose time
       follows the machine's speed.
-    The reference of both is the same function timed in isolation in this process (thread CPU time, median of five passes), just before every Spark run, twice: on an
-      idle machine, and with a busy process on the other core (as Spark's JVM and task threads
-      keep it during the run: on this 2-core VM a neighbour's load slows a thread's work by a
-      measurable share). Earlier runs timed the reference only before and after all the Spark
-      runs and saw the ratio swing from 0.90 to 1.21 between two runs of the script.
+    The reference of both is the same function timed in isolation in this process (thread CPU
+    time, median of five passes) just before every Spark run, twice: on the idle machine, and
+    with a process spinning on the other core (as Spark's JVM and task threads keep it during a
+    run). Earlier runs timed the reference only before and after all the Spark runs and saw the
+    ratio swing from 0.90 to 1.21 between two runs of the script: the machine's drift.
 (c) The profiler's own CPU cost, in this process (thread CPU time: a busy machine hardly moves it):
     a fused stage of four cheap maps over 10,000-record batches with and without profiling, and a
     stateful update with and without its counting wrapper, alternating, medians.
@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import statistics
 import sys
 import tempfile
@@ -62,7 +63,7 @@ def light_pipeline() -> Pipeline:
 
 class CpuSpinMap:
     """A map whose CPU cost is known by construction: it spins until its thread's CPU clock has
-    advanced `cost_us` microseconds (plus the record copy, well under a microsecond)."""
+    advanced `cost_us` microseconds (plus the call, the clock reads and the record copy: about 1 us)."""
 
     def __init__(self, cost_us: float) -> None:
         self.cost_s = cost_us / 1e6
@@ -91,8 +92,6 @@ def _spin_forever() -> None:
 def isolated_costs_us(pipeline: Pipeline, records: int = 2000, loaded: bool = False) -> dict[str, float]:
     """Each operator's CPU time per record, alone in this process: the median of five passes.
     `loaded`: with a process spinning beside it (the other core busy, as during a Spark run)."""
-    import multiprocessing
-
     rows = [{"i": i, "k": "k", "x": float(i % 997) + 0.5} for i in range(records)]
     neighbour = None
     if loaded:

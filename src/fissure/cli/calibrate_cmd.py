@@ -186,10 +186,10 @@ def measure(master: str, quick: bool, out=sys.stdout) -> dict:
         # discarded run of the first experiment, so that the fit sees a warm deployment, as a
         # long-running stream is. Without it the first experiment's batches measured 13-37 % above
         # the fit in every batch.
-        warm_up = _experiments()[0]
-        print(f"spark: warm-up ({warm_up.label}, not counted)", file=out, flush=True)
-        _measure_experiment(spark, warm_up, [(small, 1)] * 4, work / "warm-up", cores)
-        for experiment in _experiments():
+        experiments = _experiments()
+        print(f"spark: warm-up ({experiments[0].label}, not counted)", file=out, flush=True)
+        _measure_experiment(spark, experiments[0], [(small, 1)] * 4, work / "warm-up", cores)
+        for experiment in experiments:
             keys_small, keys_large = (10, small // 2) if experiment.keyed else (1, 1)
             sizes = [(small, keys_small), (small, keys_small), (large, keys_small), (small, keys_large),
                      (large, keys_large)]

@@ -702,13 +702,12 @@ class _PolicyBase:
         if ratio is not None:
             scan = geometric_ladder(self.config.min_threads, self.config.max_threads, ratio)
             span = self.config.load_change_scan_span
-            purpose = "coarse scan"
-            if after_load_change and span is not None:
+            local = after_load_change and span is not None
+            purpose = f"scan around level {self._level}" if local else "coarse scan"
+            if local:
                 scan = tuple(level for level in scan if self._level / span <= level <= self._level * span)
-                purpose = f"scan around level {self._level}"
             # Start with the level in force (it is measured now anyway), then climb.
             todo = [level for level in scan if level != self._level]
-            local = after_load_change and span is not None
             self._survey = _Survey(purpose, deque(todo), tuple(sorted({self._level, *scan})), local=local)
 
     def _start_refinement(self, now_s: float, prefix: str) -> ThreadLevelDecision | None:
