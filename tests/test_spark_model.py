@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import math
+import random
+import statistics
+from collections import Counter
 
 import pytest
 
@@ -14,6 +17,7 @@ from fissure.model.spark_model import (
     SparkWorkload,
     batch_time_terms,
     evaluate_spark,
+    hash_balance,
     spark_stages,
 )
 from fissure.model.spec import load_spec
@@ -123,6 +127,49 @@ def test_keys_per_batch_cost_the_stateful_node_per_key():
     few = evaluate_spark(chain, plan, 2, workload=SparkWorkload(1000, keys_per_batch={"count": 10}))
     many = evaluate_spark(chain, plan, 2, workload=SparkWorkload(1000, keys_per_batch={"count": 510}))
     assert many.batch_time_s - few.batch_time_s == pytest.approx(500 * SparkConstants().state_key_us / 1e6)
+
+
+ZERO = SparkConstants(**{name: 0.0 for name in SparkConstants.names()})
+
+
+def test_hashing_few_keys_splits_a_keyed_stage_fewer_ways_than_its_partitions():
+    for keys in (4, 8, 32, 200):  # two partitions: the exact E[max(X, K - X)], X ~ Binomial(K, 1/2)
+        largest = sum(math.comb(keys, x) * max(x, keys - x) for x in range(keys + 1)) / 2 ** keys
+        assert hash_balance(keys, 2) == pytest.approx(keys / largest, rel=0.03), keys
+    draw = random.Random(5)
+    for keys in (16, 64):  # four partitions: a simulation with a fixed seed
+        largest = statistics.fmean(max(Counter(draw.randrange(4) for _ in range(keys)).values())
+                                   for _ in range(4000))
+        assert hash_balance(keys, 4) == pytest.approx(keys / largest, rel=0.05), keys
+    assert hash_balance(1, 4) == 1.0 and hash_balance(3, 1) == 1.0 and hash_balance(10**6, 2) > 1.99
+
+
+def test_a_replicated_keyed_stage_splits_as_its_keys_hash():
+    chain = [OperatorStats("count", Kind.PARTITIONED, 100.0, 1.0, key=("k",))]
+    plan = plan_of(([["count"]], 2))
+    times = {keys: evaluate_spark(chain, plan, 2, ZERO, SparkWorkload(10_000, keys_per_batch={"count": keys}))
+             .batch_time_s for keys in (4, 32, 5000)}
+    # one second of work; the largest of the two partitions holds 1 / hash_balance of it
+    assert times[4] == pytest.approx(1.0 / hash_balance(4, 2))
+    assert times[4] > times[32] > times[5000] > 0.5
+
+
+def test_every_state_partition_pays_its_store_an_empty_one_too():
+    """An unkeyed stateful operator runs in one task however many state partitions there are; the
+    other partitions still load and commit their stores, on CPU the busy task then shares."""
+    chain = [OperatorStats("total", Kind.STATEFUL, 50.0, 1.0)]  # 0.5 s of work in 10,000 records
+    plan = plan_of(([["total"]], 1))
+
+    def batch_s(constants, partitions):
+        return evaluate_spark(chain, plan, 2, constants,
+                              SparkWorkload(10_000, default_state_partitions=partitions)).batch_time_s
+
+    task_only = ZERO.with_values(state_partition_fixed_s=0.1)
+    assert batch_s(task_only, 1) == pytest.approx(0.6)
+    assert batch_s(task_only, 2) == pytest.approx(0.6)  # the idle partition's store work fits on the idle core
+    with_jvm = task_only.with_values(state_partition_jvm_s=0.3)
+    assert batch_s(with_jvm, 1) == pytest.approx(0.6)  # 0.9 s of CPU on two cores: the task's 0.6 s path rules
+    assert batch_s(with_jvm, 2) == pytest.approx((0.5 + 2 * 0.4) / 2)  # 1.3 s of CPU on two cores
 
 
 def test_batch_time_is_linear_in_the_constants_around_a_point():

@@ -31,9 +31,11 @@ from fissure.cli import UsageError
 
 # Constants the Spark runs can tell apart; the rest keep their values (task_fixed_s is confounded
 # with stage_fixed_s; boundary_record_us comes from the two-run method).
-FITTED = ("batch_fixed_s", "stage_fixed_s", "state_partition_fixed_s", "io_record_us", "python_record_us",
-          "conversion_record_us", "exchange_record_us", "state_record_us", "state_key_us")
-BUSY_LOOPS = 400  # multiplications per record of the busy operator (about 15-30 us)
+FITTED = ("batch_fixed_s", "stage_fixed_s", "state_partition_fixed_s", "state_partition_jvm_s", "io_record_us",
+          "python_record_us", "conversion_record_us", "exchange_record_us", "state_record_us", "state_key_us")
+# Multiplications per record of the busy operator (about 50-80 us): enough that its batches are
+# mostly its work, so that its one and two replicas tell what two busy tasks really get.
+BUSY_LOOPS = 1600
 
 
 def register(subparsers) -> None:
@@ -95,6 +97,9 @@ def _experiments():
                                         .map_batches("b", identity_batch),
                                         Plan((RegionPlan((("a",),), 1), RegionPlan((("b",),), 2))))),
         Experiment("state", lambda: single("s", Pipeline("state").partitioned("s", count_per_key, key="k")), True),
+        # The keyed stage in two state partitions: what replicating a keyed region costs and saves.
+        Experiment("state-x2", lambda: (Pipeline("state2").partitioned("s", count_per_key, key="k"),
+                                        Plan((RegionPlan((("s",),), 2),))), True),
         Experiment("busy-x1", lambda: single("busy", Pipeline("busy1").map("busy", busy))),
         Experiment("busy-x2", lambda: (Pipeline("busy2").map("busy", busy),
                                        Plan((RegionPlan((("busy",),), 2),)))),
@@ -194,7 +199,7 @@ def measure(master: str, quick: bool, out=sys.stdout) -> dict:
             sizes = [(small, keys_small), (small, keys_small), (large, keys_small), (small, keys_large),
                      (large, keys_large)]
             if not quick:
-                sizes += sizes[1:]
+                sizes += sizes[1:] * 2  # three rounds: the fit separates per-partition from per-record costs
             print(f"spark: {experiment.label} ({len(sizes)} batches)", file=out, flush=True)
             observations[experiment.label] = _measure_experiment(spark, experiment, sizes, work, cores)
     finally:

@@ -8,8 +8,10 @@ source records:
 
     batch time = batch_fixed_s
                + sum over the batch's Spark stages of
-                     stage work / effective parallelism          (per-record costs, below)
-                   + stage_fixed_s + waves x (task_fixed_s + state stores x state_partition_fixed_s)
+                     stage_fixed_s + waves x task_fixed_s + max(path, shared)
+    path       = critical work / E + waves x state stores x state_partition_fixed_s
+    shared     = (total work + P x state stores x (state_partition_fixed_s + state_partition_jvm_s))
+                 x a / C / E
     throughput = B / batch time
 
 Stage work, in record-microseconds for the whole batch (records entering each step known from the
@@ -23,11 +25,14 @@ downstream; in a stateful node, state_record_us per record (pandas, sorting, sta
 (de)serialization) and state_key_us per key group a micro-batch holds.
 
 Effective parallelism of a stage of P tasks on C slots whose records split f ways (f = P for
-round-robin, min(P, max_scale) for keys, 1 for an unkeyed stateful operator): tasks run in
-waves = ceil(P / C), so E = min(f, P / waves); its critical work (per task, the sum over nodes
-of a PE node's slowest process and of the other nodes' work) and its total work (all processes)
-give stage work = max(critical, total x a / C) with a = min(P, C, f) tasks at once: the PE's
-processes share the cores with the other tasks' (eq. 13's C / U cap, per stage).
+round-robin; for keys, min(P, max_scale) and how the micro-batch's key groups hash into P
+partitions, `hash_balance`; 1 for an unkeyed stateful operator): tasks run in waves = ceil(P / C),
+so E = min(f, P / waves). The slowest task's path (critical work: per task, the sum over nodes of
+a PE node's slowest process and of the other nodes' work) or the stage's CPU (total work: all
+processes) shared by the cores with a = min(P, C, f) tasks at once, whichever is longer: the PE's
+processes share the cores with the other tasks' (eq. 13's C / U cap, per stage). Every state
+partition loads and commits its store each micro-batch, an empty one too: CPU on the task's
+thread (on its path) and on JVM threads beside it (in the shared CPU only).
 
 The stages come from `spark_stages`, which mirrors fissure.spark.compile (exchanges and Spark
 stages of each region); tests/test_spark_model.py checks it against the compiler. The constants
@@ -37,6 +42,7 @@ finds them; the defaults below are what DESIGN.md and docs/processing-element.md
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
@@ -58,7 +64,8 @@ class SparkConstants:
     batch_fixed_s: float = 0.35  # per micro-batch: planning, offset and commit logs, the sink call
     stage_fixed_s: float = 0.02  # per Spark stage: scheduling, shuffle bookkeeping
     task_fixed_s: float = 0.005  # per wave of tasks: launch, Python worker hand-over
-    state_partition_fixed_s: float = 0.15  # per stateful node and wave of state partitions: store load, commit
+    state_partition_fixed_s: float = 0.15  # per stateful node and task: store load and commit on the task's thread
+    state_partition_jvm_s: float = 0.04  # per stateful node and state partition: CPU of JVM threads beside the task
     io_record_us: float = 1.0  # per source record: reading it, and the sink's share
     python_record_us: float = 0.45  # per record moved between the JVM and a Python worker, each way
     conversion_record_us: float = 1.0  # per record converted between Arrow and Python dicts, each way
@@ -126,6 +133,7 @@ class StageShape:
     split: float  # how many ways its records really split (<= partitions)
     entry: int  # index of the operator whose input the stage starts with
     nodes: tuple[NodeShape, ...]
+    key_operator: int | None = None  # a "hash" stage: the partitioned operator whose key it hashes
 
 
 @dataclass(frozen=True)
@@ -180,6 +188,40 @@ def _segments(operators: Sequence[OperatorStats], pipelines: Sequence[Sequence[i
     return segments
 
 
+@functools.lru_cache(maxsize=256)
+def expected_max_standard_normal(count: int) -> float:
+    """E[max of `count` independent standard normal variables] (0 for one), by quadrature."""
+    if count <= 1:
+        return 0.0
+    step, total = 0.01, 0.0
+    for k in range(-1000, 1001):  # x in [-10, 10]: the density beyond is below double precision
+        x = k * step
+        cdf = 0.5 * (1.0 + math.erf(x / math.sqrt(2.0)))
+        total += x * count * math.exp(-x * x / 2.0) / math.sqrt(2.0 * math.pi) * cdf ** (count - 1) * step
+    return total
+
+
+def hash_balance(keys: float, partitions: int) -> float:
+    """How many ways `keys` key groups hashed into `partitions` really split the work: keys over the
+    expected size of the largest partition (records spread evenly over the keys).
+
+    The largest of the multinomial counts is about keys/P + e_P sqrt(keys/P), with e_P the expected
+    largest of P standard normals (exact for P = 2 in the limit: keys/2 + E|X - keys/2|). 32 keys in
+    2 partitions split 1.75 ways, 4 keys 1.43 ways; 1,000 keys 1.95 ways."""
+    if partitions <= 1 or keys <= 1:
+        return 1.0
+    mean = keys / partitions
+    largest = min(keys, max(1.0, mean + expected_max_standard_normal(partitions) * math.sqrt(mean)))
+    return max(1.0, min(float(partitions), keys / largest))
+
+
+def _keys_per_batch(operator: OperatorStats, workload: SparkWorkload, records_in: float) -> float:
+    keys = workload.keys_per_batch.get(operator.name)
+    if keys is None:
+        keys = DEFAULT_KEYS_PER_BATCH if operator.kind is Kind.PARTITIONED else 1.0
+    return min(keys, records_in)
+
+
 def _scale_bound(operators: Sequence[OperatorStats]) -> float:
     bounds = [operator.max_scale for operator in operators if operator.max_scale is not None]
     return min(bounds) if bounds else math.inf
@@ -195,15 +237,16 @@ def spark_stages(operators: Sequence[OperatorStats], plan: Plan, source_partitio
     state_partitions = max(keyed, default=default_state_partitions)
     stages: list[StageShape] = []
     current: dict[str, Any] = {"exchange": "source", "partitions": source_partitions, "split": source_partitions,
-                               "entry": 0, "nodes": []}
+                               "entry": 0, "nodes": [], "key_operator": None}
     partitions: int | None = None  # the compiler's: None while the frame keeps the source's partitioning
     carried = False
 
-    def new_stage(exchange: str, count: int, split: float, entry: int) -> None:
+    def new_stage(exchange: str, count: int, split: float, entry: int, key_operator: int | None = None) -> None:
         nonlocal current
         stages.append(StageShape(current["exchange"], current["partitions"], current["split"], current["entry"],
-                                 tuple(current["nodes"])))
-        current = {"exchange": exchange, "partitions": count, "split": split, "entry": entry, "nodes": []}
+                                 tuple(current["nodes"]), current["key_operator"]))
+        current = {"exchange": exchange, "partitions": count, "split": split, "entry": entry, "nodes": [],
+                   "key_operator": key_operator}
 
     def sequence_node(entry: int) -> None:
         nonlocal carried
@@ -226,7 +269,8 @@ def spark_stages(operators: Sequence[OperatorStats], plan: Plan, source_partitio
                 partitions = replicas
             elif region_kind is Kind.PARTITIONED:
                 bound = _scale_bound([operators[i] for i in members])
-                new_stage("hash", replicas, min(replicas, bound), members[0])
+                keyed_member = next(i for i in members if operators[i].kind is Kind.PARTITIONED)
+                new_stage("hash", replicas, min(replicas, bound), members[0], keyed_member)
                 partitions = replicas
             else:
                 new_stage("single", 1, 1, members[0])
@@ -241,7 +285,7 @@ def spark_stages(operators: Sequence[OperatorStats], plan: Plan, source_partitio
                 sequence_node(content)
             if operator.kind is Kind.PARTITIONED:
                 bound = operator.max_scale if operator.max_scale is not None else math.inf
-                new_stage("hash", state_partitions, min(state_partitions, bound), content)
+                new_stage("hash", state_partitions, min(state_partitions, bound), content, content)
             else:
                 new_stage("single", state_partitions, 1, content)
             current["nodes"].append(NodeShape("state", ((content,),), content))
@@ -277,10 +321,7 @@ def _node_work(node: NodeShape, chain: _Chain, operators: Sequence[OperatorStats
         (index,), = node.pipelines
         operator = operators[index]
         records_in, records_out = records[index], records[index + 1]
-        keys = workload.keys_per_batch.get(operator.name)
-        if keys is None:
-            keys = DEFAULT_KEYS_PER_BATCH if operator.kind is Kind.PARTITIONED else 1.0
-        keys = min(keys, records_in)
+        keys = _keys_per_batch(operator, workload, records_in)
         work = (chain.work(index, index + 1) + constants.state_record_us * records_in
                 + constants.state_key_us * keys
                 + (constants.python_record_us + constants.conversion_record_us) * (records_in + records_out))
@@ -334,15 +375,24 @@ def evaluate_spark(operators: Sequence[OperatorStats], plan: Plan, cores: int,
     for number, shape in enumerate(shapes):
         waves = math.ceil(shape.partitions / cores)
         split = max(1.0, min(shape.split, shape.partitions))
+        if shape.key_operator is not None:
+            keys = _keys_per_batch(operators[shape.key_operator], workload, chain.records[shape.key_operator])
+            split = min(split, hash_balance(keys, shape.partitions))
         parallelism = min(split, shape.partitions / waves)
         at_once = min(shape.partitions, cores, split)
-        work_us = max(critical[number], total[number] * at_once / cores)
         stores = sum(1 for node in shape.nodes if node.kind == "state")
-        stage_fixed_s = (constants.stage_fixed_s
-                         + waves * (constants.task_fixed_s + stores * constants.state_partition_fixed_s))
-        stage_variable_s = work_us / parallelism / 1e6
-        fixed_s += stage_fixed_s
-        variable_s += stage_variable_s
+        # A state store's load and commit is CPU work: on the task's thread (state_partition_fixed_s,
+        # once per task of each wave) and on JVM threads beside it (state_partition_jvm_s), paid by
+        # every partition, an empty one too.
+        store_task_us = 1e6 * stores * constants.state_partition_fixed_s
+        store_cpu_us = shape.partitions * (store_task_us + 1e6 * stores * constants.state_partition_jvm_s)
+        # The slowest task's path, or the stage's CPU work shared by the cores.
+        path_us = critical[number] / parallelism + waves * store_task_us
+        shared_us = (total[number] + store_cpu_us) * at_once / cores / parallelism
+        stage_fixed_s = constants.stage_fixed_s + waves * constants.task_fixed_s
+        stage_variable_s = max(path_us, shared_us) / 1e6
+        fixed_s += stage_fixed_s + waves * store_task_us / 1e6
+        variable_s += stage_variable_s - waves * store_task_us / 1e6
         figures.append(SparkStageFigures(shape, chain.records[shape.entry], total[number], critical[number],
                                          parallelism, stage_fixed_s + stage_variable_s))
     batch_time_s = fixed_s + variable_s
