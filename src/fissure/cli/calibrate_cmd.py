@@ -8,9 +8,10 @@ What it measures (docs/profiling.md has the details):
 - delta, the per-record cost of a PE process boundary, with the paper's two-run method
   (eqs. 15-17) for small (50 B) and large (2 KB) records, in processing elements on this machine;
 - short Spark streaming queries of synthetic operators (per-record and per-batch identity
-  operators, an exchange into replicas, a keyed stateful operator at few and many keys, a busy
-  operator with one and two replicas), each micro-batch's time, and the operators' costs from
-  the live profile;
+  operators, an exchange into replicas, a keyed stateful operator at few and many keys in one and
+  two state partitions, a busy keyed operator and a busy map after it in one and two partitions,
+  a busy operator with one and two replicas), each micro-batch's time, and the operators' costs
+  from the live profile;
 - the Spark model's constants by non-negative least squares over those micro-batches, with the
   residual of every batch, and the paper's c_p from the busy operator's marginal rates (eq. 19).
 """
@@ -73,6 +74,11 @@ def count_per_key(state, record):
     return record
 
 
+def busy_count_per_key(state, record):
+    state["n"] = state.get("n", 0) + 1
+    return busy(record)
+
+
 RECORD = {"k": str, "x": float, "pad": str}
 
 
@@ -81,6 +87,7 @@ class Experiment:
     label: str
     build: object  # () -> (Pipeline, Plan)
     keyed: bool = False
+    keys: tuple[int, int] | None = None  # keyed: key groups in the small and large batches (None: 10 and half)
 
 
 def _experiments():
@@ -100,6 +107,14 @@ def _experiments():
         # The keyed stage in two state partitions: what replicating a keyed region costs and saves.
         Experiment("state-x2", lambda: (Pipeline("state2").partitioned("s", count_per_key, key="k"),
                                         Plan((RegionPlan((("s",),), 2),))), True),
+        # A keyed stage with real Python work and a PE after it, in one and two partitions: what two
+        # such tasks side by side cost each other (the trivial operator above hardly works).
+        Experiment("busy-state", lambda: (Pipeline("busystate").partitioned("s", busy_count_per_key, key="k")
+                                          .map("after", busy), Plan((RegionPlan((("s", "after"),), 1),))),
+                   True, (32, 32)),
+        Experiment("busy-state-x2", lambda: (Pipeline("busystate2").partitioned("s", busy_count_per_key, key="k")
+                                             .map("after", busy), Plan((RegionPlan((("s", "after"),), 2),))),
+                   True, (32, 32)),
         Experiment("busy-x1", lambda: single("busy", Pipeline("busy1").map("busy", busy))),
         Experiment("busy-x2", lambda: (Pipeline("busy2").map("busy", busy),
                                        Plan((RegionPlan((("busy",),), 2),)))),
@@ -195,7 +210,7 @@ def measure(master: str, quick: bool, out=sys.stdout) -> dict:
         print(f"spark: warm-up ({experiments[0].label}, not counted)", file=out, flush=True)
         _measure_experiment(spark, experiments[0], [(small, 1)] * 4, work / "warm-up", cores)
         for experiment in experiments:
-            keys_small, keys_large = (10, small // 2) if experiment.keyed else (1, 1)
+            keys_small, keys_large = (experiment.keys or (10, small // 2)) if experiment.keyed else (1, 1)
             sizes = [(small, keys_small), (small, keys_small), (large, keys_small), (small, keys_large),
                      (large, keys_large)]
             if not quick:
