@@ -22,7 +22,8 @@ calibration (`fissure calibrate`; documented defaults without one). Reported per
 and worst relative error; the same for the other plans once every prediction is scaled by the
 sequential plan's measured / predicted throughput (what the adaptive loop learns from the plan it
 runs: it takes out how far the machine's speed moved since the calibration); and whether the plan
-the model ranks first is within 5 % of the best measured plan. Writes markdown, JSON and a scatter plot under benchmarks/results/.
+the model ranks first is within 5 % of the best measured plan. Writes markdown, JSON and a scatter
+plot under benchmarks/results/.
 
     ./dev python benchmarks/model_accuracy.py            # the real measurement: a quiet machine, ~15 min
     ./dev python benchmarks/model_accuracy.py --quick    # end to end in a few minutes (not figures)
@@ -270,14 +271,19 @@ def errors(rows, model: str) -> list[float]:
     return [(row[f"{model}_per_s"] - row["measured_per_s"]) / row["measured_per_s"] for row in rows]
 
 
+def sequential_row(rows) -> dict:
+    return next(row for row in rows if row["label"] == "sequential")
+
+
 def anchored_errors(rows, model: str) -> list[float]:
     """Errors of the other plans once the predictions are scaled by the sequential plan's measured /
     predicted throughput: the one overall factor the adaptive loop learns from the plan it runs
     (fissure.control.model_correction). It takes out how far the machine's speed moved between the
     calibration and the run, which scales every plan alike and leaves the ranking as it is."""
-    sequential = rows[0]  # run_workload puts the sequential plan first
+    sequential = sequential_row(rows)
     scale = sequential["measured_per_s"] / sequential[f"{model}_per_s"]
-    return [(row[f"{model}_per_s"] * scale - row["measured_per_s"]) / row["measured_per_s"] for row in rows[1:]]
+    return [(row[f"{model}_per_s"] * scale - row["measured_per_s"]) / row["measured_per_s"]
+            for row in rows if row is not sequential]
 
 
 def top_ranked(rows, model: str) -> dict:
@@ -334,7 +340,7 @@ def write_outputs(document: dict, out_dir: Path, stem: str) -> None:
                   "| --- | --- | --- | --- | --- | --- | --- | --- |"]
         for row in result["rows"]:
             ratio = (statistics.median(row["ratios_to_sequential"]) if "ratios_to_sequential" in row
-                     else row["measured_per_s"] / result["rows"][0]["measured_per_s"])
+                     else row["measured_per_s"] / sequential_row(result["rows"])["measured_per_s"])
             lines.append(f"| {row['label']}: `{row['plan']}` | {row['threads']} | {ratio:.3f} | {row['measured_per_s']:,.0f} | "
                          f"{row['spark_per_s']:,.0f} | {100 * (row['spark_per_s'] / row['measured_per_s'] - 1):+.0f} % | "
                          f"{row['paper_per_s']:,.0f} | {100 * (row['paper_per_s'] / row['measured_per_s'] - 1):+.0f} % |")

@@ -21,6 +21,7 @@ wall time. Run on a quiet machine.
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
 import statistics
@@ -34,16 +35,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import fissure  # noqa: E402
 from fissure import Pipeline  # noqa: E402
+from fissure.cli.calibrate_cmd import count_per_key  # noqa: E402
 from fissure.model.types import Plan, RegionPlan  # noqa: E402
 from fissure.spark.plans import describe_plan, sequential_plan  # noqa: E402
 
 import model_accuracy  # noqa: E402
 from model_accuracy import BusyUpdate, measure_run, mixed_pipeline, publish, run_header, synthetic_source  # noqa: E402
-
-
-def count_per_key(state, record):
-    state["n"] = state.get("n", 0) + 1
-    return record
 
 
 class StageLog:
@@ -105,8 +102,6 @@ def process_cpu_seconds() -> dict[str, float]:
 
 def _milliseconds(stamp: str) -> float:
     """Spark's REST time stamps, e.g. 2026-11-24T01:40:27.123GMT."""
-    import datetime
-
     moment = datetime.datetime.strptime(stamp.replace("GMT", ""), "%Y-%m-%dT%H:%M:%S.%f")
     return moment.replace(tzinfo=datetime.timezone.utc).timestamp() * 1e3
 

@@ -386,13 +386,15 @@ def evaluate_spark(operators: Sequence[OperatorStats], plan: Plan, cores: int,
         # every partition, an empty one too.
         store_task_us = 1e6 * stores * constants.state_partition_fixed_s
         store_cpu_us = shape.partitions * (store_task_us + 1e6 * stores * constants.state_partition_jvm_s)
-        # The slowest task's path, or the stage's CPU work shared by the cores.
-        path_us = critical[number] / parallelism + waves * store_task_us
+        # The slowest task's path, or the stage's CPU work shared by the cores; the stores' part of
+        # the path does not grow with the records (reported with the fixed costs).
+        store_path_us = waves * store_task_us
+        path_us = critical[number] / parallelism + store_path_us
         shared_us = (total[number] + store_cpu_us) * at_once / cores / parallelism
         stage_fixed_s = constants.stage_fixed_s + waves * constants.task_fixed_s
         stage_variable_s = max(path_us, shared_us) / 1e6
-        fixed_s += stage_fixed_s + waves * store_task_us / 1e6
-        variable_s += stage_variable_s - waves * store_task_us / 1e6
+        fixed_s += stage_fixed_s + store_path_us / 1e6
+        variable_s += stage_variable_s - store_path_us / 1e6
         figures.append(SparkStageFigures(shape, chain.records[shape.entry], total[number], critical[number],
                                          parallelism, stage_fixed_s + stage_variable_s))
     batch_time_s = fixed_s + variable_s
