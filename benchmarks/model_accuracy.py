@@ -142,9 +142,11 @@ def logwatch_source(directory: Path, lines: int, files: int):
 # -- measuring ------------------------------------------------------------------------------------
 
 
-def measure_run(spark, pipeline, source, plan, work: Path, profile=True) -> dict:
+def measure_run(spark, pipeline, source, plan, work: Path, profile=True, stage_log=None) -> dict:
     """One run of a freshly built query: steady-state throughput (batches after the first) and
-    the run's profile. `profile`: ProfileSettings, True (defaults) or None (not profiled)."""
+    the run's profile. `profile`: ProfileSettings, True (defaults) or None (not profiled).
+    With a StageLog: per stage of the computing job, its median time over the steady batches whose
+    stages Spark reported alike, and the median of the rest of those batches."""
     from fissure.profile.settings import ProfileSettings
 
     settings = ProfileSettings() if profile is True else profile
@@ -163,9 +165,19 @@ def measure_run(spark, pipeline, source, plan, work: Path, profile=True) -> dict
     for batch in batches:
         for phase, value in batch["durationMs"].items():
             durations_ms[phase] = durations_ms.get(phase, 0.0) + float(value)
+    stages = None
+    if stage_log is not None:
+        reported = stage_log.batches(str(runner.query.runId))
+        durations = {int(batch["batchId"]): batch["durationMs"]["triggerExecution"] / 1e3 for batch in batches}
+        found = [(reported[batch].stage_s, duration) for batch, duration in durations.items() if batch in reported]
+        if found:
+            count = statistics.mode(len(stage_s) for stage_s, _ in found)
+            alike = [(stage_s, duration) for stage_s, duration in found if len(stage_s) == count]
+            stages = {"stage_s": [statistics.median(stage_s[k] for stage_s, _ in alike) for k in range(count)],
+                      "rest_s": statistics.median(duration - sum(stage_s) for stage_s, duration in alike)}
     return {"records_per_s": records / seconds if seconds else float("nan"), "durations_ms": durations_ms,
             "batch_records": statistics.median(count for count, _ in steady) if steady else 0,
-            "batches": len(steady), "profile": report.profile}
+            "batches": len(steady), "profile": report.profile, "stages": stages}
 
 
 def profiled_operators(pipeline, summaries):
@@ -231,7 +243,18 @@ def choose_plans(pipeline, operators, cores, count, max_threads, settings, seed=
     return list(unique.values())
 
 
-def run_workload(name, spark, pipeline, source, args, work, cores, settings) -> dict:
+def median_stages(runs: list[dict | None]) -> dict | None:
+    """Per stage, the median over runs that reported the same number of stages (None: none did)."""
+    runs = [run for run in runs if run is not None]
+    if not runs:
+        return None
+    count = statistics.mode(len(run["stage_s"]) for run in runs)
+    alike = [run for run in runs if len(run["stage_s"]) == count]
+    return {"stage_s": [statistics.median(run["stage_s"][k] for run in alike) for k in range(count)],
+            "rest_s": statistics.median(run["rest_s"] for run in alike)}
+
+
+def run_workload(name, spark, pipeline, source, args, work, cores, settings, stage_log=None) -> dict:
     print(f"[{name}] profiling the sequential plan", flush=True)
     baseline = [measure_run(spark, pipeline, source, sequential_plan(pipeline), work) for _ in range(args.repeats)]
     operators, keys = profiled_operators(pipeline, [run["profile"] for run in baseline])
@@ -240,6 +263,7 @@ def run_workload(name, spark, pipeline, source, args, work, cores, settings) -> 
     settings = replace(settings, workload=workload)
     plans = choose_plans(pipeline, operators, cores, args.plans, args.max_threads, settings)
     measured: dict[str, list[float]] = {describe_plan(plan): [] for _, plan in plans}
+    stages: dict[str, list[dict | None]] = {describe_plan(plan): [] for _, plan in plans}
     # Every plan, the sequential one too, is measured in the alternating repeats: the profiling
     # runs above come first and double as the workload's warm-up (the JVM and the Python workers
     # get faster over the first runs), so their throughput would bias the sequential plan low.
@@ -247,19 +271,25 @@ def run_workload(name, spark, pipeline, source, args, work, cores, settings) -> 
         for label, plan in plans:
             key = describe_plan(plan)
             print(f"[{name}] repeat {repeat + 1}/{args.repeats}: {key}", flush=True)
-            measured[key].append(measure_run(spark, pipeline, source, plan, work)["records_per_s"])
+            run = measure_run(spark, pipeline, source, plan, work, stage_log=stage_log)
+            measured[key].append(run["records_per_s"])
+            stages[key].append(run["stages"])
     machine, paper_constants = paper_machine(cores)
     reference = measured[describe_plan(sequential_plan(pipeline))]
     rows = []
     for label, plan in plans:
         key = describe_plan(plan)
         ratios = [run / base for run, base in zip(measured[key], reference)]
+        predicted = evaluate_spark(operators, plan, cores, settings.constants, workload)
         rows.append({
             "label": label, "plan": key, "threads": plan.threads,
             "measured_per_s": statistics.median(ratios) * statistics.median(reference),
             "runs": measured[key], "ratios_to_sequential": ratios,
             "paper_per_s": evaluate(operators, plan, machine).throughput_per_s,
-            "spark_per_s": evaluate_spark(operators, plan, cores, settings.constants, workload).throughput_per_s,
+            "spark_per_s": predicted.throughput_per_s,
+            "stages_measured": median_stages(stages[key]),
+            "stages_predicted": {"stage_s": [stage.time_s for stage in predicted.stages],
+                                 "rest_s": predicted.batch_time_s - sum(stage.time_s for stage in predicted.stages)},
         })
     return {"rows": rows, "batch_records": batch_records, "keys_per_batch": keys,
             "operators": [{"name": item.name, "kind": item.kind.value, "cost_us": item.cost_us,
@@ -344,6 +374,22 @@ def write_outputs(document: dict, out_dir: Path, stem: str) -> None:
             lines.append(f"| {row['label']}: `{row['plan']}` | {row['threads']} | {ratio:.3f} | {row['measured_per_s']:,.0f} | "
                          f"{row['spark_per_s']:,.0f} | {100 * (row['spark_per_s'] / row['measured_per_s'] - 1):+.0f} % | "
                          f"{row['paper_per_s']:,.0f} | {100 * (row['paper_per_s'] / row['measured_per_s'] - 1):+.0f} % |")
+        staged = [row for row in result["rows"] if row.get("stages_measured")]
+        if staged:
+            lines += ["", "Per plan, each Spark stage of a steady micro-batch's computing job, then the rest of the batch "
+                          "(driver, sink): measured (median over batches and repeats) -> Spark model, in ms.", "",
+                      "| plan | stages: measured -> predicted ms | rest |", "| --- | --- | --- |"]
+            for row in staged:
+                measured, predicted = row["stages_measured"], row["stages_predicted"]
+                if len(measured["stage_s"]) == len(predicted["stage_s"]):
+                    cells = "; ".join(f"{1e3 * m:.0f} -> {1e3 * p:.0f}"
+                                      for m, p in zip(measured["stage_s"], predicted["stage_s"]))
+                else:
+                    cells = (f"{len(measured['stage_s'])} stages measured, {len(predicted['stage_s'])} predicted: "
+                             + ", ".join(f"{1e3 * m:.0f}" for m in measured["stage_s"]) + " -> "
+                             + ", ".join(f"{1e3 * p:.0f}" for p in predicted["stage_s"]))
+                lines.append(f"| {row['label']} | {cells} | {1e3 * measured['rest_s']:.0f} -> "
+                             f"{1e3 * predicted['rest_s']:.0f} |")
         for model in ("spark", "paper"):
             pick = totals[model]["top_ranked"][name]
             lines.append(f"\n{model} model ranks `{pick['plan']}` first: {100 * pick['share_of_best']:.0f} % of the "
@@ -400,8 +446,10 @@ def main(argv=None) -> int:
     document = run_header("model_accuracy.py", argv, args.master, args.quick)
     work = Path(tempfile.mkdtemp(prefix="fissure-accuracy-"))
     from fissure.spark.session import create_session, default_parallelism
+    from fissure.spark.stage_log import STAGE_LOG_CONF, StageLog
 
-    spark = create_session(fissure.RunnerConfig(master=args.master))
+    spark = create_session(fissure.RunnerConfig(master=args.master, spark_conf=STAGE_LOG_CONF))
+    stage_log = StageLog(spark)
     cores = default_parallelism(spark)
     settings, constants_from = stored_spark_model()
     from logwatch import build_pipeline as logwatch_pipeline
@@ -411,7 +459,7 @@ def main(argv=None) -> int:
         "mixed": (mixed_pipeline(), synthetic_source(work / "mixed", args.records, args.files)),
         "stateless": (stateless_pipeline(), synthetic_source(work / "stateless", args.records, args.files)),
     }
-    results = {name: run_workload(name, spark, pipeline, source, args, work, cores, settings)
+    results = {name: run_workload(name, spark, pipeline, source, args, work, cores, settings, stage_log)
                for name, (pipeline, source) in workloads.items()}
     document.update({"cores": cores, "spark_constants_from": constants_from,
                      "spark_constants": settings.constants.to_dict(), "loops_per_us": LOOPS_PER_US,

@@ -21,14 +21,12 @@ wall time. Run on a quiet machine.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import statistics
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -38,23 +36,19 @@ from fissure import Pipeline  # noqa: E402
 from fissure.cli.calibrate_cmd import count_per_key  # noqa: E402
 from fissure.model.types import Plan, RegionPlan  # noqa: E402
 from fissure.spark.plans import describe_plan, sequential_plan  # noqa: E402
+from fissure.spark.stage_log import STAGE_LOG_CONF, StageLog, parse_timestamp  # noqa: E402
 
 import model_accuracy  # noqa: E402
 from model_accuracy import BusyUpdate, measure_run, mixed_pipeline, publish, run_header, synthetic_source  # noqa: E402
 
 
-class StageLog:
+class TaskLog(StageLog):
     """The stages Spark completed since the last call, with their tasks (monitoring REST API)."""
 
     def __init__(self, spark) -> None:
-        context = spark.sparkContext
-        self.base = f"{context.uiWebUrl}/api/v1/applications/{context.applicationId}"
+        super().__init__(spark)
         self.seen: set[tuple[int, int]] = set()
         self.new_stages()
-
-    def get(self, path: str):
-        with urllib.request.urlopen(self.base + path, timeout=30) as response:
-            return json.load(response)
 
     def new_stages(self) -> list[dict]:
         stages = [stage for stage in self.get("/stages?status=complete")
@@ -63,7 +57,8 @@ class StageLog:
         out = []
         for stage in sorted(stages, key=lambda item: item["stageId"]):
             tasks = self.get(f"/stages/{stage['stageId']}/{stage['attemptId']}/taskList?length=100")
-            out.append({"wall_ms": _milliseconds(stage["completionTime"]) - _milliseconds(stage["submissionTime"]),
+            out.append({"wall_ms": 1e3 * (parse_timestamp(stage["completionTime"])
+                                          - parse_timestamp(stage["submissionTime"])),
                         "tasks": [{"duration_ms": task["duration"],
                                    "shuffle_records": task.get("taskMetrics", {}).get("shuffleReadMetrics", {})
                                    .get("recordsRead", 0),
@@ -100,13 +95,7 @@ def process_cpu_seconds() -> dict[str, float]:
     return totals
 
 
-def _milliseconds(stamp: str) -> float:
-    """Spark's REST time stamps, e.g. 2026-11-24T01:40:27.123GMT."""
-    moment = datetime.datetime.strptime(stamp.replace("GMT", ""), "%Y-%m-%dT%H:%M:%S.%f")
-    return moment.replace(tzinfo=datetime.timezone.utc).timestamp() * 1e3
-
-
-def run_case(spark, log: StageLog, pipeline, plan, source, work: Path) -> dict:
+def run_case(spark, log: TaskLog, pipeline, plan, source, work: Path) -> dict:
     """One run: its throughput, the CPU the JVM and the Python workers used over its wall time, and,
     per position of a stage in the micro-batch's job, the tasks of the steady batches (the job of
     the first batch left out)."""
@@ -150,9 +139,8 @@ def main(argv=None) -> int:
     document = run_header("spark_stage_times.py", argv, args.master, False)
     from fissure.spark.session import create_session
 
-    spark = create_session(fissure.RunnerConfig(master=args.master, spark_conf={"spark.ui.enabled": "true",
-                                                                                 "spark.ui.port": "0"}))
-    log = StageLog(spark)
+    spark = create_session(fissure.RunnerConfig(master=args.master, spark_conf=STAGE_LOG_CONF))
+    log = TaskLog(spark)
     work = Path(tempfile.mkdtemp(prefix="fissure-stages-"))
     keyed_source = synthetic_source(work / "keyed", 12_000, 4, keys=10)
     mixed_source = synthetic_source(work / "mixed", 20_000, 4)

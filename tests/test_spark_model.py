@@ -7,6 +7,7 @@ import math
 import random
 import statistics
 from collections import Counter
+from dataclasses import replace
 
 import pytest
 
@@ -19,6 +20,7 @@ from fissure.model.spark_model import (
     evaluate_spark,
     hash_balance,
     spark_stages,
+    batch_part_terms,
 )
 from fissure.model.spec import load_spec
 from fissure.model.types import Kind, Machine, OperatorStats, Plan, RegionPlan
@@ -82,8 +84,9 @@ def test_the_models_spark_stages_are_the_compilers(spark, tmp_path):
 
 def test_batch_time_is_fixed_costs_plus_stage_times_and_throughput_is_records_over_it():
     evaluation = evaluate_spark(CHAIN, PLANS[1], 2, SparkConstants(), SparkWorkload(batch_records=5000))
+    defaults = SparkConstants()  # CHAIN has two stateful operators
     assert evaluation.batch_time_s == pytest.approx(sum(stage.time_s for stage in evaluation.stages)
-                                                    + SparkConstants().batch_fixed_s)
+                                                    + defaults.batch_fixed_s + 2 * defaults.state_operator_batch_s)
     assert evaluation.throughput_per_s == pytest.approx(5000 / evaluation.batch_time_s)
     assert 0 < evaluation.utilization <= 2
     assert evaluation.fixed_s < evaluation.batch_time_s
@@ -199,6 +202,61 @@ def test_the_fit_recovers_constants_from_batches_the_model_generated():
     for name in fitted:
         assert getattr(fit.constants, name) == pytest.approx(getattr(truth, name), rel=1e-4), name
     assert fit.r_squared == pytest.approx(1.0) and fit.median_abs_relative_error < 1e-6
+
+
+def test_stage_times_are_linear_in_the_constants_and_add_up_to_the_batch():
+    constants = SparkConstants(io_record_us=2.0, state_key_us=300.0, state_partition_jvm_s=0.05)
+    workload = SparkWorkload(4000, keys_per_batch={"c": 50})
+    for plan in PLANS:
+        evaluation = evaluate_spark(CHAIN, plan, 2, constants, workload)
+        *stages, (rest, rest_operators_s) = batch_part_terms(CHAIN, plan, 2, constants, workload)
+        assert len(stages) == len(evaluation.stages)
+        for (slopes, operators_s), figures in zip(stages, evaluation.stages):
+            assert slopes["batch_fixed_s"] == 0.0 and slopes["state_operator_batch_s"] == 0.0
+            assert operators_s + sum(slopes[name] * getattr(constants, name) for name in slopes) == \
+                pytest.approx(figures.time_s)
+        # outside the stages: the batch's fixed cost and each of CHAIN's two stateful operators'
+        assert rest_operators_s == pytest.approx(0.0, abs=1e-9)
+        assert {name: value for name, value in rest.items() if abs(value) > 1e-9} == \
+            {"batch_fixed_s": pytest.approx(1.0), "state_operator_batch_s": pytest.approx(2.0)}
+        assert evaluation.batch_time_s == pytest.approx(constants.batch_fixed_s + 2 * constants.state_operator_batch_s
+                                                        + sum(stage.time_s for stage in evaluation.stages))
+
+
+def test_stage_times_tell_apart_constants_that_batch_times_cannot():
+    """In batch totals a batch's fixed cost trades off with the stores on the tasks' path and with
+    the Python nodes' hand-over (every stage here has Python nodes); with every stage measured the
+    fit recovers every constant. A batch whose stages do not match the model's count falls back
+    to its batch time, and the fit says so."""
+    truth = SparkConstants(batch_fixed_s=0.3, stage_fixed_s=0.02, python_node_fixed_s=0.025,
+                           state_operator_batch_s=0.04, state_partition_fixed_s=0.1, state_partition_jvm_s=0.06,
+                           io_record_us=1.0, state_key_us=500.0)
+    fitted = ("batch_fixed_s", "stage_fixed_s", "python_node_fixed_s", "state_operator_batch_s",
+              "state_partition_fixed_s", "state_partition_jvm_s", "io_record_us", "state_key_us")
+    stateless_chain = CHAIN[:2]
+    runs = [(CHAIN, plan) for plan in PLANS] + [(stateless_chain, plan_of(([["a", "b"]], r))) for r in (1, 2)]
+    observations = []
+    for chain, plan in runs:
+        for records in (2000, 20_000):
+            for keys in (4, 400):
+                workload = SparkWorkload(records, keys_per_batch={"c": keys})
+                evaluation = evaluate_spark(chain, plan, 2, truth, workload)
+                stage_s = tuple(stage.time_s for stage in evaluation.stages)
+                observations.append(BatchObservation("synthetic", tuple(chain), plan, 2, workload,
+                                                     evaluation.batch_time_s, stage_s))
+    totals_only = [replace(item, stage_s=None) for item in observations]
+    confounded = fit_spark_constants(totals_only, SparkConstants(), fitted).constants
+    assert any(getattr(confounded, name) != pytest.approx(getattr(truth, name), rel=0.1) for name in fitted)
+    fit = fit_spark_constants(observations, SparkConstants(), fitted)
+    for name in fitted:
+        assert getattr(fit.constants, name) == pytest.approx(getattr(truth, name), rel=1e-4), name
+    assert all(error == pytest.approx(0.0, abs=1e-9) for item in fit.residuals for error in item.stage_errors_s)
+    assert not fit.notes
+    mismatched = [replace(item, stage_s=item.stage_s[:-1]) for item in observations[:3]] + observations[3:]
+    fit = fit_spark_constants(mismatched, SparkConstants(), fitted)
+    assert any("3 batches had a different number of Spark stages" in note for note in fit.notes)
+    assert fit.residuals[0].stage_errors_s is None
+    assert fit.constants.state_partition_jvm_s == pytest.approx(truth.state_partition_jvm_s, rel=1e-4)
 
 
 def test_invalid_constants_and_workloads_name_the_fault():

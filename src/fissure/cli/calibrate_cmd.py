@@ -32,8 +32,9 @@ from fissure.cli import UsageError
 
 # Constants the Spark runs can tell apart; the rest keep their values (task_fixed_s is confounded
 # with stage_fixed_s; boundary_record_us comes from the two-run method).
-FITTED = ("batch_fixed_s", "stage_fixed_s", "state_partition_fixed_s", "state_partition_jvm_s", "io_record_us",
-          "python_record_us", "conversion_record_us", "exchange_record_us", "state_record_us", "state_key_us")
+FITTED = ("batch_fixed_s", "state_operator_batch_s", "stage_fixed_s", "python_node_fixed_s", "state_partition_fixed_s",
+          "state_partition_jvm_s", "io_record_us", "python_record_us", "conversion_record_us", "exchange_record_us",
+          "state_record_us", "state_key_us")
 # Multiplications per record of the busy operator (about 50-80 us): enough that its batches are
 # mostly its work, so that its one and two replicas tell what two busy tasks really get.
 BUSY_LOOPS = 1600
@@ -115,6 +116,14 @@ def _experiments():
         Experiment("busy-state-x2", lambda: (Pipeline("busystate2").partitioned("s", busy_count_per_key, key="k")
                                              .map("after", busy), Plan((RegionPlan((("s", "after"),), 2),))),
                    True, (32, 32)),
+        # A keyed stage, then an unkeyed stateful one, sequential and with the keyed stage in two
+        # partitions: the unkeyed stage then runs one full task beside an empty one.
+        Experiment("state-global", lambda: (Pipeline("stateglobal").partitioned("s", count_per_key, key="k")
+                                            .stateful("g", count_per_key),
+                                            Plan((RegionPlan((("s", "g"),), 1),))), True),
+        Experiment("state-global-x2", lambda: (Pipeline("stateglobal2").partitioned("s", count_per_key, key="k")
+                                               .stateful("g", count_per_key),
+                                               Plan((RegionPlan((("s",),), 2), RegionPlan((("g",),), 1)))), True),
         Experiment("busy-x1", lambda: single("busy", Pipeline("busy1").map("busy", busy))),
         Experiment("busy-x2", lambda: (Pipeline("busy2").map("busy", busy),
                                        Plan((RegionPlan((("busy",),), 2),)))),
@@ -133,8 +142,9 @@ def _files(directory: Path, sizes: list[tuple[int, int]]):
     return source
 
 
-def _measure_experiment(spark, experiment: Experiment, sizes, work: Path, cores: int):
-    """The observed batches of one experiment (its first batch, the warm-up, left out)."""
+def _measure_experiment(spark, stage_log, experiment: Experiment, sizes, work: Path, cores: int):
+    """The observed batches of one experiment (its first batch, the warm-up, left out), each with
+    its Spark stages' times."""
     import fissure
     from fissure.model.calibration import BatchObservation
     from fissure.model.spark_model import SparkWorkload
@@ -147,6 +157,7 @@ def _measure_experiment(spark, experiment: Experiment, sizes, work: Path, cores:
         runner.await_termination()
     finally:
         report = runner.stop()
+    stages = stage_log.batches(str(runner.query.runId))
     summary = report.profile
     operators = []
     for stats in pipeline.operator_stats(summary.estimates() if summary is not None else None):
@@ -158,8 +169,9 @@ def _measure_experiment(spark, experiment: Experiment, sizes, work: Path, cores:
         records, keys = sizes[batch.batch_id] if batch.batch_id < len(sizes) else (batch.source_records, 1)
         workload = SparkWorkload(batch_records=batch.source_records,
                                  keys_per_batch={"s": float(keys)} if experiment.keyed else {})
+        measured = stages.get(batch.batch_id)
         observations.append(BatchObservation(experiment.label, tuple(operators), plan, cores, workload,
-                                             batch.duration_s))
+                                             batch.duration_s, measured.stage_s if measured else None))
     return observations
 
 
@@ -180,6 +192,7 @@ def measure(master: str, quick: bool, out=sys.stdout) -> dict:
     from fissure.model.spark_model import SparkConstants
     from fissure.spark.config import RunnerConfig
     from fissure.spark.session import create_session, default_parallelism
+    from fissure.spark.stage_log import STAGE_LOG_CONF, StageLog
     from fissure.worker.calibrate import measure_boundary
 
     small, large = (1000, 4000) if quick else (3000, 15000)
@@ -197,7 +210,8 @@ def measure(master: str, quick: bool, out=sys.stdout) -> dict:
               f"boundary CPU per side {cpu_per_side:.2f} us, two-process speedup {measured.calibration.speedup:.2f}x",
               file=out)
     delta_small = _delta(boundaries[50])
-    spark = create_session(RunnerConfig(master=master))
+    spark = create_session(RunnerConfig(master=master, spark_conf=STAGE_LOG_CONF))
+    stage_log = StageLog(spark)
     cores = default_parallelism(spark)
     work = Path(tempfile.mkdtemp(prefix="fissure-calibrate-"))
     observations = {}
@@ -208,7 +222,7 @@ def measure(master: str, quick: bool, out=sys.stdout) -> dict:
         # the fit in every batch.
         experiments = _experiments()
         print(f"spark: warm-up ({experiments[0].label}, not counted)", file=out, flush=True)
-        _measure_experiment(spark, experiments[0], [(small, 1)] * 4, work / "warm-up", cores)
+        _measure_experiment(spark, stage_log, experiments[0], [(small, 1)] * 4, work / "warm-up", cores)
         for experiment in experiments:
             keys_small, keys_large = (experiment.keys or (10, small // 2)) if experiment.keyed else (1, 1)
             sizes = [(small, keys_small), (small, keys_small), (large, keys_small), (small, keys_large),
@@ -216,7 +230,7 @@ def measure(master: str, quick: bool, out=sys.stdout) -> dict:
             if not quick:
                 sizes += sizes[1:] * 2  # three rounds: the fit separates per-partition from per-record costs
             print(f"spark: {experiment.label} ({len(sizes)} batches)", file=out, flush=True)
-            observations[experiment.label] = _measure_experiment(spark, experiment, sizes, work, cores)
+            observations[experiment.label] = _measure_experiment(spark, stage_log, experiment, sizes, work, cores)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     every = [item for items in observations.values() for item in items]
@@ -234,7 +248,8 @@ def measure(master: str, quick: bool, out=sys.stdout) -> dict:
              "fitted": list(fit.fitted), "notes": list(fit.notes), "boundaries": boundaries,
              "marginal_rates_per_s": rates,
              "residuals": [{"label": item.label, "batch_records": item.batch_records, "measured_s": item.measured_s,
-                            "predicted_s": item.predicted_s} for item in fit.residuals]})
+                            "predicted_s": item.predicted_s, "stage_measured_s": item.stage_measured_s,
+                            "stage_predicted_s": item.stage_predicted_s} for item in fit.residuals]})
     return {"calibration": calibration, "fit": fit}
 
 
@@ -256,12 +271,32 @@ def report_text(calibration, fit) -> str:
     for item in fit.residuals:
         lines.append(f"  {item.label:<16} {item.batch_records:>7,} records  {item.measured_s:7.3f} s -> "
                      f"{item.predicted_s:7.3f} s  ({100 * item.relative_error:+.1f}%)")
+    lines += stage_report_lines(fit.residuals)
     for note in fit.notes:
         lines.append(f"  note: {note}")
     c_p = "-" if calibration.replication_cost_us is None else f"{calibration.replication_cost_us:.3f} us"
     lines.append(f"paper model: delta {calibration.thread_switch_overhead_us:.3f} us (small records), "
                  f"{calibration.thread_switch_overhead_large_us:.3f} us (2 KB); c_p (eq. 19 on Spark) {c_p}")
     return "\n".join(lines)
+
+
+def stage_report_lines(residuals) -> list[str]:
+    """Per experiment and batch size, each Spark stage's median measured -> predicted time."""
+    groups: dict[tuple[str, int], list] = {}
+    for item in residuals:
+        if item.stage_errors_s is not None:
+            groups.setdefault((item.label, item.batch_records), []).append(item)
+    if not groups:
+        return []
+    lines = ["stages (median measured -> predicted ms, in job order; the rest of the batch last):"]
+    for (label, records), items in groups.items():
+        stages = [f"{1e3 * statistics.median(item.stage_measured_s[k] for item in items):.0f} -> "
+                  f"{1e3 * statistics.median(item.stage_predicted_s[k] for item in items):.0f}"
+                  for k in range(len(items[0].stage_measured_s))]
+        rest = (f"{1e3 * statistics.median(item.measured_s - sum(item.stage_measured_s) for item in items):.0f} -> "
+                f"{1e3 * statistics.median(item.predicted_s - sum(item.stage_predicted_s) for item in items):.0f}")
+        lines.append(f"  {label:<16} {records:>7,} records  " + "; ".join(stages) + f"; rest {rest}")
+    return lines
 
 
 def handle(args) -> int:

@@ -9,6 +9,9 @@
 - The Spark model's constants by non-negative least squares over measured micro-batch times:
   the model is linear in its constants (fissure.model.spark_model.batch_time_terms), so every
   measured batch is one equation  measured - operators' work = sum_k slope_k x constant_k.
+  A batch whose Spark stages were measured one by one (fissure.spark.stage_log) gives one such
+  equation per stage (batch_part_terms) and one for the rest of the batch (batch_fixed_s), so a
+  stage's costs are fitted where they occur instead of inferred from batch totals.
   Constants not being fitted keep their given values; the fit is repeated at its own result
   (the model is piecewise linear: the pieces may change) until it settles.
 """
@@ -21,7 +24,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from fissure.model.spark_model import SparkConstants, SparkWorkload, batch_time_terms
+from fissure.model.spark_model import (SparkConstants, SparkWorkload, batch_time_terms, evaluate_spark,
+                                       batch_part_terms)
 from fissure.model.types import OperatorStats, Plan
 
 
@@ -49,6 +53,8 @@ class BatchObservation:
     cores: int
     workload: SparkWorkload  # batch_records = the batch's records; keys per batch as measured
     measured_s: float
+    # the wall time of each Spark stage of the batch's computing job, in order (None: not measured)
+    stage_s: tuple[float, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -57,10 +63,19 @@ class FitResidual:
     batch_records: int
     measured_s: float
     predicted_s: float
+    stage_measured_s: tuple[float, ...] | None = None  # each Spark stage, when measured
+    stage_predicted_s: tuple[float, ...] = ()
 
     @property
     def relative_error(self) -> float:
         return (self.predicted_s - self.measured_s) / self.measured_s
+
+    @property
+    def stage_errors_s(self) -> tuple[float, ...] | None:
+        """Predicted minus measured seconds per stage (None unless the stages were measured and match)."""
+        if self.stage_measured_s is None or len(self.stage_measured_s) != len(self.stage_predicted_s):
+            return None
+        return tuple(predicted - measured for predicted, measured in zip(self.stage_predicted_s, self.stage_measured_s))
 
 
 @dataclass(frozen=True)
@@ -121,15 +136,19 @@ def fit_spark_constants(observations: Sequence[BatchObservation], start: SparkCo
     notes = []
     constants = start
     iterations = 0
+    unmatched = 0
     for iterations in range(1, max_iterations + 1):
         rows, targets = [], []
+        unmatched = 0
         for item in observations:
-            slopes, operators_s = batch_time_terms(item.operators, item.plan, item.cores, constants, item.workload)
-            kept_s = operators_s + sum(slopes[name] * getattr(constants, name)
-                                       for name in SparkConstants.names() if name not in names)
-            weight = 1.0 / item.measured_s
-            rows.append([slopes[name] * weight for name in names])
-            targets.append((item.measured_s - kept_s) * weight)
+            weight = 1.0 / item.measured_s  # each batch counts by its relative error, long or short
+            equations, matched = _equations(item, constants)
+            unmatched += item.stage_s is not None and not matched
+            for (slopes, operators_s), measured_s in equations:
+                kept_s = operators_s + sum(slopes[name] * getattr(constants, name)
+                                           for name in SparkConstants.names() if name not in names)
+                rows.append([slopes[name] * weight for name in names])
+                targets.append((measured_s - kept_s) * weight)
         matrix, target = np.array(rows), np.array(targets)
         identifiable = np.abs(matrix).max(axis=0) > 0
         values = np.zeros(len(names))
@@ -143,16 +162,32 @@ def fit_spark_constants(observations: Sequence[BatchObservation], start: SparkCo
         constants = updated
         if settled:
             break
+    if unmatched:
+        notes.append(f"{unmatched} batches had a different number of Spark stages than the model: "
+                     "fitted by their batch time only")
     residuals = []
     for item in observations:
-        slopes, operators_s = batch_time_terms(item.operators, item.plan, item.cores, constants, item.workload)
-        predicted = operators_s + sum(slopes[name] * getattr(constants, name) for name in SparkConstants.names())
-        residuals.append(FitResidual(item.label, item.workload.batch_records, item.measured_s, predicted))
+        evaluation = evaluate_spark(item.operators, item.plan, item.cores, constants, item.workload)
+        residuals.append(FitResidual(item.label, item.workload.batch_records, item.measured_s,
+                                     evaluation.batch_time_s, item.stage_s,
+                                     tuple(stage.time_s for stage in evaluation.stages)))
     measured = np.array([item.measured_s for item in residuals])
     predicted = np.array([item.predicted_s for item in residuals])
     total = float(((measured - measured.mean()) ** 2).sum())
     r_squared = 1.0 - float(((measured - predicted) ** 2).sum()) / total if total > 0 else math.nan
     return SparkFit(constants, tuple(names), tuple(residuals), r_squared, iterations, tuple(notes))
+
+
+def _equations(item: BatchObservation, constants: SparkConstants):
+    """The equations ((slopes, seconds no constant scales), measured seconds) of one batch, and
+    whether its measured stages matched the model's: then one per stage and one for the rest of
+    the batch, else one for the whole batch."""
+    if item.stage_s is not None:
+        *stages, rest = batch_part_terms(item.operators, item.plan, item.cores, constants, item.workload)
+        if len(stages) == len(item.stage_s):
+            return [*zip(stages, item.stage_s), (rest, item.measured_s - sum(item.stage_s))], True
+    whole = batch_time_terms(item.operators, item.plan, item.cores, constants, item.workload)
+    return [(whole, item.measured_s)], False
 
 
 @dataclass(frozen=True)

@@ -6,9 +6,10 @@ after the other, each on the task slots; inside a stage, a task drives its Pytho
 the other, and a PE node's processes come on top of the task slots. So, per micro-batch of B
 source records:
 
-    batch time = batch_fixed_s
+    batch time = batch_fixed_s + stateful operators x state_operator_batch_s
                + sum over the batch's Spark stages of
-                     stage_fixed_s + waves x task_fixed_s + max(path, shared)
+                     stage_fixed_s + waves x (task_fixed_s + Python nodes x python_node_fixed_s)
+                     + max(path, shared)
     path       = critical work / E + waves x state stores x state_partition_fixed_s
     shared     = (total work + P x state stores x (state_partition_fixed_s + state_partition_jvm_s))
                  x a / C / E
@@ -63,7 +64,9 @@ class SparkConstants:
     # PySpark 4.3, RocksDB state store), rounded; a calibration on the deployment replaces them.
     batch_fixed_s: float = 0.35  # per micro-batch: planning, offset and commit logs, the sink call
     stage_fixed_s: float = 0.02  # per Spark stage: scheduling, shuffle bookkeeping
-    task_fixed_s: float = 0.005  # per wave of tasks: launch, Python worker hand-over
+    task_fixed_s: float = 0.005  # per wave of tasks: launch
+    python_node_fixed_s: float = 0.02  # per Python node (PE, state handler, numbering) and wave: worker hand-over
+    state_operator_batch_s: float = 0.03  # per stateful operator and micro-batch, outside its stages (driver)
     state_partition_fixed_s: float = 0.15  # per stateful node and task: store load and commit on the task's thread
     state_partition_jvm_s: float = 0.04  # per stateful node and state partition: CPU of JVM threads beside the task
     io_record_us: float = 1.0  # per source record: reading it, and the sink's share
@@ -370,7 +373,8 @@ def evaluate_spark(operators: Sequence[OperatorStats], plan: Plan, cores: int,
             critical[number] += node_critical
             total[number] += node_total
     figures = []
-    fixed_s = constants.batch_fixed_s
+    stateful_operators = sum(1 for operator in operators if operator.kind is not Kind.STATELESS)
+    fixed_s = constants.batch_fixed_s + stateful_operators * constants.state_operator_batch_s
     variable_s = 0.0
     for number, shape in enumerate(shapes):
         waves = math.ceil(shape.partitions / cores)
@@ -391,7 +395,8 @@ def evaluate_spark(operators: Sequence[OperatorStats], plan: Plan, cores: int,
         store_path_us = waves * store_task_us
         path_us = critical[number] / parallelism + store_path_us
         shared_us = (total[number] + store_cpu_us) * at_once / cores / parallelism
-        stage_fixed_s = constants.stage_fixed_s + waves * constants.task_fixed_s
+        stage_fixed_s = constants.stage_fixed_s + waves * (constants.task_fixed_s
+                                                           + len(shape.nodes) * constants.python_node_fixed_s)
         stage_variable_s = max(path_us, shared_us) / 1e6
         fixed_s += stage_fixed_s + store_path_us / 1e6
         variable_s += stage_variable_s - store_path_us / 1e6
@@ -405,6 +410,20 @@ def evaluate_spark(operators: Sequence[OperatorStats], plan: Plan, cores: int,
     )
 
 
+def _linear_terms(times, constants: SparkConstants) -> list[tuple[dict[str, float], float]]:
+    """`times(constants)` (a list of seconds) as linear functions of the constants around `constants`."""
+    base = times(constants)
+    slopes: list[dict[str, float]] = [{} for _ in base]
+    for name in SparkConstants.names():
+        value = getattr(constants, name)
+        step = 1e-3 * max(1.0, value)
+        shifted = times(constants.with_values(**{name: value + step}))
+        for number, (before, after) in enumerate(zip(base, shifted)):
+            slopes[number][name] = (after - before) / step
+    return [(terms, time_s - sum(terms[name] * getattr(constants, name) for name in terms))
+            for terms, time_s in zip(slopes, base)]
+
+
 def batch_time_terms(operators: Sequence[OperatorStats], plan: Plan, cores: int, constants: SparkConstants,
                      workload: SparkWorkload) -> tuple[dict[str, float], float]:
     """The batch time as a linear function of the constants around `constants`:
@@ -412,12 +431,19 @@ def batch_time_terms(operators: Sequence[OperatorStats], plan: Plan, cores: int,
 
     The model is piecewise linear in its constants (the max of a stage's critical and shared
     work picks a piece), so these slopes are exact unless `constants` sits on a kink."""
-    base_s = evaluate_spark(operators, plan, cores, constants, workload).batch_time_s
-    slopes = {}
-    for name in SparkConstants.names():
-        value = getattr(constants, name)
-        step = 1e-3 * max(1.0, value)
-        shifted = evaluate_spark(operators, plan, cores, constants.with_values(**{name: value + step}), workload)
-        slopes[name] = (shifted.batch_time_s - base_s) / step
-    constant_s = base_s - sum(slopes[name] * getattr(constants, name) for name in slopes)
-    return slopes, constant_s
+    (terms,) = _linear_terms(lambda values: [evaluate_spark(operators, plan, cores, values, workload).batch_time_s],
+                             constants)
+    return terms
+
+
+def batch_part_terms(operators: Sequence[OperatorStats], plan: Plan, cores: int, constants: SparkConstants,
+                     workload: SparkWorkload) -> list[tuple[dict[str, float], float]]:
+    """The parts of the batch time as linear functions of the constants (as batch_time_terms): each
+    Spark stage's time, in order, then the rest of the batch (batch_fixed_s and the stateful
+    operators' state_operator_batch_s, outside every stage)."""
+    def parts(values: SparkConstants) -> list[float]:
+        evaluation = evaluate_spark(operators, plan, cores, values, workload)
+        stages = [stage.time_s for stage in evaluation.stages]
+        return [*stages, evaluation.batch_time_s - sum(stages)]
+
+    return _linear_terms(parts, constants)
