@@ -15,6 +15,9 @@ def spark():
     from fissure.spark.config import RunnerConfig
     from fissure.spark.session import create_session
 
-    session = create_session(RunnerConfig(master="local[2]", app_name="fissure-tests"))
+    from fissure.spark.stage_log import STAGE_LOG_CONF
+
+    # The UI serves the REST API that tests/test_stage_log.py reads.
+    session = create_session(RunnerConfig(master="local[2]", app_name="fissure-tests", spark_conf=STAGE_LOG_CONF))
     yield session
     session.stop()

@@ -179,9 +179,9 @@ def test_the_spark_search_is_correctable_and_scales_its_constants():
     correction = store.fit(search)
     assert correction.error_after < 0.01
     corrected = search.with_factors(correction.as_dict)
-    for plan in (fused, replicated):
+    for plan in (fused, replicated):  # an RMS error under 1 % over three plans: each within sqrt(3) %
         assert corrected.predict_per_s(chain, plan, machine) == pytest.approx(
-            evaluate_spark(chain, plan, 2, truth, settings.workload).throughput_per_s, rel=0.01)
+            evaluate_spark(chain, plan, 2, truth, settings.workload).throughput_per_s, rel=0.0175)
 
 
 # -- the loop -------------------------------------------------------------------------------------

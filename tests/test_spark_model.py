@@ -184,20 +184,28 @@ def test_batch_time_is_linear_in_the_constants_around_a_point():
         assert predicted == pytest.approx(evaluate_spark(CHAIN, plan, 2, constants, workload).batch_time_s)
 
 
+def synthetic_observations(truth: SparkConstants) -> list[BatchObservation]:
+    """Batches the model generates with `truth`, their stages timed: CHAIN under every plan of
+    PLANS and its stateless head (without stateful nodes, so that the fixed costs can be told
+    apart) in one and two replicas, at two batch sizes and two key counts."""
+    runs = [(CHAIN, plan) for plan in PLANS] + [(CHAIN[:2], plan_of(([["a", "b"]], r))) for r in (1, 2)]
+    observations = []
+    for chain, plan in runs:
+        for records in (2000, 20_000):
+            for keys in (4, 400):
+                workload = SparkWorkload(records, keys_per_batch={"c": keys})
+                evaluation = evaluate_spark(chain, plan, 2, truth, workload)
+                observations.append(BatchObservation("synthetic", tuple(chain), plan, 2, workload, evaluation.batch_time_s,
+                                                     tuple(stage.time_s for stage in evaluation.stages)))
+    return observations
+
+
 def test_the_fit_recovers_constants_from_batches_the_model_generated():
     truth = SparkConstants(batch_fixed_s=0.4, stage_fixed_s=0.03, state_partition_fixed_s=0.1, io_record_us=1.5,
                            python_record_us=0.7, exchange_record_us=0.9, state_key_us=800.0)
     fitted = ("batch_fixed_s", "stage_fixed_s", "state_partition_fixed_s", "io_record_us", "python_record_us",
               "exchange_record_us", "state_key_us")
-    stateless_chain = CHAIN[:2]  # without stateful nodes, so the fixed costs can be told apart
-    runs = [(CHAIN, plan) for plan in PLANS] + [(stateless_chain, plan_of(([["a", "b"]], r))) for r in (1, 2)]
-    observations = []
-    for chain, plan in runs:
-        for records in (2000, 20_000):
-            for keys in (10, 400):
-                workload = SparkWorkload(records, keys_per_batch={"c": keys})
-                measured = evaluate_spark(chain, plan, 2, truth, workload).batch_time_s
-                observations.append(BatchObservation("synthetic", tuple(chain), plan, 2, workload, measured))
+    observations = [replace(item, stage_s=None) for item in synthetic_observations(truth)]
     fit = fit_spark_constants(observations, SparkConstants(), fitted)
     for name in fitted:
         assert getattr(fit.constants, name) == pytest.approx(getattr(truth, name), rel=1e-4), name
@@ -233,17 +241,7 @@ def test_stage_times_tell_apart_constants_that_batch_times_cannot():
                            io_record_us=1.0, state_key_us=500.0)
     fitted = ("batch_fixed_s", "stage_fixed_s", "python_node_fixed_s", "state_operator_batch_s",
               "state_partition_fixed_s", "state_partition_jvm_s", "io_record_us", "state_key_us")
-    stateless_chain = CHAIN[:2]
-    runs = [(CHAIN, plan) for plan in PLANS] + [(stateless_chain, plan_of(([["a", "b"]], r))) for r in (1, 2)]
-    observations = []
-    for chain, plan in runs:
-        for records in (2000, 20_000):
-            for keys in (4, 400):
-                workload = SparkWorkload(records, keys_per_batch={"c": keys})
-                evaluation = evaluate_spark(chain, plan, 2, truth, workload)
-                stage_s = tuple(stage.time_s for stage in evaluation.stages)
-                observations.append(BatchObservation("synthetic", tuple(chain), plan, 2, workload,
-                                                     evaluation.batch_time_s, stage_s))
+    observations = synthetic_observations(truth)
     totals_only = [replace(item, stage_s=None) for item in observations]
     confounded = fit_spark_constants(totals_only, SparkConstants(), fitted).constants
     assert any(getattr(confounded, name) != pytest.approx(getattr(truth, name), rel=0.1) for name in fitted)

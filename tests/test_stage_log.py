@@ -60,8 +60,46 @@ def test_batches_take_their_first_jobs_completed_stages_in_order():
     assert batches[2].stage_s == pytest.approx((0.1, 0.35))  # the skipped stage left out
 
 
-def test_a_session_without_the_ui_gets_a_clear_error(spark):
-    if spark.sparkContext.uiWebUrl:
-        pytest.skip("this test session runs the Spark UI")
+def test_a_session_without_the_ui_gets_a_clear_error():
+    class NoUi:
+        class sparkContext:  # noqa: N801 - SparkSession's attribute
+            uiWebUrl = None
+            applicationId = "local-1"
+
     with pytest.raises(RuntimeError, match="STAGE_LOG_CONF"):
-        StageLog(spark)
+        StageLog(NoUi())
+
+
+def test_every_batch_of_a_real_query_runs_the_stages_the_model_prices(spark, tmp_path):
+    """A keyed then an unkeyed stateful operator, the keyed one in two partitions: Spark's
+    computing job of every micro-batch has the stages the Spark model prices, no more, no fewer,
+    each timed, and the batch's jobs take part of the batch's time."""
+    import fissure
+    from fissure import Pipeline
+    from fissure.model.spark_model import evaluate_spark
+    from fissure.model.types import Plan, RegionPlan
+    from fissure.testing import record_files
+
+    def count(state, record):
+        state["n"] = state.get("n", 0) + 1
+        return record
+
+    rows = [{"k": f"k{i % 5}", "x": float(i)} for i in range(90)]
+    source = record_files(tmp_path / "in", rows, {"k": str, "x": float}, records_per_file=30, max_files_per_trigger=1)
+    pipeline = Pipeline("staged").map("m", lambda record: record).partitioned("s", count, key="k").stateful("g", count)
+    plan = Plan((RegionPlan((("m",),), 1), RegionPlan((("s",),), 2), RegionPlan((("g",),), 1)))
+    runner = fissure.Runner(pipeline, source, fissure.NoopSink(), plan=plan, spark=spark, progress=False,
+                            checkpoint=str(tmp_path / "checkpoint"))
+    runner.start(available_now=True)
+    try:
+        runner.await_termination()
+    finally:
+        runner.stop()
+    batches = StageLog(spark).batches(str(runner.query.runId))
+    assert sorted(batches) == [0, 1, 2]
+    modelled = len(evaluate_spark(pipeline.operator_stats(), plan, 2).stages)
+    durations = {profile.batch_id: profile.duration_s for profile in runner.batch_profiles}
+    for batch_id, batch in batches.items():
+        assert len(batch.stage_s) == modelled, batch
+        assert all(seconds > 0 for seconds in batch.stage_s)
+        assert sum(batch.stage_s) <= batch.jobs_s <= durations[batch_id]

@@ -1,6 +1,6 @@
 """`fissure calibrate`: measure this Spark deployment's overheads, fit both models' constants, store them.
 
-    fissure calibrate                      # about two minutes on local[*]; stores the result
+    fissure calibrate                      # about three minutes on local[*]; stores the result
     fissure calibrate --quick --dry-run    # a smaller run that stores nothing
     fissure calibrate --master spark://host:7077 --output cluster.json
 
@@ -10,10 +10,13 @@ What it measures (docs/profiling.md has the details):
 - short Spark streaming queries of synthetic operators (per-record and per-batch identity
   operators, an exchange into replicas, a keyed stateful operator at few and many keys in one and
   two state partitions, a busy keyed operator and a busy map after it in one and two partitions,
-  a busy operator with one and two replicas), each micro-batch's time, and the operators' costs
-  from the live profile;
-- the Spark model's constants by non-negative least squares over those micro-batches, with the
-  residual of every batch, and the paper's c_p from the busy operator's marginal rates (eq. 19).
+  a keyed then an unkeyed stateful operator, sequential and with the keyed one in two partitions,
+  a busy operator with one and two replicas), each micro-batch's time and the time of each of its
+  Spark stages (Spark's monitoring REST API: this command's session runs the Spark UI on a free
+  port), and the operators' costs from the live profile;
+- the Spark model's constants by non-negative least squares over those stages and micro-batches,
+  with the residual of every batch, and the paper's c_p from the busy operator's marginal rates
+  (eq. 19).
 """
 
 from __future__ import annotations
@@ -157,7 +160,13 @@ def _measure_experiment(spark, stage_log, experiment: Experiment, sizes, work: P
         runner.await_termination()
     finally:
         report = runner.stop()
-    stages = stage_log.batches(str(runner.query.runId))
+    stages = {}
+    if stage_log is not None:
+        try:
+            stages = stage_log.batches(str(runner.query.runId))
+        except RuntimeError as error:  # the fit falls back to this experiment's batch times
+            print(f"warning: {experiment.label}: no stage times ({error}); fitting its batch times only",
+                  file=sys.stderr)
     summary = report.profile
     operators = []
     for stats in pipeline.operator_stats(summary.estimates() if summary is not None else None):
@@ -211,7 +220,11 @@ def measure(master: str, quick: bool, out=sys.stdout) -> dict:
               file=out)
     delta_small = _delta(boundaries[50])
     spark = create_session(RunnerConfig(master=master, spark_conf=STAGE_LOG_CONF))
-    stage_log = StageLog(spark)
+    try:
+        stage_log = StageLog(spark)
+    except RuntimeError as error:  # a deployment that keeps the UI off: batch totals only
+        print(f"warning: {error}; fitting batch times only", file=sys.stderr)
+        stage_log = None
     cores = default_parallelism(spark)
     work = Path(tempfile.mkdtemp(prefix="fissure-calibrate-"))
     observations = {}
