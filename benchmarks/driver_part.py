@@ -19,7 +19,6 @@ loop restarts the query at every plan change).
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import tempfile
@@ -32,8 +31,8 @@ from fissure.spark.plans import sequential_plan  # noqa: E402
 from fissure.spark.stage_log import STAGE_LOG_CONF, StageLog  # noqa: E402
 
 import model_accuracy  # noqa: E402
-from model_accuracy import logwatch_source, mixed_pipeline, publish, run_header, stateless_pipeline  # noqa: E402
-from model_accuracy import synthetic_source  # noqa: E402
+from model_accuracy import (header_lines, logwatch_source, mixed_pipeline, publish, run_header,  # noqa: E402
+                            stateless_pipeline, synthetic_source, write_json)
 
 
 def run_query(spark, log: StageLog, pipeline, source, work: Path) -> dict[int, tuple[float, float]]:
@@ -105,12 +104,8 @@ def main(argv=None) -> int:
 
 
 def write_outputs(document: dict, out_dir: Path, stem: str) -> None:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / f"{stem}.json").write_text(json.dumps(document, indent=2))
-    lines = ["# The driver's part of a micro-batch by its position in the query", "",
-             f"Command: `{document['command']}`  ", f"Date: {document['date']}  ",
-             f"Machine: {document['machine']}, Spark master {document['master']}  ",
-             f"Load average before / after: {document['load_before']} / {document['load_after']}", "",
+    write_json(document, out_dir, stem)
+    lines = header_lines(document, "The driver's part of a micro-batch by its position in the query") + [
              "Each workload's sequential plan, one query per repeat; per micro-batch (0: the first, which "
              "the benchmarks leave out) the median over the repeats of the rest of the batch outside its "
              "stages and of the time in its stages, in ms. The model-accuracy benchmark measures batches "

@@ -212,6 +212,18 @@ def run_header(script: str, argv, master: str, quick: bool) -> dict:
     }
 
 
+def header_lines(document: dict, title: str) -> list[str]:
+    """A results file's title and where its figures come from: command, date, machine, load."""
+    return [f"# {title}", "", f"Command: `{document['command']}`  ", f"Date: {document['date']}  ",
+            f"Machine: {document['machine']}, Spark master {document['master']}  ",
+            f"Load average before / after: {document['load_before']} / {document['load_after']}", ""]
+
+
+def write_json(document: dict, out_dir: Path, stem: str) -> None:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / f"{stem}.json").write_text(json.dumps(document, indent=2))
+
+
 def publish(document: dict, stem: str, write) -> None:
     """Note the load after the runs, write the results with `write`, print the markdown."""
     document["load_after"] = [round(value, 2) for value in os.getloadavg()]

@@ -21,7 +21,6 @@ wall time. Run on a quiet machine.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -39,7 +38,8 @@ from fissure.spark.plans import describe_plan, sequential_plan  # noqa: E402
 from fissure.spark.stage_log import STAGE_LOG_CONF, StageLog, parse_timestamp  # noqa: E402
 
 import model_accuracy  # noqa: E402
-from model_accuracy import BusyUpdate, measure_run, mixed_pipeline, publish, run_header, synthetic_source  # noqa: E402
+from model_accuracy import (BusyUpdate, header_lines, measure_run, mixed_pipeline, publish, run_header,  # noqa: E402
+                            synthetic_source, write_json)
 
 
 class TaskLog(StageLog):
@@ -169,12 +169,9 @@ def main(argv=None) -> int:
 
 
 def write_outputs(document: dict, out_dir: Path, stem: str) -> None:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / f"{stem}.json").write_text(json.dumps(document, indent=2))
-    lines = ["# Spark stage and task times: keyed and stateful stages in one and two state partitions", "",
-             f"Command: `{document['command']}`  ", f"Date: {document['date']}  ",
-             f"Machine: {document['machine']}, Spark master {document['master']}  ",
-             f"Load average before / after: {document['load_before']} / {document['load_after']}", "",
+    write_json(document, out_dir, stem)
+    lines = header_lines(document, "Spark stage and task times: keyed and stateful stages in one and two state "
+                                   "partitions") + [
              "Per case and repeat: throughput, then per stage of the micro-batch's job (in job order) its tasks as "
              "`duration ms (records)`, the median over the steady micro-batches, tasks sorted by records; the "
              "whole run's CPU seconds of the JVM and of the Python workers, and its wall time; a steady micro-batch's "
