@@ -22,10 +22,12 @@ calibration (`fissure calibrate`; documented defaults without one). Reported per
 and worst relative error; the same for the other plans once every prediction is scaled by the
 sequential plan's measured / predicted throughput (what the adaptive loop learns from the plan it
 runs: it takes out how far the machine's speed moved since the calibration); and whether the plan
-the model ranks first is within 5 % of the best measured plan. Writes markdown, JSON and a scatter
-plot under benchmarks/results/.
+the model ranks first is within 5 % of the best measured plan. Per plan, each Spark stage of a
+steady micro-batch measured (Spark's monitoring REST API: the session runs the Spark UI) against
+the model's, and the rest of the batch. Writes markdown, JSON and a scatter plot under
+benchmarks/results/.
 
-    ./dev python benchmarks/model_accuracy.py            # the real measurement: a quiet machine, ~15 min
+    ./dev python benchmarks/model_accuracy.py            # the real measurement: a quiet machine, ~20 min
     ./dev python benchmarks/model_accuracy.py --quick    # end to end in a few minutes (not figures)
 """
 

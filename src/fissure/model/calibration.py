@@ -10,7 +10,7 @@
   the model is linear in its constants (fissure.model.spark_model.batch_time_terms), so every
   measured batch is one equation  measured - operators' work = sum_k slope_k x constant_k.
   A batch whose Spark stages were measured one by one (fissure.spark.stage_log) gives one such
-  equation per stage (batch_part_terms) and one for the rest of the batch (batch_fixed_s), so a
+  equation per stage and one for the rest of the batch, the driver's part (batch_part_terms), so a
   stage's costs are fitted where they occur instead of inferred from batch totals.
   Constants not being fitted keep their given values; the fit is repeated at its own result
   (the model is piecewise linear: the pieces may change) until it settles.
@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from fissure.model.spark_model import (SparkConstants, SparkWorkload, batch_time_terms, evaluate_spark,
-                                       batch_part_terms)
+from fissure.model.spark_model import (SparkConstants, SparkWorkload, batch_part_terms, batch_time_terms,
+                                       evaluate_spark)
 from fissure.model.types import OperatorStats, Plan
 
 
