@@ -61,7 +61,7 @@ class SparkConstants:
     """The Spark model's machine constants. Seconds per batch, stage or task; microseconds per record."""
 
     # Defaults: the medians of three `fissure calibrate` runs on the 2-core development VM
-    # (benchmarks/results/calibrate_stages_run1.txt, _run2.txt and calibrate.txt; local[2], PySpark
+    # (benchmarks/results/calibrate_stages_run1.txt, _run2.txt and _run3.txt; local[2], PySpark
     # 4.3, RocksDB state store), rounded; a calibration on the deployment replaces them.
     batch_fixed_s: float = 0.2  # per micro-batch: planning, offset and commit logs, the sink call
     stage_fixed_s: float = 0.016  # per Spark stage: scheduling, shuffle bookkeeping
