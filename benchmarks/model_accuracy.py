@@ -171,12 +171,8 @@ def measure_run(spark, pipeline, source, plan, work: Path, profile=True, stage_l
     if stage_log is not None:
         reported = stage_log.batches(str(runner.query.runId))
         durations = {int(batch["batchId"]): batch["durationMs"]["triggerExecution"] / 1e3 for batch in batches}
-        found = [(reported[batch].stage_s, duration) for batch, duration in durations.items() if batch in reported]
-        if found:
-            count = statistics.mode(len(stage_s) for stage_s, _ in found)
-            alike = [(stage_s, duration) for stage_s, duration in found if len(stage_s) == count]
-            stages = {"stage_s": [statistics.median(stage_s[k] for stage_s, _ in alike) for k in range(count)],
-                      "rest_s": statistics.median(duration - sum(stage_s) for stage_s, duration in alike)}
+        stages = median_stages([{"stage_s": reported[batch].stage_s, "rest_s": duration - sum(reported[batch].stage_s)}
+                                for batch, duration in durations.items() if batch in reported])
     return {"records_per_s": records / seconds if seconds else float("nan"), "durations_ms": durations_ms,
             "batch_records": statistics.median(count for count, _ in steady) if steady else 0,
             "batches": len(steady), "profile": report.profile, "stages": stages}
@@ -258,7 +254,8 @@ def choose_plans(pipeline, operators, cores, count, max_threads, settings, seed=
 
 
 def median_stages(runs: list[dict | None]) -> dict | None:
-    """Per stage, the median over runs that reported the same number of stages (None: none did)."""
+    """Per stage and for the rest of the batch, the median over the batches or runs that reported
+    the most common number of stages (None: none reported any)."""
     runs = [run for run in runs if run is not None]
     if not runs:
         return None
