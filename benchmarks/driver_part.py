@@ -137,10 +137,10 @@ def write_outputs(document: dict, out_dir: Path, stem: str) -> None:
         for item in session:
             if item["query"] % 5 == 0 or item["query"] == len(session) - 1:
                 lines.append(f"| {item['query']} | {1e3 * item['rest_s']:.0f} | {1e3 * item['stages_s']:.0f} |")
-        tenth = max(1, len(session) // 4)
-        lines += ["", f"- rest: median {1e3 * statistics.median(i['rest_s'] for i in session[1:tenth + 1]):.0f} ms over "
-                      f"queries 1-{tenth}, {1e3 * statistics.median(i['rest_s'] for i in session[-tenth:]):.0f} ms over the "
-                      f"last {tenth}."]
+        quarter = max(1, len(session) // 4)
+        lines += ["", f"- rest: median {1e3 * statistics.median(i['rest_s'] for i in session[1:quarter + 1]):.0f} ms "
+                      f"over queries 1-{quarter}, {1e3 * statistics.median(i['rest_s'] for i in session[-quarter:]):.0f} "
+                      f"ms over the last {quarter}."]
     (out_dir / f"{stem}.md").write_text("\n".join(lines) + "\n")
 
 

@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from fissure.model.spark_model import (SparkConstants, SparkWorkload, batch_part_terms, batch_time_terms,
-                                       evaluate_spark)
+from fissure.model.spark_model import (SparkConstants, SparkWorkload, batch_part_terms, evaluate_spark,
+                                       summed_terms)
 from fissure.model.types import OperatorStats, Plan
 
 
@@ -182,12 +182,11 @@ def _equations(item: BatchObservation, constants: SparkConstants):
     """The equations ((slopes, seconds no constant scales), measured seconds) of one batch, and
     whether its measured stages matched the model's: then one per stage and one for the rest of
     the batch, else one for the whole batch."""
-    if item.stage_s is not None:
-        *stages, rest = batch_part_terms(item.operators, item.plan, item.cores, constants, item.workload)
-        if len(stages) == len(item.stage_s):
-            return [*zip(stages, item.stage_s), (rest, item.measured_s - sum(item.stage_s))], True
-    whole = batch_time_terms(item.operators, item.plan, item.cores, constants, item.workload)
-    return [(whole, item.measured_s)], False
+    parts = batch_part_terms(item.operators, item.plan, item.cores, constants, item.workload)
+    *stages, rest = parts
+    if item.stage_s is not None and len(stages) == len(item.stage_s):
+        return [*zip(stages, item.stage_s), (rest, item.measured_s - sum(item.stage_s))], True
+    return [(summed_terms(parts), item.measured_s)], False
 
 
 @dataclass(frozen=True)

@@ -434,9 +434,7 @@ def batch_time_terms(operators: Sequence[OperatorStats], plan: Plan, cores: int,
 
     The model is piecewise linear in its constants (the max of a stage's critical and shared
     work picks a piece), so these slopes are exact unless `constants` sits on a kink."""
-    (terms,) = _linear_terms(lambda values: [evaluate_spark(operators, plan, cores, values, workload).batch_time_s],
-                             constants)
-    return terms
+    return summed_terms(batch_part_terms(operators, plan, cores, constants, workload))
 
 
 def batch_part_terms(operators: Sequence[OperatorStats], plan: Plan, cores: int, constants: SparkConstants,
@@ -450,3 +448,9 @@ def batch_part_terms(operators: Sequence[OperatorStats], plan: Plan, cores: int,
         return [*stages, evaluation.batch_time_s - sum(stages)]
 
     return _linear_terms(parts, constants)
+
+
+def summed_terms(parts: Sequence[tuple[dict[str, float], float]]) -> tuple[dict[str, float], float]:
+    """The sum of linear terms (batch_part_terms' parts: the whole batch's terms)."""
+    slopes = {name: sum(terms[name] for terms, _ in parts) for name in SparkConstants.names()}
+    return slopes, sum(constant_s for _, constant_s in parts)
