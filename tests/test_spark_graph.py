@@ -17,6 +17,7 @@ import pytest
 from fissure import PipelineError, StreamGraph, TumblingWindow, run_local
 from fissure.cli.autopipeline_cmd import load_profile
 from fissure.control.autopipeline_control import ControlAction
+from fissure.model.types import Plan, RegionPlan
 from fissure.profile.graph_profile import autopipeline_profile, piece_measurements, profile_json
 from fissure.spark.graph_autopipeline import GraphAutopipelineConfig
 from fissure.spark.graph_runner import GraphRunner, run_graph
@@ -102,6 +103,66 @@ def test_graph_matches_run_local_and_runs_shared_work_once(spark, tmp_path, boun
     assert sorted(int(line) for line in calls.read_text().split()) == list(range(len(EVENTS)))
     assert report.dead_letters == len(local.dead_letters) == 2  # small events with ts 0 and 51 fail in checked
     assert len(report.batches) >= 2 and all(batch.boundaries == tuple(sorted(boundaries)) for batch in report.batches)
+
+
+def test_a_plan_replicates_stateless_and_keyed_stages_of_a_graph(spark, tmp_path):
+    """Fission on a graph: the fan-out's stateless stage in two replicas cut into two processes,
+    the keyed operator and the join in two state partitions; every sink as run_local has it."""
+    graph = build_graph()
+    assert graph.names == ("parsed", "big", "small", "checked", "both", "per_host", "enrich")
+    plan = Plan(regions=(RegionPlan((("parsed", "big"), ("small", "checked", "both")), replicas=2),
+                         RegionPlan((("per_host", "enrich"),), replicas=2)))
+    sinks = {name: MemorySink() for name in ("all", "counts", "enriched")}
+    runner = GraphRunner(graph, sources(tmp_path), sinks, spark=spark, plan=plan)
+    assert runner.boundaries == ("small",) and runner.state_partitions == 2
+    runner.start(available_now=True)
+    try:
+        runner.await_termination(120)
+    finally:
+        report = runner.stop()
+    assert_same_as_local(sinks)
+    stages = runner.compiled.stages
+    assert [(stage.kind, stage.nodes, stage.replicas, stage.boundaries) for stage in stages] == [
+        ("pe", ("parsed", "big", "small", "checked", "both"), 2, ("small",)),
+        ("keyed", ("per_host",), None, ()), ("keyed", ("enrich",), None, ())]
+    assert report.plan == plan and report.dead_letters == 2
+
+
+def test_the_planner_plans_a_graph_as_the_chain_of_its_stages(spark, tmp_path):
+    sinks = {name: MemorySink() for name in ("all", "counts", "enriched")}
+    report = run_graph(build_graph(), sources(tmp_path), sinks, spark=spark, plan="planner")
+    assert report.plan.method != "sequential" and report.plan.operators == build_graph().names
+    assert_same_as_local(sinks)
+
+
+def test_fissure_run_runs_every_program(spark, tmp_path):
+    """One entry point: a graph by its named sources and sinks; a chain-shaped graph on the chain
+    runner (which adapts); a Pipeline as a graph under the autopipelining loop."""
+    import fissure
+    from fissure.spark.runner import RunReport
+    from fissure.spark.graph_runner import GraphRunReport
+
+    sinks = {name: MemorySink() for name in ("all", "counts", "enriched")}
+    report = fissure.run(build_graph(), sources(tmp_path), sinks, spark=spark, progress=False)
+    assert isinstance(report, GraphRunReport)
+    assert_same_as_local(sinks)
+    with pytest.raises(PipelineError, match="adaptive re-planning runs chains"):
+        fissure.run(build_graph(), sources(tmp_path), sinks, spark=spark, adaptive=True)
+
+    chain = StreamGraph("chain_shaped")
+    (chain.source("events", schema=EVENT).map("tenfold", lambda r: {**r, "v": r["v"] * 10})
+     .partitioned("per_host", count, key="host", schema={"host": str, "n": int}).sink("counts"))
+    chain_sink = MemorySink()
+    report = fissure.run(chain, {"events": sources(tmp_path / "chain")["events"]}, {"counts": chain_sink},
+                         spark=spark, progress=False, plan="planner")
+    assert isinstance(report, RunReport) and report.input_records == len(EVENTS)
+    assert canonical(chain_sink.records()) == canonical(run_local(chain, {"events": EVENTS})["counts"])
+
+    pipeline = chain.as_chain()
+    piped = MemorySink()
+    report = fissure.run(pipeline, sources(tmp_path / "piped")["events"], piped, spark=spark, autopipeline=True)
+    assert isinstance(report, GraphRunReport) and len(report.batches) >= 2
+    assert canonical(piped.records()) == canonical(run_local(pipeline, EVENTS)["sink"])
 
 
 def test_binding_and_boundary_errors_name_the_fix(spark, tmp_path):

@@ -6,9 +6,13 @@ import pyarrow as pa
 import pytest
 
 import fissure
-from fissure import PipelineError, StreamGraph, TumblingWindow, run_local
+from fissure import Pipeline, PipelineError, StreamGraph, TumblingWindow, run_local
+from fissure.model.types import Plan, RegionPlan
+from fissure.spark.plans import check_plan
 from fissure.worker.graph_local import LocalGraphRun
-from fissure.worker.graph_pe import EnvelopeLayout, GraphPiece, build_pieces, pieces_for, plan_graph_stages
+from fissure.worker.graph_pe import (
+    EnvelopeLayout, GraphPiece, build_pieces, pieces_for, plan_graph_stages, state_partitions_of,
+)
 
 EVENT = {"host": str, "ts": int, "v": int}
 HOSTS = {"host": str, "ts": int, "owner": str}
@@ -205,7 +209,7 @@ def test_streams_of_another_graph_are_refused():
 
 def test_stages_cut_at_keyed_nodes_in_topological_order():
     g = example_graph()
-    stages = plan_graph_stages(g, g.check().order)
+    stages = plan_graph_stages(g)
     assert [(stage.kind, stage.nodes) for stage in stages] == [
         ("pe", ("parsed", "big", "small", "both")), ("keyed", ("per_host",)), ("keyed", ("enrich",))]
 
@@ -217,7 +221,7 @@ def test_a_stateless_node_runs_after_the_keyed_stage_of_its_latest_input():
     counted = s.partitioned("per_host", count, key="host", schema={"host": str, "n": int})
     widened = counted.map("widened", lambda r: {"host": r["host"], "ts": r["n"], "v": 0}, schema=EVENT)
     g.union("merged", direct, widened).map("after", lambda r: r).sink("out")
-    stages = plan_graph_stages(g, g.check().order)
+    stages = plan_graph_stages(g)
     assert [(stage.kind, stage.nodes) for stage in stages] == [
         ("pe", ("direct",)), ("keyed", ("per_host",)), ("pe", ("widened", "merged", "after"))]
     results = run_local(g, {"s": [{"host": "a", "ts": 5, "v": 1}, {"host": "a", "ts": 6, "v": 2}]})
@@ -238,7 +242,7 @@ def test_piece_forwards_only_what_later_nodes_need():
     layout = g.check()
     schemas = {name: schema for name, schema in layout.schemas.items() if name not in g.sinks}
     envelope = EnvelopeLayout(schemas)
-    stages = plan_graph_stages(g, layout.order)
+    stages = plan_graph_stages(g)
     first, second = build_pieces(g, schemas, envelope, stages, stages[0], ["big"])
     # parsed is read by big (next piece) and per_host (keyed stage); small by both (next piece)
     assert first.forward == {"parsed", "small"}
@@ -252,7 +256,7 @@ def test_pieces_give_the_same_rows_as_one_piece():
     layout = g.check()
     schemas = {name: schema for name, schema in layout.schemas.items() if name not in g.sinks}
     envelope = EnvelopeLayout(schemas)
-    stages = plan_graph_stages(g, layout.order)
+    stages = plan_graph_stages(g)
     from fissure.worker.columns import carried_schema
     from fissure.worker.fused import live_batch
 
@@ -382,7 +386,7 @@ class RecordingRunner:
 
         self.graph = graph
         self.profile, self.accumulator = True, None
-        self.compiled = SimpleNamespace(stages=plan_graph_stages(graph, graph.check().order))
+        self.compiled = SimpleNamespace(stages=plan_graph_stages(graph))
         self.boundaries = ()
         self.listeners = SimpleNamespace(on_batch=[])
         self.applied: list[tuple[str, ...]] = []
@@ -444,3 +448,80 @@ def test_loop_reverts_and_blacklists_a_port_that_does_not_gain():
     runner.run_batch(2, 1.0, {ONE_PIECE: piece_counts(0.9, 1.0, BUSY, {"small": 100})})
     third = loop.decisions[2].decision
     assert (third.action, third.insert) == (ControlAction.INSERT, ("small",))
+
+
+# --- one program model: a chain is a graph -------------------------------------------------------
+
+
+def _chain():
+    return (Pipeline("chain").map("double", lambda r: {"k": r["k"], "v": 2 * r["v"]})
+            .filter("big", lambda r: r["v"] > 2, selectivity=0.5)
+            .partitioned("total", lambda state, r: state.update(n=state.get("n", 0) + r["v"]) or
+                         {"k": r["k"], "n": state["n"]}, key="k", schema={"k": str, "n": int}))
+
+
+def test_a_pipeline_is_the_graph_of_one_source_and_one_sink():
+    chain = _chain()
+    graph = StreamGraph.from_pipeline(chain)
+    assert graph.sources == ("source",) and graph.sinks == ("sink",) and graph.names == chain.names
+    assert [node.operator for node in graph.nodes if node.operator] == list(chain.operators)
+    assert graph.operator_stats() == chain.operator_stats()  # the same planner input
+    back = graph.as_chain()
+    assert back.names == chain.names and back.operators == chain.operators
+    records = [{"k": "a", "v": 1}, {"k": "a", "v": 2}, {"k": "b", "v": 3}]
+    assert run_local(chain, records)["sink"] == [{"k": "a", "n": 4}, {"k": "b", "n": 6}]
+
+
+def test_an_operator_named_like_an_end_moves_the_end_and_fan_out_is_no_chain():
+    chain = Pipeline("p").map("source", lambda r: r).map("sink", lambda r: r)
+    graph = StreamGraph.from_pipeline(chain)
+    assert graph.sources == ("source_",) and graph.sinks == ("sink_",)
+    g = StreamGraph("fan")
+    stream = g.source("in").map("a", lambda r: r)
+    stream.map("b", lambda r: r).sink("out1")
+    stream.map("c", lambda r: r).sink("out2")
+    assert g.as_chain() is None
+
+
+def test_a_graph_is_planned_as_the_chain_of_its_operators_loaded_with_their_records():
+    g = StreamGraph("rates")
+    first = g.source("one", schema={"k": str})
+    second = g.source("two", schema={"k": str})
+    kept = first.filter("kept", lambda r: True, selectivity=0.25)
+    merged = g.union("merged", kept, second)
+    merged.partitioned("counted", lambda state, r: None, key="k").sink("out")
+    merged.map("copied", lambda r: r, cost_us=4.0).sink("copies")
+    assert g.names == ("kept", "merged", "copied", "counted")
+    rates = g.input_rates()
+    assert rates == {"kept": 0.5, "merged": 0.5 * 0.25 + 0.5, "copied": 0.625, "counted": 0.625}
+    stats = g.operator_stats()
+    entering, loads = 1.0, {}
+    for operator in stats:  # the chain's records entering each operator reproduce the graph's rates
+        loads[operator.name] = entering
+        entering *= operator.selectivity
+    assert loads == pytest.approx({name: rate / rates["kept"] for name, rate in rates.items()})
+    assert [(s.kind.value, s.key, s.cost_us) for s in stats] == [
+        ("stateless", None, 10.0), ("stateless", None, 0.5), ("stateless", None, 4.0), ("partitioned", ("k",), 10.0)]
+
+
+def test_a_plan_cuts_a_graph_into_replicated_stages_and_processes():
+    g = StreamGraph("staged")
+    stream = g.source("in", schema={"k": str, "v": int})
+    a = stream.map("a", lambda r: r)
+    a.map("b", lambda r: r).partitioned("c", lambda state, r: None, key="k").map("d", lambda r: r).sink("out")
+    a.filter("e", lambda r: True).sink("side")
+    assert g.names == ("a", "b", "e", "c", "d")
+    plan = Plan(regions=(RegionPlan((("a",), ("b", "e")), replicas=3), RegionPlan((("c", "d"),), replicas=2)))
+    stages = plan_graph_stages(g, plan)
+    assert [(st.kind, st.nodes, st.replicas, st.boundaries) for st in stages] == [
+        ("pe", ("a", "b", "e"), 3, ("b",)), ("keyed", ("c",), None, ()), ("pe", ("d",), None, ())]
+    assert state_partitions_of(g, plan) == 2
+    assert [(st.kind, st.nodes) for st in plan_graph_stages(g)] == [
+        ("pe", ("a", "b", "e")), ("keyed", ("c",)), ("pe", ("d",))]
+    with pytest.raises(PipelineError, match="instead of the order a -> b -> e -> c -> d"):
+        check_plan(Plan(regions=(RegionPlan((("a", "b", "c", "e", "d"),)),)), g)
+    with pytest.raises(PipelineError, match="replicates operators keyed on different fields"):
+        g2 = StreamGraph("keys")
+        s2 = g2.source("in", schema={"k": str, "j": str})
+        s2.partitioned("x", lambda state, r: None, key="k").partitioned("y", lambda state, r: None, key="j").sink("o")
+        check_plan(Plan(regions=(RegionPlan((("x", "y"),), replicas=2),)), g2)

@@ -13,7 +13,7 @@ __version__ = "0.1.0"
 _SPARK_EXPORTS = {
     "Runner": "fissure.spark.runner",
     "RunReport": "fissure.spark.runner",
-    "run": "fissure.spark.runner",
+    "run": "fissure.spark.run",
     "RunnerConfig": "fissure.spark.config",
     "FileSource": "fissure.spark.sources",
     "RateSource": "fissure.spark.sources",

@@ -282,6 +282,16 @@ class Pipeline:
         self.name = name
         self._operators: list[Operator] = []
 
+    @classmethod
+    def of_operators(cls, name: str, operators: Iterable[Operator]) -> Pipeline:
+        """A pipeline of operators already built (by a Pipeline or a StreamGraph), in this order."""
+        pipeline = cls(name)
+        for operator in operators:
+            if operator.name in pipeline.names:
+                raise PipelineError(f"operator name {operator.name!r} is used twice in pipeline {name!r}")
+            pipeline._operators.append(operator)
+        return pipeline
+
     # --- stateless, per record -------------------------------------------------------------
     def map(self, name: str, fn: Callable[[dict], dict], *, schema: SchemaSpec = None,
             reads: Iterable[str] | None = None, cost_us: float | None = None,
@@ -363,6 +373,12 @@ class Pipeline:
             if operator.name == name:
                 return operator
         raise PipelineError(f"pipeline {self.name!r} has no operator {name!r}; it has {', '.join(self.names)}")
+
+    def kind_of(self, name: str) -> Kind:
+        return self.operator(name).kind
+
+    def key_of(self, name: str) -> tuple[str, ...] | None:
+        return self.operator(name).key
 
     def __len__(self) -> int:
         return len(self._operators)

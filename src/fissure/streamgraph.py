@@ -42,8 +42,11 @@ import pyarrow as pa
 
 from fissure.graph import (
     _NAME_PATTERN,
+    DEFAULT_COST_US,
+    DEFAULT_SELECTIVITY,
     RESERVED_FIELD_PREFIX,
     Operator,
+    OperatorEstimate,
     check_operator_fields,
     Pipeline,
     PipelineError,
@@ -52,7 +55,13 @@ from fissure.graph import (
     _positional_capacity,
     to_arrow_schema,
 )
-from fissure.model.types import Kind
+from fissure.model.types import Kind, OperatorStats
+
+# A union only concatenates its inputs' batches: the planner's cost for it until profiles exist.
+UNION_COST_US = 0.5
+# The smallest input rate (records per record entering the graph) the planner gives an operator,
+# so that a branch that receives nothing keeps a finite selectivity in the chain the planner sees.
+MIN_PLANNED_RATE = 1e-6
 
 # The chain API's builder methods a Stream offers, with the same arguments.
 OPERATOR_METHODS = ("map", "filter", "flat_map", "map_batches", "filter_batches", "partitioned", "stateful")
@@ -122,6 +131,13 @@ class Node:
     @property
     def stateless(self) -> bool:
         return self.kind is NodeKind.UNION or (self.kind is NodeKind.OPERATOR and not self.keyed)
+
+    @property
+    def state_kind(self) -> Kind:
+        """The paper's k(o) of an operator, union (stateless) or join (partitioned on its key)."""
+        if self.kind is NodeKind.JOIN:
+            return Kind.PARTITIONED
+        return self.operator.kind if self.operator is not None else Kind.STATELESS
 
     @property
     def key(self) -> tuple[str, ...] | None:
@@ -201,6 +217,22 @@ class StreamGraph:
         self.name = name
         self._nodes: dict[str, Node] = {}
 
+    @classmethod
+    def from_pipeline(cls, pipeline: Pipeline, source: str = "source", sink: str = "sink") -> StreamGraph:
+        """The chain `pipeline` as a graph: one source, its operators in order, one sink. An
+        operator named like an end gets that end's name followed by `_`."""
+        pipeline.check_not_empty()
+        graph = cls(pipeline.name if _NAME_PATTERN.match(pipeline.name) else "pipeline")
+        while source in pipeline.names:
+            source += "_"
+        while sink in pipeline.names or sink == source:
+            sink += "_"
+        stream = graph.source(source)
+        for operator in pipeline.operators:
+            stream = graph.add_operator(operator, inputs=[stream])
+        stream.sink(sink)
+        return graph
+
     # --- building ----------------------------------------------------------------------------
     def source(self, name: str, schema: SchemaSpec = None) -> Stream:
         """A named input stream. `schema` lets `check()` verify fields before any data is bound;
@@ -222,6 +254,14 @@ class StreamGraph:
                 f"operator reads exactly one: merge streams first with graph.union(...) or graph.join(...)")
         self._register(Node(name, NodeKind.OPERATOR, inputs, operator=scratch.operators[0]))
         return Stream(self, name)
+
+    def add_operator(self, operator: Operator, *, inputs: Sequence[StreamLike]) -> Stream:
+        """An operator already built (by a `Pipeline`), reading the one stream in `inputs`."""
+        names = self._input_names(operator.name, inputs)
+        if len(names) != 1:
+            raise PipelineError(f"operator {operator.name!r} reads {len(names)} streams; an operator reads exactly one")
+        self._register(Node(operator.name, NodeKind.OPERATOR, names, operator=operator))
+        return Stream(self, operator.name)
 
     def union(self, name: str, *streams: StreamLike) -> Stream:
         """The records of all `streams` as one stream (fan-in); their schemas must agree."""
@@ -317,6 +357,136 @@ class StreamGraph:
 
     def __repr__(self) -> str:
         return f"StreamGraph({self.name!r}: {len(self._nodes)} nodes, sinks {', '.join(self.sinks) or 'none'})"
+
+    # --- the program as the planner sees it --------------------------------------------------
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The operators (operator, union and join nodes) in execution order: the order in which a
+        plan lists them. A micro-batch runs the graph's stateless operators in the earliest
+        stateless stage after their inputs exist and each keyed operator in a stage of its own
+        (`execution_stages`); this order lists the stages one after the other."""
+        return tuple(name for stage in self.execution_stages() for name in stage)
+
+    def execution_stages(self) -> tuple[tuple[str, ...], ...]:
+        """The operators grouped as one micro-batch runs them, in order: S_0 K_1 S_1 K_2 ..., where
+        K_i is the i-th keyed node in topological order and S_i holds every stateless node whose
+        inputs all exist once K_i has run (a source's records exist at once). Empty stages are left
+        out. Raises PipelineError if the graph cannot run (`check`)."""
+        order = self.check().order
+        available: dict[str, int] = {}  # node -> the stateless stage after which its output exists
+        stateless: dict[int, list[str]] = {}
+        keyed: list[str] = []
+        for name in order:
+            node = self._nodes[name]
+            if node.kind is NodeKind.SOURCE:
+                available[name] = 0
+            elif node.kind is NodeKind.SINK:
+                continue
+            elif node.keyed:
+                keyed.append(name)
+                available[name] = len(keyed)
+            else:
+                available[name] = max(available[source] for source in node.inputs)
+                stateless.setdefault(available[name], []).append(name)
+        stages: list[tuple[str, ...]] = []
+        for index in range(len(keyed) + 1):
+            if index > 0:
+                stages.append((keyed[index - 1],))
+            if stateless.get(index):
+                stages.append(tuple(stateless[index]))
+        return tuple(stages)
+
+    def as_chain(self) -> Pipeline | None:
+        """The graph as a Pipeline when it is a chain (one source, one sink, operators one after
+        the other, no union or join), else None: what runs a chain runs it."""
+        if len(self.sources) != 1 or len(self.sinks) != 1:
+            return None
+        operators, stream = [], self.sources[0]
+        while True:
+            consumers = self.consumers(stream)
+            if len(consumers) != 1:
+                return None
+            node = self._nodes[consumers[0]]
+            if node.kind is NodeKind.SINK:
+                break
+            if node.kind is not NodeKind.OPERATOR:
+                return None
+            operators.append(node.operator)
+            stream = node.name
+        if not operators:
+            return None
+        return Pipeline.of_operators(self.name, operators)
+
+    def operator(self, name: str) -> Node:
+        """The operator, union or join node `name` (a source or sink is not an operator)."""
+        node = self.node(name)
+        if node.kind in (NodeKind.SOURCE, NodeKind.SINK):
+            raise PipelineError(f"{node.describe()} is not an operator of graph {self.name!r}")
+        return node
+
+    def kind_of(self, name: str) -> Kind:
+        return self.operator(name).state_kind
+
+    def key_of(self, name: str) -> tuple[str, ...] | None:
+        return self.operator(name).key
+
+    def input_rates(self, estimates: Mapping[str, OperatorEstimate] | None = None) -> dict[str, float]:
+        """Records entering each operator per record entering the graph (the sources share the
+        input equally until profiles say otherwise): a node's output rate is its input rate times
+        its selectivity (a union passes all, a join's selectivity is per record of either side)."""
+        estimates = estimates or {}
+        output: dict[str, float] = {}
+        rates: dict[str, float] = {}
+        order = self.check().order
+        sources = self.sources
+        for name in order:
+            node = self._nodes[name]
+            if node.kind is NodeKind.SOURCE:
+                output[name] = 1.0 / len(sources)
+            elif node.kind is not NodeKind.SINK:
+                rates[name] = sum(output[source] for source in node.inputs)
+                output[name] = rates[name] * self._selectivity(node, estimates)
+        return rates
+
+    def operator_stats(self, estimates: Mapping[str, OperatorEstimate] | None = None) -> list[OperatorStats]:
+        """The planner's input: the operators in execution order (`names`) as a chain whose
+        selectivities reproduce each operator's input rate in the graph, so that the chain model's
+        load of an operator, its cost times the records it receives, is the graph's. Costs and
+        selectivities come from `estimates`, else the operators' hints, else the defaults."""
+        estimates = estimates or {}
+        unknown = sorted(set(estimates) - set(self.names))
+        if unknown:
+            raise PipelineError(f"estimates name operators graph {self.name!r} does not have: {', '.join(unknown)}")
+        names = self.names
+        rates = self.input_rates(estimates)
+        stats = []
+        for position, name in enumerate(names):
+            node = self._nodes[name]
+            if position + 1 < len(names):
+                selectivity = max(rates[names[position + 1]], MIN_PLANNED_RATE) / max(rates[name], MIN_PLANNED_RATE)
+            else:
+                selectivity = self._selectivity(node, estimates)
+            max_scale = node.operator.hints.max_scale if node.operator is not None else None
+            stats.append(OperatorStats(name=name, kind=node.state_kind, cost_us=self._cost_us(node, estimates),
+                                       selectivity=selectivity, key=node.key if node.state_kind is Kind.PARTITIONED
+                                       else None, max_scale=max_scale))
+        return stats
+
+    @staticmethod
+    def _cost_us(node: Node, estimates: Mapping[str, OperatorEstimate]) -> float:
+        if node.name in estimates:
+            return estimates[node.name].cost_us
+        if node.operator is not None and node.operator.hints.cost_us is not None:
+            return node.operator.hints.cost_us
+        return UNION_COST_US if node.kind is NodeKind.UNION else DEFAULT_COST_US
+
+    @staticmethod
+    def _selectivity(node: Node, estimates: Mapping[str, OperatorEstimate]) -> float:
+        if node.name in estimates:
+            return estimates[node.name].selectivity
+        if node.operator is not None and node.operator.hints.selectivity is not None:
+            return node.operator.hints.selectivity
+        return DEFAULT_SELECTIVITY
 
     # --- checking ----------------------------------------------------------------------------
     def check(self, source_schemas: Mapping[str, pa.Schema] | None = None) -> GraphLayout:
@@ -483,6 +653,15 @@ def _check_join_inputs(node: Node, left: pa.Schema | None, right: pa.Schema | No
                     f"join {node.name!r}: key field {field_name!r} is {left.field(field_name).type} on the left "
                     f"({names[0]!r}) but {right.field(field_name).type} on the right ({names[1]!r}); equal keys need "
                     f"one type: convert one side in a map before the join")
+
+
+def as_graph(program: Pipeline | StreamGraph) -> StreamGraph:
+    """Any program as a graph: a StreamGraph as it is, a Pipeline through `from_pipeline`."""
+    if isinstance(program, StreamGraph):
+        return program
+    if isinstance(program, Pipeline):
+        return StreamGraph.from_pipeline(program)
+    raise PipelineError(f"a program is a fissure.Pipeline or a fissure.StreamGraph, got {type(program).__name__}")
 
 
 def join_sides(node: Node, stream: str) -> tuple[bool, bool]:

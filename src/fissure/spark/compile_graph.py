@@ -3,6 +3,9 @@
 - every source becomes envelopes (route = the source's name, a sequence number
   `source index << 56 | monotonically_increasing_id()`, its fields in its schema's columns), and
   the sources are unioned;
+- the plan (fissure.model.types.Plan over the graph's execution order; sequential by default)
+  cuts the graph into stages (fissure.worker.graph_pe.plan_graph_stages); a pe stage that starts
+  a replicated region is spread round-robin over its replicas;
 - every pe stage is one mapInArrow running a graph processing element (its pieces as a chain of
   processes when pipeline boundaries cut it);
 - every keyed node is one transformWithStateInPandas behind a hash exchange on a key column
@@ -29,7 +32,8 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming.stateful_processor import StatefulProcessor
 
 from fissure.graph import PipelineError
-from fissure.model.types import Kind
+from fissure.model.types import Kind, Plan
+from fissure.spark.plans import check_plan, sequential_plan
 from fissure.spark.sources import arrow_schema_of, spark_schema_of
 from fissure.spark.stages import carried_batch_from_pandas, pandas_frame
 from fissure.streamgraph import NodeKind, StreamGraph
@@ -37,8 +41,9 @@ from fissure.worker.columns import DEAD_COLUMNS, DEAD_OPERATOR, SEQ, SEQ_PARTITI
 from fissure.worker.fused import assemble
 from fissure.worker.graph_join import LEFT, RIGHT, JoinStep, arrivals_of, joined_batch, run_join_group
 from fissure.worker.graph_local import SOURCE_SHIFT
+from fissure.worker.graph_profiling import ProfiledGraphRegion
 from fissure.worker.graph_pe import (
-    ROUTE, EnvelopeLayout, GraphStage, build_pieces, consumers_after, plan_graph_stages,
+    ROUTE, EnvelopeLayout, GraphStage, build_pieces, consumers_after, plan_graph_stages, state_partitions_of,
 )
 from fissure.worker.keyed import StatefulStep, run_group
 from fissure.worker.region import processing_element
@@ -55,6 +60,8 @@ class CompiledGraph:
     stages: tuple[GraphStage, ...]
     schemas: Mapping[str, pa.Schema]
     order: tuple[str, ...]
+    plan: Plan
+    state_partitions: int
 
 
 def task_boundaries(graph_name: str) -> list[str] | None:
@@ -201,13 +208,17 @@ def _key_column(node, layout: EnvelopeLayout, spread: int):
     return expression.otherwise(spread_key)
 
 
-def compile_graph(graph: StreamGraph, source_frames: Mapping[str, DataFrame], *, boundaries: Iterable[str] = (),
-                  state_partitions: int = 1, profile_accumulator=None) -> CompiledGraph:
-    """The query of `graph` over the streaming DataFrames of its sources (by source name).
+def compile_graph(graph: StreamGraph, source_frames: Mapping[str, DataFrame], *, plan: Plan | None = None,
+                  boundaries: Iterable[str] | None = None, state_partitions: int | None = None,
+                  profile_accumulator=None) -> CompiledGraph:
+    """The query of `graph` under `plan` (default: sequential) over the streaming DataFrames of its
+    sources (by source name).
 
-    `boundaries`: stateless operators whose input port starts a new process of their graph PE
-    (a task may override them per micro-batch: BOUNDARIES_PROPERTY). `profile_accumulator`: a
-    Spark accumulator of GraphProfileTally the graph PEs report into (None: not profiled)."""
+    `boundaries`: stateless operators whose input port starts a new process of their graph PE,
+    instead of the plan's pipeline starts (a task may override them per micro-batch:
+    BOUNDARIES_PROPERTY). `state_partitions`: instead of the plan's (the most replicas of a keyed
+    region, 1 without). `profile_accumulator`: a Spark accumulator of GraphProfileTally the graph
+    PEs report into (None: not profiled)."""
     query_token = uuid.uuid4().hex[:12]
     profile_prefix = f"{graph.name}.{query_token}"
     bound = {name: arrow_schema_of(frame) for name, frame in source_frames.items()}
@@ -216,28 +227,36 @@ def compile_graph(graph: StreamGraph, source_frames: Mapping[str, DataFrame], *,
     if missing:
         raise PipelineError(f"no source bound to {', '.join(map(repr, missing))} of graph {graph.name!r}; pass "
                             f"sources={{name: FileSource(...), ...}} for every source")
-    boundaries = set(boundaries)
-    unknown = sorted(boundaries - {node.name for node in graph.nodes if node.stateless})
-    if unknown:
-        raise PipelineError(f"pipeline boundaries {', '.join(map(repr, unknown))} name no stateless operator of graph "
-                            f"{graph.name!r}; a boundary is the input port of a stateless operator or union")
+    plan = plan if plan is not None else sequential_plan(graph)
+    check_plan(plan, graph)
+    stages = plan_graph_stages(graph, plan)
+    if boundaries is not None:
+        boundaries = set(boundaries)
+        unknown = sorted(boundaries - {node.name for node in graph.nodes if node.stateless})
+        if unknown:
+            raise PipelineError(f"pipeline boundaries {', '.join(map(repr, unknown))} name no stateless operator of "
+                                f"graph {graph.name!r}; a boundary is the input port of a stateless operator or union")
+    if state_partitions is None:
+        state_partitions = state_partitions_of(graph, plan)
     schemas = {name: schema for name, schema in checked.schemas.items() if graph.node(name).kind is not NodeKind.SINK}
     layout = EnvelopeLayout(schemas)
     frames = [_source_envelopes(name, index, source_frames[name], layout) for index, name in enumerate(graph.sources)]
     frame = frames[0]
     for other in frames[1:]:
         frame = frame.unionByName(other)
-    stages = plan_graph_stages(graph, checked.order)
     envelope_spark_schema = spark_schema_of(layout.schema)
     done = set(graph.sources)
+    partitions: int | None = None  # None: the sources' partitioning
     for stage in stages:
         done |= set(stage.nodes)
         if stage.kind == "pe":
-            function = GraphRegionFunction(graph, schemas, layout, stages, stage, boundaries,
+            if stage.replicas is not None and (stage.replicas > 1 or partitions not in (None, 1)):
+                frame = frame.repartition(stage.replicas)  # round-robin: the replicas share the records
+                partitions = stage.replicas
+            function = GraphRegionFunction(graph, schemas, layout, stages, stage,
+                                           stage.boundaries if boundaries is None else boundaries,
                                            profile_prefix if profile_accumulator is not None else None, query_token)
             if profile_accumulator is not None:
-                from fissure.worker.graph_profiling import ProfiledGraphRegion
-
                 function = ProfiledGraphRegion(function, profile_accumulator)
             frame = frame.mapInArrow(function, envelope_spark_schema)
             continue
@@ -246,7 +265,8 @@ def compile_graph(graph: StreamGraph, source_frames: Mapping[str, DataFrame], *,
         processor = GraphStateProcessor(graph, schemas, layout, node.name, forward)
         frame = (frame.withColumn(KEY, _key_column(node, layout, state_partitions))
                  .groupBy(KEY).transformWithStateInPandas(processor, envelope_spark_schema, "Append", "None"))
-    return CompiledGraph(frame, layout, stages, schemas, checked.order)
+        partitions = state_partitions
+    return CompiledGraph(frame, layout, stages, schemas, checked.order, plan, state_partitions)
 
 
 def sink_frame(compiled: CompiledGraph, graph: StreamGraph, sink: str, frame: DataFrame) -> DataFrame:

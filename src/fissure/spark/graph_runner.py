@@ -2,7 +2,13 @@
 
     report = fissure.run_graph(graph, sources={"lines": FileSource("logs/")},
                                sinks={"alerts": FileSink("out/alerts"), "per_host": MemorySink()},
-                               boundaries=["parse"], checkpoint="ckpt/")
+                               plan="planner", checkpoint="ckpt/")
+
+`plan` is a plan over the graph's operators in execution order (`StreamGraph.names`):
+"sequential" (the default: every stage unreplicated, one process per PE), "planner" (the
+throughput model's pick, as for a chain: the graph is planned as the chain of its operators in
+execution order, each operator loaded with the records it receives in the graph), a Plan, a
+JSON plan file or a dict of one.
 
 The foreachBatch function persists each micro-batch once and writes every sink (and the
 dead letters) from it, each keyed by the batch id: a batch replayed after a crash overwrites what
@@ -10,7 +16,7 @@ it wrote before, so with idempotent sinks (FileSink, MemorySink) every sink hold
 exactly once across restarts from the checkpoint.
 
 Pipeline boundaries (`boundaries`: operators whose input port starts a new process of its graph
-PE) are fixed at start, or changed between micro-batches with `set_boundaries` (the tasks of
+PE; default: where the plan's pipelines start) are fixed at start, or changed between micro-batches with `set_boundaries` (the tasks of
 the next batch read them from a Spark local property; no restart). With `autopipeline=True`
 the runner profiles its PEs and applies the autopipelining optimizer's insertions itself,
 evaluated by the control stage (fissure.spark.graph_autopipeline).
@@ -33,14 +39,16 @@ from pyspark.sql import functions as F
 
 from fissure.graph import PipelineError
 from fissure.spark.compile_graph import BOUNDARIES_PROPERTY, CompiledGraph, compile_graph, sink_frame
+from fissure.model.types import Plan
 from fissure.spark.config import RunnerConfig
+from fissure.spark.plans import resolve_plan
 from fissure.spark.runner import ship_operator_modules
-from fissure.spark.session import QUERY_DEFAULTS, create_session
+from fissure.spark.session import QUERY_DEFAULTS, create_session, default_parallelism
 from fissure.spark.sinks import DeadLetterLog, write_dead_letters
 from fissure.spark.sources import SourceLike, open_source
 from fissure.streamgraph import StreamGraph
 from fissure.worker.columns import DEAD_OPERATOR
-from fissure.worker.graph_pe import ROUTE
+from fissure.worker.graph_pe import ROUTE, plan_graph_stages, state_partitions_of
 from fissure.worker.graph_profiling import GraphProfileTally, GraphProfileTallyParam
 
 
@@ -63,6 +71,7 @@ class GraphRunReport:
     checkpoint: str
     boundaries: tuple[str, ...]  # in force at the end
     decisions: tuple = ()  # the autopipelining loop's decisions, in order (graph_autopipeline)
+    plan: Plan | None = None  # the plan the query ran
 
 
 @dataclass
@@ -74,9 +83,11 @@ class GraphRunner:
     """Start, watch and stop the query of a stream graph. See the module docstring."""
 
     def __init__(self, graph: StreamGraph, sources: Mapping[str, SourceLike], sinks: Mapping[str, object], *,
-                 boundaries: Iterable[str] = (), checkpoint: str | None = None, spark: SparkSession | None = None,
+                 plan: object = "sequential", boundaries: Iterable[str] | None = None,
+                 checkpoint: str | None = None, spark: SparkSession | None = None,
                  dead_letters=None, config: RunnerConfig = RunnerConfig(), profile: bool = False,
-                 state_partitions: int | None = None, query_name: str | None = None) -> None:
+                 state_partitions: int | None = None, query_name: str | None = None,
+                 estimates=None) -> None:
         missing_sinks = [name for name in graph.sinks if name not in sinks]
         unknown_sinks = sorted(set(sinks) - set(graph.sinks))
         if missing_sinks or unknown_sinks:
@@ -88,13 +99,17 @@ class GraphRunner:
                                 f"sources are {', '.join(graph.sources)}")
         self.graph, self.sources, self.sinks, self.config = graph, dict(sources), dict(sinks), config
         self.spark = spark if spark is not None else create_session(config)
+        self.plan = resolve_plan(plan, graph, default_parallelism(self.spark), estimates)
+        if boundaries is None:
+            boundaries = [node for stage in plan_graph_stages(graph, self.plan) for node in stage.boundaries]
         self.boundaries = tuple(sorted(set(boundaries)))
         self._temporary_checkpoint = checkpoint is None
         self.checkpoint = checkpoint or tempfile.mkdtemp(prefix="fissure-graph-checkpoint-")
         self.dead_letter_sink = dead_letters
         self.dead_letter_log = DeadLetterLog(kept=config.dead_letters_kept)
         self.profile = profile
-        self.state_partitions = state_partitions or max(1, config.default_state_partitions)
+        self.state_partitions = state_partitions or state_partitions_of(graph, self.plan,
+                                                                        max(1, config.default_state_partitions))
         self.query_name = query_name
         self.accumulator = None
         self.compiled: CompiledGraph | None = None
@@ -132,7 +147,7 @@ class GraphRunner:
             self.spark.conf.set(name, value)
         if self.profile:
             self.accumulator = self.spark.sparkContext.accumulator(GraphProfileTally(), GraphProfileTallyParam())
-        self.compiled = compile_graph(self.graph, frames, boundaries=self.boundaries,
+        self.compiled = compile_graph(self.graph, frames, plan=self.plan, boundaries=self.boundaries,
                                       state_partitions=self.state_partitions, profile_accumulator=self.accumulator)
         stream = self.compiled.frame.writeStream.foreachBatch(self._write_batch).option("checkpointLocation",
                                                                                          self.checkpoint)
@@ -185,25 +200,26 @@ class GraphRunner:
             self.query.stop()
         report = GraphRunReport(tuple(self.batches), self.dead_letter_log.count,
                                 time.monotonic() - self._started_at if self._started_at else 0.0,
-                                self.checkpoint, self.boundaries, decisions)
+                                self.checkpoint, self.boundaries, decisions, self.plan)
         if self._temporary_checkpoint:
             shutil.rmtree(self.checkpoint, ignore_errors=True)
         return report
 
 
 def run_graph(graph: StreamGraph, sources: Mapping[str, SourceLike], sinks: Mapping[str, object], *,
-              boundaries: Iterable[str] = (), checkpoint: str | None = None, spark: SparkSession | None = None,
+              plan: object = "sequential", boundaries: Iterable[str] | None = None, checkpoint: str | None = None, spark: SparkSession | None = None,
               dead_letters=None, config: RunnerConfig = RunnerConfig(), available_now: bool = True,
               timeout_s: float | None = None, profile: bool = False,
               state_partitions: int | None = None, autopipeline: bool = False,
-              autopipeline_config=None) -> GraphRunReport:
-    """Run `graph` from its bound sources to its bound sinks (all by name) and return the report;
-    available_now=True processes what the sources hold now and ends. autopipeline=True profiles
+              autopipeline_config=None, estimates=None) -> GraphRunReport:
+    """Run `graph` from its bound sources to its bound sinks (all by name) under `plan` (see the
+    module docstring) and return the report; available_now=True processes what the sources hold
+    now and ends. autopipeline=True profiles
     the graph PEs and places pipeline boundaries while the query runs (starting from `boundaries`;
     `autopipeline_config`: a GraphAutopipelineConfig); the report lists its decisions."""
-    runner = GraphRunner(graph, sources, sinks, boundaries=boundaries, checkpoint=checkpoint, spark=spark,
+    runner = GraphRunner(graph, sources, sinks, plan=plan, boundaries=boundaries, checkpoint=checkpoint, spark=spark,
                          dead_letters=dead_letters, config=config, profile=profile or autopipeline,
-                         state_partitions=state_partitions)
+                         state_partitions=state_partitions, estimates=estimates)
     loop = None
     if autopipeline:
         from fissure.spark.graph_autopipeline import GraphAutopipelineConfig, GraphAutopipeliner

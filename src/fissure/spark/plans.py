@@ -1,7 +1,9 @@
 """Which plan a run uses: "sequential", the planner's pick, a plan file, or a Plan value.
 
-Also checks that a plan fits its pipeline (every operator once, in chain order) and prints it
-compactly for the progress line: `[parse|events]x2 -> [range]x2 -> [results]`.
+A plan lists a program's operators in its order (`program.names`: a chain's order; a graph's
+execution order, fissure.streamgraph) cut into regions and pipelines. Also checks that a plan
+fits its program (every operator once, in that order) and prints it compactly for the progress
+line: `[parse|events]x2 -> [range]x2 -> [results]`.
 """
 
 from __future__ import annotations
@@ -13,16 +15,20 @@ from collections.abc import Mapping
 
 from fissure.graph import OperatorEstimate, Pipeline, PipelineError
 from fissure.model.types import Kind, Machine, Plan, RegionPlan
+from fissure.streamgraph import StreamGraph
+
+Program = Pipeline | StreamGraph
 
 PLAN_CHOICES = ("sequential", "planner")
 # One pipeline's operator names inside a described plan: between `[` or `|` and `|` or `]`.
 _PIPELINE_IN_TEXT = re.compile(r"(?<=[\[|])[^\[\]|]+(?=[|\]])")
 
 
-def sequential_plan(pipeline: Pipeline) -> Plan:
+def sequential_plan(program: Program) -> Plan:
     """Every operator in one pipeline of one region, one replica: the fused sequential program."""
-    pipeline.check_not_empty()
-    return Plan(regions=(RegionPlan(pipelines=(pipeline.names,), replicas=1),), method="sequential")
+    if isinstance(program, Pipeline):
+        program.check_not_empty()
+    return Plan(regions=(RegionPlan(pipelines=(program.names,), replicas=1),), method="sequential")
 
 
 def plan_from_json(document: Mapping) -> Plan:
@@ -43,7 +49,7 @@ def load_plan_file(path: str) -> Plan:
         return plan_from_json(json.load(handle))
 
 
-def planner_plan(pipeline: Pipeline, cores: int, estimates: Mapping[str, OperatorEstimate] | None = None,
+def planner_plan(pipeline: Program, cores: int, estimates: Mapping[str, OperatorEstimate] | None = None,
                  method: str = "heuristic") -> Plan:
     """The planner's plan from the pipeline's estimates (hints or defaults until profiles exist).
 
@@ -59,7 +65,7 @@ def planner_plan(pipeline: Pipeline, cores: int, estimates: Mapping[str, Operato
     return plan_chain(pipeline.operator_stats(estimates), Machine(cores=cores), method=method, spark=settings).plan
 
 
-def resolve_plan(plan: object, pipeline: Pipeline, cores: int,
+def resolve_plan(plan: object, pipeline: Program, cores: int,
                  estimates: Mapping[str, OperatorEstimate] | None = None) -> Plan:
     """A Plan from any accepted form: Plan, "sequential", "planner", a path to a JSON plan, a dict."""
     if isinstance(plan, Plan):
@@ -78,7 +84,7 @@ def resolve_plan(plan: object, pipeline: Pipeline, cores: int,
     return resolved
 
 
-def check_plan(plan: Plan, pipeline: Pipeline) -> None:
+def check_plan(plan: Plan, pipeline: Program) -> None:
     """Every operator exactly once, in chain order; regions and pipelines non-empty; keys compatible."""
     if plan.operators != pipeline.names:
         missing = [name for name in pipeline.names if name not in plan.operators]
@@ -86,17 +92,18 @@ def check_plan(plan: Plan, pipeline: Pipeline) -> None:
         problems = ([f"lacks {', '.join(missing)}"] if missing else []) + \
                    ([f"names unknown operator(s) {', '.join(unknown)}"] if unknown else [])
         if not problems:
-            problems = [f"lists {' -> '.join(plan.operators)} instead of the chain order {' -> '.join(pipeline.names)}"]
-        raise PipelineError(f"the plan does not fit pipeline {pipeline.name!r}: it {'; '.join(problems)}")
+            problems = [f"lists {' -> '.join(plan.operators)} instead of the order {' -> '.join(pipeline.names)}"]
+        what = "graph" if isinstance(pipeline, StreamGraph) else "pipeline"
+        raise PipelineError(f"the plan does not fit {what} {pipeline.name!r}: it {'; '.join(problems)}")
     for number, region in enumerate(plan.regions, start=1):
         if not region.pipelines or any(not pipeline_names for pipeline_names in region.pipelines):
             raise PipelineError(f"plan region {number} has an empty pipeline")
         if region.replicas < 1:
             raise PipelineError(f"plan region {number} has {region.replicas} replicas; it needs at least 1")
-        operators = [pipeline.operator(name) for name in region.operators]
-        keys = {operator.key for operator in operators if operator.kind is Kind.PARTITIONED}
-        if region.replicas > 1 and any(operator.kind is Kind.STATEFUL for operator in operators):
-            stateful = next(operator.name for operator in operators if operator.kind is Kind.STATEFUL)
+        kinds = {name: pipeline.kind_of(name) for name in region.operators}
+        keys = {pipeline.key_of(name) for name, kind in kinds.items() if kind is Kind.PARTITIONED}
+        if region.replicas > 1 and Kind.STATEFUL in kinds.values():
+            stateful = next(name for name, kind in kinds.items() if kind is Kind.STATEFUL)
             raise PipelineError(f"plan region {number} replicates stateful operator {stateful!r}, which has one "
                                 f"state for the whole stream; give that region 1 replica")
         if region.replicas > 1 and len(keys) > 1:
@@ -104,7 +111,7 @@ def check_plan(plan: Plan, pipeline: Pipeline) -> None:
                                 f"({', '.join(sorted('+'.join(key) for key in keys))}); split the region")
 
 
-def describe_plan(plan: Plan, pipeline: Pipeline | None = None) -> str:
+def describe_plan(plan: Plan, pipeline: Program | None = None) -> str:
     """`[a,b|c]x2 -> [d]x2(host) -> [e]`: pipelines separated by `|`, replicas after `x`, and
     (given the pipeline) the key a replicated region's state is partitioned on."""
     regions = []
@@ -119,13 +126,13 @@ def describe_plan(plan: Plan, pipeline: Pipeline | None = None) -> str:
     return " -> ".join(regions)
 
 
-def _partition_key(region: RegionPlan, pipeline: Pipeline | None) -> str | None:
+def _partition_key(region: RegionPlan, pipeline: Program | None) -> str | None:
     """The key of the region's partitioned operators (one at most in a replicated region)."""
     if pipeline is None:
         return None
     for name in region.operators:
-        if name in pipeline.names and pipeline.operator(name).kind is Kind.PARTITIONED:
-            return ",".join(pipeline.operator(name).key)
+        if name in pipeline.names and pipeline.kind_of(name) is Kind.PARTITIONED:
+            return ",".join(pipeline.key_of(name))
     return None
 
 

@@ -1,7 +1,8 @@
-"""Running a pipeline on Spark: `Runner` (start, watch, stop) and `run` (one call, until done).
+"""Running a chain on Spark: `Runner` starts its query, watches it (the progress line, the
+profile) and stops it. `fissure.run` (fissure.spark.run) is the one call that runs any program.
 
-    report = fissure.run(pipeline, FileSource("logs/"), FileSink("out/"), plan="planner",
-                         checkpoint="ckpt/", available_now=True)
+    runner = Runner(pipeline, FileSource("logs/"), FileSink("out/"), plan="planner", checkpoint="ckpt/")
+    runner.start(available_now=True); runner.await_termination(); report = runner.stop()
 """
 
 from __future__ import annotations
@@ -333,35 +334,3 @@ class Runner:
         up = f"\x1b[{self._table_lines}F" if self._table_lines else "\r"
         print(up + "\x1b[J" + table + "\n" + line, end="", file=sys.stderr, flush=True)
         self._table_lines = table.count("\n") + 1
-
-
-def run(pipeline: Pipeline, source: SourceLike, sink, *, plan: object = "sequential",
-        checkpoint: str | None = None, spark: SparkSession | None = None, dead_letters=None,
-        estimates: Mapping[str, OperatorEstimate] | None = None, config: RunnerConfig = RunnerConfig(),
-        available_now: bool = True, timeout_s: float | None = None, progress: bool | None = None,
-        profile: ProfileSettings | None = ProfileSettings(), profile_log: str | None = None,
-        adaptive: bool = False, adaptive_config=None, run_dir: str | None = None) -> RunReport:
-    """Run `pipeline` from `source` to `sink` and return the report.
-
-    available_now=True processes what the source holds now and ends (file sources); otherwise the
-    query runs until `timeout_s` passes (or forever without it). adaptive=True re-plans while it
-    runs (`fissure.spark.adaptive.run_adaptive_on_spark`: `adaptive_config` is its
-    AdaptiveConfig, `run_dir` where its timeline goes) and returns an AdaptiveRunReport.
-    """
-    if adaptive:
-        from fissure.spark.adaptive import run_adaptive_on_spark
-
-        return run_adaptive_on_spark(pipeline, source, sink, plan=plan, checkpoint=checkpoint, spark=spark,
-                                     dead_letters=dead_letters, estimates=estimates, config=config,
-                                     available_now=available_now, timeout_s=timeout_s, progress=progress,
-                                     profile=profile, profile_log=profile_log, adaptive_config=adaptive_config,
-                                     run_dir=run_dir)
-    runner = Runner(pipeline, source, sink, plan=plan, checkpoint=checkpoint, spark=spark,
-                    dead_letters=dead_letters, estimates=estimates, config=config, progress=progress,
-                    profile=profile, profile_log=profile_log)
-    runner.start(available_now=available_now)
-    try:
-        runner.await_termination(timeout_s)
-    finally:
-        report = runner.stop()
-    return report

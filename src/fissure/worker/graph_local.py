@@ -22,7 +22,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from fissure.model.types import Kind
-from fissure.streamgraph import NodeKind, PipelineError, StreamGraph
+from fissure.graph import Pipeline
+from fissure.streamgraph import NodeKind, PipelineError, StreamGraph, as_graph
 from fissure.worker.columns import DEAD_COLUMNS, DEAD_ERROR, DEAD_OPERATOR, DEAD_RECORD, SEQ, carried_schema
 from fissure.worker.fused import FusedStage, Step, assemble, conform, live_batch, split_dead
 from fissure.worker.graph_join import LEFT, RIGHT, JoinArrival, JoinStep, arrivals_of, joined_batch, run_join_group
@@ -154,6 +155,14 @@ def _inferred_schema(source: str, records: Sequence[Mapping]) -> pa.Schema:
     return pa.Table.from_pylist([dict(record) for record in records]).schema
 
 
-def run_local(graph: StreamGraph, sources: Mapping[str, Sequence[Mapping]]) -> LocalResults:
-    """Run `graph` over the given records of every source, as one micro-batch; see the module docstring."""
+def run_local(program: Pipeline | StreamGraph, sources: Mapping[str, Sequence[Mapping]] | Sequence[Mapping]
+              ) -> LocalResults:
+    """Run `program` over the given records of every source, as one micro-batch; see the module
+    docstring. A chain (a Pipeline) takes its records as a list and its results are under "sink"."""
+    graph = as_graph(program)
+    if not isinstance(sources, Mapping):
+        if len(graph.sources) != 1:
+            raise PipelineError(f"graph {graph.name!r} has sources {', '.join(graph.sources)}; pass a dict of their "
+                                f"records by name")
+        sources = {graph.sources[0]: sources}
     return LocalGraphRun(graph).run_batch(sources)

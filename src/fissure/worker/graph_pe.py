@@ -10,12 +10,13 @@ rows of other streams). Rows are routed by the stream they belong to, not by the
 to: a row of a stream with several consumers travels once and each consumer reads it where it
 runs; a stage forwards a stream's rows only while a consumer after it still needs them.
 
-The graph is cut into stages in topological order (`plan_graph_stages`): maximal stateless
-subgraphs ("pe" stages, one mapInArrow each) and one stage per keyed node (a partitioned or
-stateful operator, or a join: transformWithStateInPandas behind a hash exchange). Within a pe
-stage, pipeline boundaries cut the subgraph into pieces (`pieces_for`), run as a chain of
-processes by the chain's ProcessingElement; a piece runs its nodes on the rows routed to them and
-passes every other row through.
+A plan (fissure.model.types.Plan over the graph's execution order) cuts the graph into stages
+(`plan_graph_stages`): runs of stateless nodes ("pe" stages, one mapInArrow each, replicated
+where a region starts) and one stage per keyed node (a partitioned or stateful operator, or a
+join: transformWithStateInPandas behind a hash exchange). Within a pe stage, pipeline boundaries
+cut the subgraph into pieces (`pieces_for`), run as a chain of processes by the
+ProcessingElement; a piece runs its nodes on the rows routed to them and passes every other row
+through.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from fissure.model.types import Kind, Plan, RegionPlan
 from fissure.streamgraph import Node, NodeKind, StreamGraph
 from fissure.worker.columns import DEAD_COLUMNS, DEAD_OPERATOR, INTERNAL_FIELDS, SEQ, carried_schema
 from fissure.worker.fused import FusedStage, Step, assemble, conform, split_dead
@@ -40,44 +42,70 @@ COLUMN_PREFIX = "_fissure_s"
 
 @dataclass(frozen=True)
 class GraphStage:
-    """One Spark-side step: a pe stage (stateless nodes, one mapInArrow) or a keyed node."""
+    """One Spark-side step: a pe stage (stateless nodes, one mapInArrow) or a keyed node.
+
+    `replicas`: a pe stage that starts a plan region runs in this many partitions (its input is
+    spread round-robin when that changes its partitioning); None: it runs where its input is.
+    `boundaries`: the nodes whose input port starts a new process of the stage's PE (the first
+    node of each of the plan's pipelines after the first)."""
 
     position: int  # 0-based, in execution order
     kind: str  # "pe" or "keyed"
-    nodes: tuple[str, ...]  # in topological order
+    nodes: tuple[str, ...]  # in execution order
+    replicas: int | None = None
+    boundaries: tuple[str, ...] = ()
 
     @property
     def label(self) -> str:
         return f"pe{self.position}" if self.kind == "pe" else self.nodes[0]
 
 
-def plan_graph_stages(graph: StreamGraph, order: Sequence[str]) -> tuple[GraphStage, ...]:
-    """Stages in execution order. Keyed node i (in topological order) gets stage K_i; a stateless
-    node runs in the earliest pe stage after every input is available (a source's rows at once, a
-    keyed node's after its stage, a stateless node's in that node's stage): PE_0 K_1 PE_1 K_2 ..."""
-    available: dict[str, int] = {}  # node -> pe index where its output can be read
-    pe_nodes: dict[int, list[str]] = {}
-    keyed: list[str] = []
-    for name in order:
-        node = graph.node(name)
-        if node.kind is NodeKind.SOURCE:
-            available[name] = 0
-        elif node.kind is NodeKind.SINK:
-            continue
-        elif node.keyed:
-            keyed.append(name)
-            available[name] = len(keyed)
-        else:
-            index = max(available[source] for source in node.inputs)
-            available[name] = index
-            pe_nodes.setdefault(index, []).append(name)
+def plan_graph_stages(graph: StreamGraph, plan: Plan | None = None) -> tuple[GraphStage, ...]:
+    """The stages that run `plan` (default: the sequential plan), in execution order.
+
+    The plan lists the graph's operators in execution order (`StreamGraph.names`); each keyed
+    node becomes a stage of its own, and each run of stateless nodes that no keyed node or region
+    boundary interrupts becomes one pe stage, cut into processes where the plan's pipelines start.
+    Runs of the sequential plan are the graph's `execution_stages`: PE_0 K_1 PE_1 K_2 ..."""
+    if plan is None:
+        plan = Plan(regions=(RegionPlan(pipelines=(graph.names,)),), method="sequential")
     stages: list[GraphStage] = []
-    for index in range(len(keyed) + 1):
-        if index > 0:
-            stages.append(GraphStage(len(stages), "keyed", (keyed[index - 1],)))
-        if pe_nodes.get(index):
-            stages.append(GraphStage(len(stages), "pe", tuple(pe_nodes[index])))
+    for region in plan.regions:
+        pipelines: list[list[str]] = []  # the stateless parts of the pipelines of the pending pe stage
+        starts_region = True
+
+        def close_pe_stage() -> None:
+            nonlocal starts_region
+            if pipelines:
+                nodes = tuple(name for part in pipelines for name in part)
+                stages.append(GraphStage(len(stages), "pe", nodes, region.replicas if starts_region else None,
+                                         tuple(part[0] for part in pipelines[1:])))
+                pipelines.clear()
+            starts_region = False
+
+        for names in region.pipelines:
+            part: list[str] = []
+            for name in names:
+                if not graph.node(name).keyed:
+                    part.append(name)
+                    continue
+                if part:
+                    pipelines.append(part)
+                    part = []
+                close_pe_stage()
+                stages.append(GraphStage(len(stages), "keyed", (name,)))
+            if part:
+                pipelines.append(part)
+        close_pe_stage()
     return tuple(stages)
+
+
+def state_partitions_of(graph: StreamGraph, plan: Plan, default: int = 1) -> int:
+    """State partitions of the query: the most replicas of a region with a partitioned (keyed)
+    node, else `default` (Spark gives every stateful operator of a query the same number)."""
+    keyed = [region.replicas for region in plan.regions
+             if any(graph.kind_of(name) is Kind.PARTITIONED for name in region.operators)]
+    return max(keyed, default=default)
 
 
 def pieces_for(graph: StreamGraph, nodes: Sequence[str], boundaries: Iterable[str]) -> tuple[tuple[str, ...], ...]:
