@@ -1,23 +1,138 @@
-"""Test helpers shipped with the library: sources made of given records, sinks that keep results.
+"""Test helpers shipped with the library: in-memory sources and sinks, an in-process run of any
+program, and file sources made of given records.
 
-    source = record_files(tmp_path / "in", [{"user": "a", "n": 1}, ...], schema={"user": str, "n": int})
-    sink = MemorySink()
-    fissure.run(pipeline, source, sink, spark=spark)
-    assert sink.records() == [...]
+In process, no JVM (the operators run with the same worker code as on Spark; `run_local`):
+
+    out = []
+    run_main(pipeline, TestingSource(records, batch_size=2), TestingSink(out))
+    assert out == [...]
+
+The same source and sink on Spark (the source writes its batches as files it serves one per
+micro-batch; the sink keeps each batch's results once, a replayed batch replacing its rows):
+
+    fissure.run(pipeline, TestingSource(records, batch_size=2), TestingSink(out), spark=spark)
+
+A graph takes them by name: `run_main(graph, {"lines": TestingSource(...)}, {"alerts": TestingSink(out)})`.
 """
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import shutil
+import tempfile
 import time
 from collections.abc import Mapping, Sequence
 
-from fissure.graph import SchemaSpec
+import pyarrow as pa
+
+from fissure.graph import Pipeline, PipelineError, SchemaSpec, to_arrow_schema
 from fissure.spark.sinks import MemorySink
 from fissure.spark.sources import FileSource
+from fissure.streamgraph import StreamGraph, as_graph
+from fissure.worker.graph_local import LocalDeadLetter, LocalGraphRun
 
-__all__ = ["MemorySink", "record_files", "text_files"]
+__all__ = ["MemorySink", "TestingSink", "TestingSource", "record_files", "run_main", "text_files"]
+
+
+class TestingSource:
+    """Given records (dicts) for one source, cut into micro-batches of `batch_size` records
+    (None: one batch). `schema` declares the fields (default: inferred from the records)."""
+
+    __test__ = False  # not a pytest test class
+
+    def __init__(self, records: Sequence[Mapping], batch_size: int | None = None, schema: SchemaSpec = None) -> None:
+        if batch_size is not None and batch_size < 1:
+            raise PipelineError(f"TestingSource: batch_size must be >= 1 or None, got {batch_size!r}")
+        self.records = [dict(record) for record in records]
+        self.batch_size = batch_size
+        self.schema = to_arrow_schema(schema, "TestingSource")
+        if self.schema is None and self.records:
+            self.schema = pa.Table.from_pylist(self.records).schema
+        self._directory: str | None = None
+
+    def batches(self) -> list[list[dict]]:
+        size = self.batch_size or max(1, len(self.records))
+        return [self.records[start:start + size] for start in range(0, len(self.records), size)]
+
+    def open(self, spark):
+        """On Spark: the records as JSON-lines files, one per batch, read one per micro-batch."""
+        if self.schema is None:
+            raise PipelineError("TestingSource: no records to infer a schema from; pass schema={...}")
+        if self._directory is None:
+            self._directory = tempfile.mkdtemp(prefix="fissure-testing-source-")
+            atexit.register(shutil.rmtree, self._directory, True)
+            for number, batch in enumerate(self.batches()):
+                target = os.path.join(self._directory, f"part-{number:06d}.json")
+                _write_atomically(target, "".join(json.dumps(record) + "\n" for record in batch), number)
+        return FileSource(self._directory, format="json", schema=self.schema, max_files_per_trigger=1).open(spark)
+
+
+class TestingSink(MemorySink):
+    """Results appended to the list `out` (dicts), in batch order; on Spark a replayed batch
+    replaces its rows, so `out` holds each result once."""
+
+    __test__ = False
+
+    def __init__(self, out: list) -> None:
+        super().__init__()
+        self.out = out
+        self._records_by_batch: dict[int, list[dict]] = {}
+
+    def write(self, frame, batch_id: int) -> None:
+        super().write(frame, batch_id)
+        self.out[:] = self.records()
+
+    def append_batch(self, batch_id: int, records: Sequence[dict]) -> None:
+        """In process: one batch's results."""
+        self._records_by_batch[batch_id] = list(records)
+        self.out[:] = [record for number in sorted(self._records_by_batch) for record in self._records_by_batch[number]]
+
+
+def _by_name(graph: StreamGraph, value, role: str, names: tuple[str, ...]) -> Mapping:
+    if isinstance(value, Mapping):
+        unknown = sorted(set(value) - set(names))
+        if unknown:
+            raise PipelineError(f"graph {graph.name!r} has no {role} {', '.join(map(repr, unknown))}; its {role}s "
+                                f"are {', '.join(names)}")
+        return value
+    if len(names) != 1:
+        raise PipelineError(f"graph {graph.name!r} has {role}s {', '.join(names)}; pass a dict of them by name")
+    return {names[0]: value}
+
+
+def run_main(program: Pipeline | StreamGraph, source, sink, dead_letters: list | None = None) -> int:
+    """Run `program` in this process, micro-batch by micro-batch, from TestingSources to
+    TestingSinks (dicts by name for a graph; a sink left out is not collected). Keyed state lives
+    across batches as on Spark. Dead letters (LocalDeadLetter) are appended to `dead_letters`;
+    without that list, a dead letter raises PipelineError naming the operator and the error, so
+    a test never passes over a record it lost. Returns the number of batches run."""
+    graph = as_graph(program)
+    sources = _by_name(graph, source, "source", graph.sources)
+    sinks = _by_name(graph, sink, "sink", graph.sinks)
+    batches = {name: source.batches() for name, source in sources.items()}
+    count = max((len(parts) for parts in batches.values()), default=0)
+    run = LocalGraphRun(graph)
+    for batch_id in range(count):
+        given = {name: parts[batch_id] if batch_id < len(parts) else [] for name, parts in batches.items()}
+        for name in graph.sources:
+            given.setdefault(name, [])
+        results = run.run_batch(given, {name: source.schema for name, source in sources.items()
+                                        if source.schema is not None})
+        _keep_dead_letters(results.dead_letters, dead_letters)
+        for name, sink in sinks.items():
+            sink.append_batch(batch_id, results[name])
+    return count
+
+
+def _keep_dead_letters(letters: Sequence[LocalDeadLetter], kept: list | None) -> None:
+    if kept is not None:
+        kept.extend(letters)
+    elif letters:
+        first = letters[0]
+        raise PipelineError(f"{len(letters)} dead letter(s); the first: operator {first.node!r}: {first.error} "
+                            f"(record {first.record}); pass dead_letters=[] to collect them")
 
 
 def _chunks(items: Sequence, size: int):

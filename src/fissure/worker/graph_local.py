@@ -57,8 +57,12 @@ class LocalGraphRun:
         self.graph = graph
         self.states: dict[str, dict[str, bytes]] = {}  # node -> key -> pickled state
 
-    def run_batch(self, sources: Mapping[str, Sequence[Mapping]]) -> LocalResults:
+    def run_batch(self, sources: Mapping[str, Sequence[Mapping]],
+                  schemas: Mapping[str, pa.Schema] | None = None) -> LocalResults:
+        """One micro-batch: the records of every source (by name). A source's schema is the
+        graph's declared one, else `schemas[name]`, else inferred from its records."""
         graph = self.graph
+        schemas = schemas or {}
         unknown = sorted(set(sources) - set(graph.sources))
         if unknown:
             raise PipelineError(f"graph {graph.name!r} has no source {', '.join(map(repr, unknown))}; its sources are "
@@ -68,8 +72,8 @@ class LocalGraphRun:
             raise PipelineError(f"no records given for source(s) {', '.join(map(repr, missing))} of graph {graph.name!r}; "
                                 f"pass an empty list for a source without records")
         declared = {name: graph.node(name).schema for name in graph.sources}
-        bound = {name: declared[name] if declared[name] is not None else _inferred_schema(name, sources[name])
-                 for name in graph.sources}
+        bound = {name: declared[name] if declared[name] is not None else
+                 schemas[name] if name in schemas else _inferred_schema(name, sources[name]) for name in graph.sources}
         layout = graph.check(bound)
         schemas = layout.schemas
         streams: dict[str, pa.RecordBatch] = {}

@@ -1,0 +1,79 @@
+"""fissure.testing: in-memory sources and sinks, and the in-process run of any program (no JVM)."""
+
+from __future__ import annotations
+
+import pytest
+
+from fissure import Pipeline, PipelineError, StreamGraph
+from fissure.testing import TestingSink, TestingSource, run_main
+
+
+def running_total(state, record):
+    state["n"] = state.get("n", 0) + record["v"]
+    return {"k": record["k"], "n": state["n"]}
+
+
+def chain() -> Pipeline:
+    return (Pipeline("totals").map("double", lambda r: {"k": r["k"], "v": 2 * r["v"]})
+            .filter("positive", lambda r: r["v"] > 0)
+            .partitioned("total", running_total, key="k", schema={"k": str, "n": int}))
+
+
+RECORDS = [{"k": "a", "v": 1}, {"k": "b", "v": 0}, {"k": "a", "v": 2}, {"k": "b", "v": 5}, {"k": "a", "v": 3}]
+
+
+def test_a_chain_runs_batch_by_batch_with_its_state_kept_between_batches():
+    out: list = []
+    batches = run_main(chain(), TestingSource(RECORDS, batch_size=2), TestingSink(out))
+    assert batches == 3
+    assert out == [{"k": "a", "n": 2}, {"k": "a", "n": 6}, {"k": "b", "n": 10}, {"k": "a", "n": 12}]
+
+
+def test_a_graph_takes_sources_and_sinks_by_name_and_a_source_may_run_dry():
+    g = StreamGraph("two")
+    first = g.source("first")
+    second = g.source("second")
+    g.union("both", first.map("one", lambda r: r), second).partitioned("total", running_total, key="k",
+                                                                         schema={"k": str, "n": int}).sink("totals")
+    out: list = []
+    run_main(g, {"first": TestingSource(RECORDS[:4], batch_size=2), "second": TestingSource([{"k": "c", "v": 7}])},
+             {"totals": TestingSink(out)})
+    assert sorted((r["k"], r["n"]) for r in out) == [("a", 1), ("a", 3), ("b", 0), ("b", 5), ("c", 7)]
+
+
+def test_dead_letters_are_collected_or_refused_never_dropped():
+    failing = Pipeline("failing").map("invert", lambda r: {"k": r["k"], "v": 1 // r["v"]})
+    with pytest.raises(PipelineError, match="operator 'invert': ZeroDivisionError"):
+        run_main(failing, TestingSource(RECORDS), TestingSink([]))
+    dead: list = []
+    out: list = []
+    run_main(failing, TestingSource(RECORDS), TestingSink(out), dead_letters=dead)
+    assert len(out) == 4 and [letter.node for letter in dead] == ["invert"] and '"v": 0' in dead[0].record
+
+
+def test_an_empty_source_needs_a_schema_and_bad_names_are_refused():
+    g = StreamGraph("two")
+    g.union("both", g.source("first"), g.source("second")).sink("all")
+    with pytest.raises(PipelineError, match="source 'second' has no declared schema and no records"):
+        run_main(g, {"first": TestingSource(RECORDS), "second": TestingSource([])}, {"all": TestingSink([])})
+    both: list = []
+    run_main(g, {"first": TestingSource(RECORDS), "second": TestingSource([], schema={"k": str, "v": int})},
+             {"all": TestingSink(both)})
+    assert both == RECORDS
+    out: list = []
+    assert run_main(chain(), TestingSource([], schema={"k": str, "v": int}), TestingSink(out)) == 0 and out == []
+    with pytest.raises(PipelineError, match="has no sink 'nowhere'"):
+        run_main(chain(), TestingSource(RECORDS), {"nowhere": TestingSink([])})
+
+
+@pytest.mark.spark
+def test_the_same_source_and_sink_run_on_spark_with_the_same_results(spark):
+    import fissure
+
+    local: list = []
+    run_main(chain(), TestingSource(RECORDS, batch_size=2), TestingSink(local))
+    on_spark: list = []
+    report = fissure.run(chain(), TestingSource(RECORDS, batch_size=2), TestingSink(on_spark), spark=spark,
+                         progress=False, plan="planner")
+    assert report.batches == 3 and report.input_records == len(RECORDS)
+    assert sorted(map(str, on_spark)) == sorted(map(str, local))
