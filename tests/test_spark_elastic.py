@@ -84,6 +84,29 @@ def test_waiting_operators_run_on_threads_with_the_sequential_results_and_report
     assert any("known_user" in batch.levels() for batch in report.thread_levels[1:])
 
 
+@pytest.mark.spark
+def test_a_waiting_operator_of_a_graph_runs_on_threads_in_its_graph_pe(spark, tmp_path):
+    """Fan-out: the waiting lookup feeds a sink and a keyed count; it runs on elastic threads in
+    its PE, its levels reach the driver, and every sink holds what run_local gives."""
+    graph = fissure.StreamGraph("scores_graph")
+    scored = graph.source("events", schema=EVENTS).map("enrich", enrich, schema=SCORED, waits="io")
+    scored.sink("scored")
+    scored.partitioned("per_user", lambda state, r: state.update(n=state.get("n", 0) + 1) or
+                       {"user": r["user"], "n": state["n"]}, key="user", schema={"user": str, "n": int}).sink("counts")
+    records = [{"user": f"u{i % 5}", "i": i} for i in range(500)]
+    source = record_files(tmp_path / "in", records, EVENTS, records_per_file=250, max_files_per_trigger=1)
+    sinks = {"scored": MemorySink(), "counts": MemorySink()}
+    config = RunnerConfig(thread_elasticity=ElasticityConfig(period_s=0.05, max_threads=8, cpu_usage_limit=None))
+    report = fissure.run(graph, {"events": source}, sinks, spark=spark, config=config,
+                         plan=Plan(regions=(RegionPlan((("enrich",),)), RegionPlan((("per_user",),), replicas=2))))
+    local = fissure.run_local(graph, {"events": records})
+    assert sorted(r["i"] for r in sinks["scored"].records()) == sorted(r["i"] for r in local["scored"])
+    assert sorted(map(str, sinks["counts"].records())) == sorted(map(str, local["counts"]))
+    assert report.dead_letters == len(local.dead_letters) == 10
+    levels = [level for batch in report.thread_levels for level in batch.levels().get("enrich", ())]
+    assert [batch.batch_id for batch in report.thread_levels] == [0, 1] and levels and max(levels) > 1
+
+
 # -- the driver's and the worker's side, with fakes in place of Spark ---------------------------------
 
 

@@ -396,6 +396,11 @@ class StreamGraph:
                 stages.append(tuple(stateless[index]))
         return tuple(stages)
 
+    @property
+    def operators(self) -> tuple[Operator, ...]:
+        """The user's operators (not unions or joins), in execution order, as a Pipeline lists its own."""
+        return tuple(self._nodes[name].operator for name in self.names if self._nodes[name].operator is not None)
+
     def as_chain(self) -> Pipeline | None:
         """The graph as a Pipeline when it is a chain (one source, one sink, operators one after
         the other, no union or join), else None: what runs a chain runs it."""

@@ -33,11 +33,13 @@ from pyspark.sql.streaming.stateful_processor import StatefulProcessor
 
 from fissure.graph import PipelineError
 from fissure.model.types import Kind, Plan
+from fissure.spark.elastic import WorkerThreads
 from fissure.spark.plans import check_plan, sequential_plan
 from fissure.spark.sources import arrow_schema_of, spark_schema_of
 from fissure.spark.stages import carried_batch_from_pandas, pandas_frame
 from fissure.streamgraph import NodeKind, StreamGraph
 from fissure.worker.columns import DEAD_COLUMNS, DEAD_OPERATOR, SEQ, SEQ_PARTITION_SHIFT, carried_schema
+from fissure.worker.elastic_stage import WaitingOperator
 from fissure.worker.fused import assemble
 from fissure.worker.graph_join import LEFT, RIGHT, JoinStep, arrivals_of, joined_batch, run_join_group
 from fissure.worker.graph_local import SOURCE_SHIFT
@@ -80,8 +82,10 @@ class GraphRegionFunction:
     """A pe stage's mapInArrow function: its pieces in one processing element."""
 
     def __init__(self, graph: StreamGraph, schemas, layout: EnvelopeLayout, stages, stage: GraphStage,
-                 boundaries: Iterable[str], profile_prefix: str | None, query_token: str) -> None:
+                 boundaries: Iterable[str], profile_prefix: str | None, query_token: str,
+                 waiting: Mapping[str, WaitingOperator] | None = None) -> None:
         self.graph, self.schemas, self.layout, self.stages, self.stage = graph, schemas, layout, stages, stage
+        self.waiting = dict(waiting or {})
         # The worker keeps a PE's processes per region id: one query's pieces never serve another.
         self.region_id = f"graph/{graph.name}/{query_token}/{stage.label}"
         self.boundaries = tuple(sorted(set(boundaries) & set(stage.nodes)))
@@ -94,7 +98,7 @@ class GraphRegionFunction:
         pieces = self._pieces.get(boundaries)
         if pieces is None:
             pieces = self._pieces[boundaries] = build_pieces(self.graph, self.schemas, self.layout, self.stages,
-                                                             self.stage, boundaries, self.profile_prefix)
+                                                             self.stage, boundaries, self.profile_prefix, self.waiting)
         return pieces
 
     def __call__(self, batches: Iterator[pa.RecordBatch], pieces=None) -> Iterator[pa.RecordBatch]:
@@ -210,7 +214,7 @@ def _key_column(node, layout: EnvelopeLayout, spread: int):
 
 def compile_graph(graph: StreamGraph, source_frames: Mapping[str, DataFrame], *, plan: Plan | None = None,
                   boundaries: Iterable[str] | None = None, state_partitions: int | None = None,
-                  profile_accumulator=None) -> CompiledGraph:
+                  profile_accumulator=None, threads: WorkerThreads | None = None) -> CompiledGraph:
     """The query of `graph` under `plan` (default: sequential) over the streaming DataFrames of its
     sources (by source name).
 
@@ -218,7 +222,9 @@ def compile_graph(graph: StreamGraph, source_frames: Mapping[str, DataFrame], *,
     instead of the plan's pipeline starts (a task may override them per micro-batch:
     BOUNDARIES_PROPERTY). `state_partitions`: instead of the plan's (the most replicas of a keyed
     region, 1 without). `profile_accumulator`: a Spark accumulator of GraphProfileTally the graph
-    PEs report into (None: not profiled)."""
+    PEs report into (None: not profiled). `threads`: how waiting operators run on elastic threads
+    and report their levels (None: declared ones still do, with the default policy, unreported)."""
+    threads = threads or WorkerThreads()
     query_token = uuid.uuid4().hex[:12]
     profile_prefix = f"{graph.name}.{query_token}"
     bound = {name: arrow_schema_of(frame) for name, frame in source_frames.items()}
@@ -253,11 +259,16 @@ def compile_graph(graph: StreamGraph, source_frames: Mapping[str, DataFrame], *,
             if stage.replicas is not None and (stage.replicas > 1 or partitions not in (None, 1)):
                 frame = frame.repartition(stage.replicas)  # round-robin: the replicas share the records
                 partitions = stage.replicas
+            waiting = {name: threads.waiting_for(graph.node(name).operator, graph.name) for name in stage.nodes
+                       if graph.node(name).operator is not None}
+            waiting = {name: value for name, value in waiting.items() if value is not None}
             function = GraphRegionFunction(graph, schemas, layout, stages, stage,
                                            stage.boundaries if boundaries is None else boundaries,
-                                           profile_prefix if profile_accumulator is not None else None, query_token)
+                                           profile_prefix if profile_accumulator is not None else None, query_token,
+                                           waiting)
             if profile_accumulator is not None:
                 function = ProfiledGraphRegion(function, profile_accumulator)
+            function = threads.wrap_waiting(function, list(waiting.values()))
             frame = frame.mapInArrow(function, envelope_spark_schema)
             continue
         node = graph.node(stage.nodes[0])

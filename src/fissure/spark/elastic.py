@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 from fissure.control.elasticity import ElasticityConfig
 from fissure.graph import Operator, Pipeline
+from fissure.streamgraph import StreamGraph
 from fissure.model.types import Kind
 from fissure.worker.elastic_stage import (
     BatchThreadLevels,
@@ -78,6 +79,11 @@ class WorkerThreads:
         in an `ElasticRegion` when one of its steps may wait."""
         waiting = [step.waiting for stages in pipelines for stage in stages for step in stage.steps
                    if step.waiting is not None]
+        return self.wrap_waiting(function, waiting)
+
+    def wrap_waiting(self, function: Callable, waiting: Sequence[WaitingOperator]) -> Callable:
+        """`function` (a PE stage's mapInArrow function whose steps include `waiting`) wrapped in an
+        `ElasticRegion` when there is any."""
         return ElasticRegion(function, waiting, self.accumulator) if waiting else function
 
 
@@ -131,7 +137,7 @@ class ThreadLevels:
     `profile_summary()` gives the profiler's current window (None: no profile), for detection.
     """
 
-    def __init__(self, spark, pipeline: Pipeline, *, policy: str = "trust-trend",
+    def __init__(self, spark, pipeline: Pipeline | StreamGraph, *, policy: str = "trust-trend",
                  config: ElasticityConfig | None = None, detect: bool = False,
                  profile_summary: Callable[[], object | None] | None = None) -> None:
         self.spark = spark

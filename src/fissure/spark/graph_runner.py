@@ -41,6 +41,7 @@ from fissure.graph import PipelineError
 from fissure.spark.compile_graph import BOUNDARIES_PROPERTY, CompiledGraph, compile_graph, sink_frame
 from fissure.model.types import Plan
 from fissure.spark.config import RunnerConfig
+from fissure.spark.elastic import ThreadLevels
 from fissure.spark.plans import resolve_plan
 from fissure.spark.runner import ship_operator_modules
 from fissure.spark.session import QUERY_DEFAULTS, create_session, default_parallelism
@@ -48,6 +49,7 @@ from fissure.spark.sinks import DeadLetterLog, write_dead_letters
 from fissure.spark.sources import SourceLike, open_source
 from fissure.streamgraph import StreamGraph
 from fissure.worker.columns import DEAD_OPERATOR
+from fissure.worker.elastic_stage import BatchThreadLevels
 from fissure.worker.graph_pe import ROUTE, plan_graph_stages, state_partitions_of
 from fissure.worker.graph_profiling import GraphProfileTally, GraphProfileTallyParam
 
@@ -72,6 +74,8 @@ class GraphRunReport:
     boundaries: tuple[str, ...]  # in force at the end
     decisions: tuple = ()  # the autopipelining loop's decisions, in order (graph_autopipeline)
     plan: Plan | None = None  # the plan the query ran
+    # Per batch: the thread level of each waiting operator in each worker (docs/elastic-scheduler.md).
+    thread_levels: tuple[BatchThreadLevels, ...] = ()
 
 
 @dataclass
@@ -114,6 +118,7 @@ class GraphRunner:
         self.accumulator = None
         self.compiled: CompiledGraph | None = None
         self.query = None
+        self.threads: ThreadLevels | None = None  # waiting operators' thread levels (start())
         self.batches: list[GraphBatch] = []
         self.listeners = _BatchListener()
         self._lock = threading.Lock()
@@ -147,10 +152,13 @@ class GraphRunner:
             self.spark.conf.set(name, value)
         if self.profile:
             self.accumulator = self.spark.sparkContext.accumulator(GraphProfileTally(), GraphProfileTallyParam())
+        self.threads = ThreadLevels(self.spark, self.graph, policy=self.config.thread_policy,
+                                    config=self.config.thread_elasticity)
         self.compiled = compile_graph(self.graph, frames, plan=self.plan, boundaries=self.boundaries,
-                                      state_partitions=self.state_partitions, profile_accumulator=self.accumulator)
-        stream = self.compiled.frame.writeStream.foreachBatch(self._write_batch).option("checkpointLocation",
-                                                                                         self.checkpoint)
+                                      state_partitions=self.state_partitions, profile_accumulator=self.accumulator,
+                                      threads=self.threads.worker)
+        stream = self.compiled.frame.writeStream.foreachBatch(self.threads.wrap(self._write_batch)).option(
+            "checkpointLocation", self.checkpoint)
         if self.query_name:
             stream = stream.queryName(self.query_name)
         if available_now:
@@ -200,7 +208,8 @@ class GraphRunner:
             self.query.stop()
         report = GraphRunReport(tuple(self.batches), self.dead_letter_log.count,
                                 time.monotonic() - self._started_at if self._started_at else 0.0,
-                                self.checkpoint, self.boundaries, decisions, self.plan)
+                                self.checkpoint, self.boundaries, decisions, self.plan,
+                                self.threads.batches if self.threads is not None else ())
         if self._temporary_checkpoint:
             shutil.rmtree(self.checkpoint, ignore_errors=True)
         return report

@@ -31,6 +31,7 @@ import pyarrow.compute as pc
 from fissure.model.types import Kind, Plan, RegionPlan
 from fissure.streamgraph import Node, NodeKind, StreamGraph
 from fissure.worker.columns import DEAD_COLUMNS, DEAD_OPERATOR, INTERNAL_FIELDS, SEQ, carried_schema
+from fissure.worker.elastic_stage import WaitingOperator
 from fissure.worker.fused import FusedStage, Step, assemble, conform, split_dead
 
 ROUTE = "_fissure_route"
@@ -216,13 +217,15 @@ class StatelessNode:
         return assemble([self.stage(batch) for batch in present], carried_schema(self.output_schema))
 
 
-def stateless_node(node: Node, schemas: Mapping[str, pa.Schema]) -> StatelessNode:
+def stateless_node(node: Node, schemas: Mapping[str, pa.Schema], waiting: WaitingOperator | None = None
+                   ) -> StatelessNode:
+    """The node as a piece runs it; `waiting`: its elastic threads (a waiting per-record operator)."""
     output_schema = schemas[node.name]
     if node.kind is NodeKind.UNION:
         return StatelessNode(node.name, node.inputs, output_schema, None)
     operator = node.operator
     step = Step(name=operator.name, action=operator.action.value, fn=operator.fn, output_schema=output_schema,
-                batch_format=operator.batch_format.value if operator.batch_format else None)
+                batch_format=operator.batch_format.value if operator.batch_format else None, waiting=waiting)
     return StatelessNode(node.name, node.inputs, output_schema, FusedStage([step], schemas[node.inputs[0]]))
 
 
@@ -297,8 +300,11 @@ class GraphPiece:
 
 def build_pieces(graph: StreamGraph, schemas: Mapping[str, pa.Schema], layout: EnvelopeLayout,
                  stages: Sequence[GraphStage], stage: GraphStage, boundaries: Iterable[str],
-                 profile_prefix: str | None = None) -> list[GraphPiece]:
-    """The pieces of pe `stage` under `boundaries`, each with the streams it must forward."""
+                 profile_prefix: str | None = None,
+                 waiting: Mapping[str, WaitingOperator] | None = None) -> list[GraphPiece]:
+    """The pieces of pe `stage` under `boundaries`, each with the streams it must forward;
+    `waiting`: the elastic threads of the stage's waiting operators, by name."""
+    waiting = waiting or {}
     done = {name for earlier in stages[:stage.position] for name in earlier.nodes}
     done |= set(graph.sources)
     pieces = []
@@ -309,6 +315,6 @@ def build_pieces(graph: StreamGraph, schemas: Mapping[str, pa.Schema], layout: E
         forward = {stream for stream in readable if consumers_after(graph, stream, done)}
         profile_id = f"{profile_prefix}/{stage.label}/{'|'.join(','.join(p) for p in names)}/p{number}" \
             if profile_prefix else None
-        pieces.append(GraphPiece([stateless_node(graph.node(name), schemas) for name in piece], layout, forward,
-                                 profile_id))
+        pieces.append(GraphPiece([stateless_node(graph.node(name), schemas, waiting.get(name)) for name in piece],
+                                 layout, forward, profile_id))
     return pieces
