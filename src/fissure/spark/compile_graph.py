@@ -46,12 +46,14 @@ from fissure.worker.graph_local import SOURCE_SHIFT
 from fissure.worker.graph_profiling import ProfiledGraphRegion
 from fissure.worker.graph_pe import (
     ROUTE, EnvelopeLayout, GraphStage, build_pieces, consumers_after, plan_graph_stages, state_partitions_of,
+    stream_lifetimes,
 )
 from fissure.worker.keyed import StatefulStep, run_group
 from fissure.worker.region import processing_element
 
 KEY = "_fissure_key"
 SPREAD_PREFIX = "~"
+KEY_MARK = "="
 BOUNDARIES_PROPERTY = "fissure.graph.boundaries"  # JSON {graph name: [operator, ...]}, per micro-batch
 
 
@@ -83,8 +85,11 @@ class GraphRegionFunction:
 
     def __init__(self, graph: StreamGraph, schemas, layout: EnvelopeLayout, stages, stage: GraphStage,
                  boundaries: Iterable[str], profile_prefix: str | None, query_token: str,
-                 waiting: Mapping[str, WaitingOperator] | None = None) -> None:
+                 waiting: Mapping[str, WaitingOperator] | None = None,
+                 output_layout: EnvelopeLayout | None = None, source_envelopes=None) -> None:
         self.graph, self.schemas, self.layout, self.stages, self.stage = graph, schemas, layout, stages, stage
+        self.source_envelopes = source_envelopes  # set: the input is the source's rows, not envelopes
+        self.output_layout = output_layout or layout  # `layout`: the pieces', with the streams made here
         self.waiting = dict(waiting or {})
         # The worker keeps a PE's processes per region id: one query's pieces never serve another.
         self.region_id = f"graph/{graph.name}/{query_token}/{stage.label}"
@@ -104,9 +109,11 @@ class GraphRegionFunction:
     def __call__(self, batches: Iterator[pa.RecordBatch], pieces=None) -> Iterator[pa.RecordBatch]:
         pieces = pieces if pieces is not None else self.pieces_for_call()
         element = processing_element([[piece] for piece in pieces], self.region_id)
+        if self.source_envelopes is not None:
+            batches = self.source_envelopes(batches)
         for batch in element.process(batches):
             if batch.num_rows:
-                yield batch
+                yield self.output_layout.conform(batch)
 
 
 class GraphStateProcessor(StatefulProcessor):
@@ -115,8 +122,9 @@ class GraphStateProcessor(StatefulProcessor):
     STATE_NAME = "fissure_state"
 
     def __init__(self, graph: StreamGraph, schemas, layout: EnvelopeLayout, node_name: str,
-                 forward_inputs: Sequence[str]) -> None:
+                 forward_inputs: Sequence[str], output_layout: EnvelopeLayout | None = None) -> None:
         self.graph, self.schemas, self.layout = graph, schemas, layout
+        self.output_layout = output_layout or layout
         self.node = graph.node(node_name)
         self.forward_inputs = tuple(forward_inputs)
         self.input_schema = pa.schema(list(layout.schema) + [pa.field(KEY, pa.string())])
@@ -131,22 +139,21 @@ class GraphStateProcessor(StatefulProcessor):
         batch = carried_batch_from_pandas(frame, self.input_schema)
         batch = batch.select(self.layout.schema.names)
         if str(key[0]).startswith(SPREAD_PREFIX):
-            yield pandas_frame(batch)  # rows of other nodes: through, untouched, no state
+            yield pandas_frame(self.output_layout.conform(batch))  # rows of other nodes: through, no state
             return
         stored = self._state.get()
         output, state = self._run(batch, stored[0] if stored is not None else None)
         if state is not None:
             self._state.update((state,))
-        parts = [self.layout.wrap(output, self.node.name)]
-        parts += [self._rows_of(batch, stream) for stream in self.forward_inputs]
-        result = assemble(parts, self.layout.schema)
+        parts = [self.output_layout.wrap(output, self.node.name)]
+        parts += [self.output_layout.conform(self._rows_of(batch, stream)) for stream in self.forward_inputs]
+        result = assemble(parts, self.output_layout.schema)
         if result.num_rows:
             yield pandas_frame(result)
 
-    @staticmethod
-    def _rows_of(batch: pa.RecordBatch, stream: str) -> pa.RecordBatch:
+    def _rows_of(self, batch: pa.RecordBatch, stream: str) -> pa.RecordBatch:
         """The live envelopes of `stream` (forwarded to a later consumer)."""
-        return batch.filter(pc.and_(pc.equal(batch.column(0), stream),
+        return batch.filter(pc.and_(pc.equal(batch.column(0), pa.scalar(self.layout.route_of(stream), pa.int32())),
                                     batch.column(batch.schema.get_field_index(DEAD_OPERATOR)).is_null()))
 
     def _run(self, batch: pa.RecordBatch, stored: bytes | None) -> tuple[pa.RecordBatch, bytes | None]:
@@ -205,9 +212,10 @@ def _key_column(node, layout: EnvelopeLayout, spread: int):
         if node.kind is NodeKind.OPERATOR and node.operator.kind is Kind.STATEFUL:
             value = F.lit("all")
         else:
-            schema_number = layout.index[stream]
-            value = F.to_json(F.array(*[F.col(layout.column(schema_number, field)).cast("string") for field in node.key]))
-        condition = live & (F.col(ROUTE) == F.lit(stream))
+            columns = [F.col(layout.column(layout.index[stream], field)).cast("string") for field in node.key]
+            # One field: its text behind a mark no spread key starts with (cheaper than JSON).
+            value = F.concat(F.lit(KEY_MARK), columns[0]) if len(columns) == 1 else F.to_json(F.array(*columns))
+        condition = live & (F.col(ROUTE) == F.lit(layout.route_of(stream)))
         expression = F.when(condition, value) if expression is None else expression.when(condition, value)
     return expression.otherwise(spread_key)
 
@@ -245,12 +253,24 @@ def compile_graph(graph: StreamGraph, source_frames: Mapping[str, DataFrame], *,
     if state_partitions is None:
         state_partitions = state_partitions_of(graph, plan)
     schemas = {name: schema for name, schema in checked.schemas.items() if graph.node(name).kind is not NodeKind.SINK}
-    layout = EnvelopeLayout(schemas)
-    frames = [_source_envelopes(name, index, source_frames[name], layout) for index, name in enumerate(graph.sources)]
-    frame = frames[0]
-    for other in frames[1:]:
-        frame = frame.unionByName(other)
-    envelope_spark_schema = spark_schema_of(layout.schema)
+    every_stream = EnvelopeLayout(schemas)
+    layouts = [every_stream.restricted(live) for live in stream_lifetimes(graph, stages)]  # between stages
+    # One source read by a first pe stage: its records become envelopes inside that stage's PE, not
+    # in a Python stage of their own (one Arrow round trip less), unless sequence numbers must be
+    # drawn before the stage spreads its input over replicas (a keyed node later orders by them).
+    first = stages[0]
+    enveloped_in_first_stage = (len(graph.sources) == 1 and first.kind == "pe"
+                                and ((first.replicas or 1) == 1 or all(stage.kind == "pe" for stage in stages)))
+    if enveloped_in_first_stage:
+        frame = source_frames[graph.sources[0]]
+        source_envelopes = SourceEnvelopeFunction(graph.sources[0], 0, layouts[0], layouts[0].stream_schema(graph.sources[0]))
+    else:
+        frames = [_source_envelopes(name, index, source_frames[name], layouts[0])
+                  for index, name in enumerate(graph.sources)]
+        frame = frames[0]
+        for other in frames[1:]:
+            frame = frame.unionByName(other)
+        source_envelopes = None
     done = set(graph.sources)
     partitions: int | None = None  # None: the sources' partitioning
     for stage in stages:
@@ -262,22 +282,25 @@ def compile_graph(graph: StreamGraph, source_frames: Mapping[str, DataFrame], *,
             waiting = {name: threads.waiting_for(graph.node(name).operator, graph.name) for name in stage.nodes
                        if graph.node(name).operator is not None}
             waiting = {name: value for name, value in waiting.items() if value is not None}
-            function = GraphRegionFunction(graph, schemas, layout, stages, stage,
+            working = every_stream.restricted(set(layouts[stage.position].stream_names) | set(stage.nodes))
+            function = GraphRegionFunction(graph, schemas, working, stages, stage,
                                            stage.boundaries if boundaries is None else boundaries,
                                            profile_prefix if profile_accumulator is not None else None, query_token,
-                                           waiting)
+                                           waiting, layouts[stage.position + 1],
+                                           source_envelopes if stage.position == 0 else None)
             if profile_accumulator is not None:
                 function = ProfiledGraphRegion(function, profile_accumulator)
             function = threads.wrap_waiting(function, list(waiting.values()))
-            frame = frame.mapInArrow(function, envelope_spark_schema)
+            frame = frame.mapInArrow(function, spark_schema_of(layouts[stage.position + 1].schema))
             continue
         node = graph.node(stage.nodes[0])
         forward = [stream for stream in dict.fromkeys(node.inputs) if consumers_after(graph, stream, done)]
-        processor = GraphStateProcessor(graph, schemas, layout, node.name, forward)
-        frame = (frame.withColumn(KEY, _key_column(node, layout, state_partitions))
-                 .groupBy(KEY).transformWithStateInPandas(processor, envelope_spark_schema, "Append", "None"))
+        entering, leaving = layouts[stage.position], layouts[stage.position + 1]
+        processor = GraphStateProcessor(graph, schemas, entering, node.name, forward, leaving)
+        frame = (frame.withColumn(KEY, _key_column(node, entering, state_partitions))
+                 .groupBy(KEY).transformWithStateInPandas(processor, spark_schema_of(leaving.schema), "Append", "None"))
         partitions = state_partitions
-    return CompiledGraph(frame, layout, stages, schemas, checked.order, plan, state_partitions)
+    return CompiledGraph(frame, layouts[-1], stages, schemas, checked.order, plan, state_partitions)
 
 
 def sink_frame(compiled: CompiledGraph, graph: StreamGraph, sink: str, frame: DataFrame) -> DataFrame:
@@ -285,5 +308,5 @@ def sink_frame(compiled: CompiledGraph, graph: StreamGraph, sink: str, frame: Da
     stream = graph.node(sink).inputs[0]
     columns = compiled.layout.columns_of(stream)
     names = compiled.layout.stream_schema(stream).names
-    return (frame.filter((F.col(ROUTE) == F.lit(stream)) & F.col(DEAD_OPERATOR).isNull())
+    return (frame.filter((F.col(ROUTE) == F.lit(compiled.layout.route_of(stream))) & F.col(DEAD_OPERATOR).isNull())
             .select(*[F.col(column).alias(name) for column, name in zip(columns, names)]))

@@ -178,7 +178,7 @@ class GraphRunner:
         frame = frame.persist()
         try:
             dead_count = write_dead_letters(frame, batch_id, self.dead_letter_log, self.dead_letter_sink)
-            counts = {row[ROUTE]: row["count"] for row in
+            counts = {self.compiled.layout.stream_of(row[ROUTE]): row["count"] for row in
                       frame.filter(F.col(DEAD_OPERATOR).isNull()).groupBy(ROUTE).count().collect()}
             sink_rows = {}
             for sink in self.graph.sinks:
