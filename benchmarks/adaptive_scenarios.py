@@ -25,7 +25,7 @@ from pathlib import Path
 
 from planner_model import git_revision, machine_description
 
-from fissure.control.adaptive import Action
+from fissure.control.adaptive.decisions import Action
 from fissure.control.driver import ReferenceLine, plot_timeline
 from fissure.control.plan_change import parse_fingerprint
 from fissure.control.scenarios import CHAIN, MACHINE, SCENARIO_NAMES, ScenarioRun, run_scenario, scenario

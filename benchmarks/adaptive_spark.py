@@ -55,7 +55,7 @@ from planner_model import git_revision, machine_description
 
 import fissure
 from fissure import Pipeline
-from fissure.control.adaptive import AdaptiveConfig
+from fissure.control.adaptive.config import AdaptiveConfig
 from fissure.control.driver import ReferenceLine, Timeline, plot_timeline
 from fissure.control.plan_change import SwitchKind, plan_fingerprint
 from fissure.model.types import Plan, RegionPlan

@@ -6,7 +6,9 @@ from dataclasses import replace
 
 import pytest
 
-from fissure.control.adaptive import Action, AdaptiveConfig, ChainPlanSearch
+from fissure.control.adaptive.config import AdaptiveConfig
+from fissure.control.adaptive.decisions import Action
+from fissure.control.adaptive.search import ChainPlanSearch
 from fissure.control.model_correction import (
     OPERATORS_TERM,
     CorrectablePlanSearch,
@@ -220,7 +222,7 @@ def test_without_learning_the_same_run_stays_far_from_the_best_plan():
 
 
 def test_the_correction_is_off_for_a_search_that_cannot_be_corrected():
-    from fissure.control.adaptive import AdaptiveController
+    from fissure.control.adaptive.controller import AdaptiveController
     from fissure.control.simulate import TablePlanSearch
 
     ctl = AdaptiveController(CHAIN, MACHINE, SEQUENTIAL, AdaptiveConfig(), search=TablePlanSearch())

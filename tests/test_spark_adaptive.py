@@ -17,7 +17,7 @@ import pyarrow as pa
 import pytest
 
 from fissure import Pipeline
-from fissure.control.adaptive import AdaptiveConfig
+from fissure.control.adaptive.config import AdaptiveConfig
 from fissure.control.plan_change import SwitchKind, plan_fingerprint
 from fissure.model.types import Plan, RegionPlan
 from fissure.model.types import Machine

@@ -18,7 +18,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from fissure.control.adaptive import AdaptiveConfig, AdaptiveController, Decision, SwitchCosts
+from fissure.control.adaptive.config import AdaptiveConfig, SwitchCosts
+from fissure.control.adaptive.controller import AdaptiveController
+from fissure.control.adaptive.decisions import Decision
 from fissure.control.driver import Timeline, run_adaptive
 from fissure.control.simulate import SimulatedSystem, SimulationConfig, WorkloadPhase
 from fissure.model.types import Kind, Machine, OperatorStats, Plan, RegionPlan

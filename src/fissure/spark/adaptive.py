@@ -4,7 +4,7 @@
                          checkpoint="ckpt/", run_dir="run/")
     report.timeline_json, report.timeline_png, report.switches
 
-The decisions are `fissure.control.adaptive.AdaptiveController`'s (pure); `run_adaptive`
+The decisions are `fissure.control.adaptive.controller.AdaptiveController`'s (pure); `run_adaptive`
 (fissure.control.driver) feeds it one `BatchObservation` per micro-batch and hands every switch
 to `SparkPlanRealizer`, the only piece that touches Spark. How a batch boundary is made exact:
 
@@ -46,15 +46,11 @@ from dataclasses import asdict, dataclass, field, replace
 
 from pyspark.sql import SparkSession
 
-from fissure.control.adaptive import (
-    AdaptiveConfig,
-    AdaptiveController,
-    BatchObservation,
-    Decision,
-    OperatorProfile,
-    ScoredPlan,
-    SwitchCosts,
-)
+from fissure.control.adaptive.config import AdaptiveConfig, SwitchCosts
+from fissure.control.adaptive.controller import AdaptiveController
+from fissure.control.adaptive.decisions import Decision
+from fissure.control.adaptive.observations import BatchObservation, OperatorProfile
+from fissure.control.adaptive.search import ScoredPlan
 from fissure.control.driver import Timeline, TimelineEntry, plot_timeline, run_adaptive
 from fissure.control.model_correction import OPERATORS_TERM, Correction, scale_operators
 from fissure.control.plan_change import SwitchKind, plan_fingerprint
@@ -553,7 +549,7 @@ class SparkModelSearch:
     measures (`observe_batch`), since the fixed costs per batch weigh by it.
 
     Candidates: the planner at every thread budget 1..M, and the pipelining-only and fission-only
-    optima at M (as `fissure.control.adaptive.ChainPlanSearch` does with the paper's model).
+    optima at M (as `fissure.control.adaptive.search.ChainPlanSearch` does with the paper's model).
 
     A `CorrectablePlanSearch` (fissure.control.model_correction): its terms are the operators'
     work and every Spark model constant; `with_factors` gives the same search with the constants
