@@ -1,4 +1,4 @@
-"""The adaptive loop's four scenarios (issue 5) on the model-driven simulator.
+"""The adaptive loop's scenarios on the model-driven simulator.
 
 A simulation of the throughput model, not a Spark run and not a timing: every batch's measured
 throughput is the model's throughput of the plan in force on the scenario's true operator
@@ -167,7 +167,7 @@ def bounds(name: str, runs: list[dict]) -> list[str]:
 
 def markdown(results: dict, command: str) -> str:
     lines = [
-        "# The adaptive loop's scenarios (issue 5) on the model simulator",
+        "# The adaptive loop's scenarios on the model simulator",
         "",
         "**A simulation of the throughput model, not a Spark run and not a timing.** Each batch's measured",
         "throughput is the model's throughput of the plan in force on the scenario's true operator statistics,",

@@ -1,4 +1,4 @@
-"""The adaptive loop on Spark (issue 5): scenarios (a), (b) and (c), and what each kind of switch costs.
+"""The adaptive loop on Spark: scenarios (a), (b) and (c), and what each kind of switch costs.
 
 Not a simulation: a real streaming query on the local Spark session (local[N], N = --cores), fed
 files of generated records (one file per micro-batch), re-planned by the AdaptiveController
@@ -419,7 +419,7 @@ def markdown(document: dict) -> str:
     reach, bad, costs = document["reach_best"], document["bad_injection"], document["switch_costs"]
     change = document["cost_change"]
     lines = [
-        "# The adaptive loop on Spark (issue 5)",
+        "# The adaptive loop on Spark",
         "",
         f"- command: `{document['command']}`",
         f"- machine: {document['machine']}; Spark master local[{document['cores']}]",

@@ -1,4 +1,4 @@
-"""The adaptive loop (issue 5): plan changes, decisions asserted whole, the driver, the four
+"""The adaptive loop: plan changes, decisions asserted whole, the driver, the four
 scenarios on the model-driven simulator, and properties over random measurement streams."""
 
 from __future__ import annotations
