@@ -1,4 +1,4 @@
-"""The adaptive loop's four scenarios (issue 5) on the model-driven simulator.
+"""The adaptive loop's scenarios on the model-driven simulator.
 
 A simulation of the throughput model, not a Spark run and not a timing: every batch's measured
 throughput is the model's throughput of the plan in force on the scenario's true operator
@@ -25,7 +25,7 @@ from pathlib import Path
 
 from planner_model import git_revision, machine_description
 
-from fissure.control.adaptive import Action
+from fissure.control.adaptive.decisions import Action
 from fissure.control.driver import ReferenceLine, plot_timeline
 from fissure.control.plan_change import parse_fingerprint
 from fissure.control.scenarios import CHAIN, MACHINE, SCENARIO_NAMES, ScenarioRun, run_scenario, scenario
@@ -167,7 +167,7 @@ def bounds(name: str, runs: list[dict]) -> list[str]:
 
 def markdown(results: dict, command: str) -> str:
     lines = [
-        "# The adaptive loop's scenarios (issue 5) on the model simulator",
+        "# The adaptive loop's scenarios on the model simulator",
         "",
         "**A simulation of the throughput model, not a Spark run and not a timing.** Each batch's measured",
         "throughput is the model's throughput of the plan in force on the scenario's true operator statistics,",

@@ -1,4 +1,4 @@
-"""The adaptive loop on Spark (issue 5): scenarios (a), (b) and (c), and what each kind of switch costs.
+"""The adaptive loop on Spark: scenarios (a), (b) and (c), and what each kind of switch costs.
 
 Not a simulation: a real streaming query on the local Spark session (local[N], N = --cores), fed
 files of generated records (one file per micro-batch), re-planned by the AdaptiveController
@@ -55,17 +55,14 @@ from planner_model import git_revision, machine_description
 
 import fissure
 from fissure import Pipeline
-from fissure.control.adaptive import AdaptiveConfig
+from fissure.control.adaptive.config import AdaptiveConfig
 from fissure.control.driver import ReferenceLine, Timeline, plot_timeline
 from fissure.control.plan_change import SwitchKind, plan_fingerprint
 from fissure.model.types import Plan, RegionPlan
-from fissure.spark.adaptive import (
-    OperatorProfiles,
-    QueryManager,
-    SparkObservations,
-    SparkPlanRealizer,
-    run_adaptive_on_spark,
-)
+from fissure.spark.adaptive import run_adaptive_on_spark
+from fissure.spark.adaptive_observations import OperatorProfiles, SparkObservations
+from fissure.spark.adaptive_queries import QueryManager
+from fissure.spark.adaptive_realizer import SparkPlanRealizer
 from fissure.spark.config import RunnerConfig
 from fissure.spark.session import create_session
 from fissure.spark.sinks import NoopSink
@@ -422,7 +419,7 @@ def markdown(document: dict) -> str:
     reach, bad, costs = document["reach_best"], document["bad_injection"], document["switch_costs"]
     change = document["cost_change"]
     lines = [
-        "# The adaptive loop on Spark (issue 5)",
+        "# The adaptive loop on Spark",
         "",
         f"- command: `{document['command']}`",
         f"- machine: {document['machine']}; Spark master local[{document['cores']}]",

@@ -1,4 +1,4 @@
-"""The adaptive loop (issue 5): plan changes, decisions asserted whole, the driver, the four
+"""The adaptive loop: plan changes, decisions asserted whole, the driver, the four
 scenarios on the model-driven simulator, and properties over random measurement streams."""
 
 from __future__ import annotations
@@ -11,18 +11,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fissure.control.adaptive import (
-    Action,
-    AdaptiveConfig,
-    AdaptiveController,
-    BatchObservation,
-    Decision,
-    OperatorProfile,
-    Phase,
-    PlanSwitch,
-    ScoredPlan,
-    SwitchCosts,
-)
+from fissure.control.adaptive.config import AdaptiveConfig, SwitchCosts
+from fissure.control.adaptive.controller import AdaptiveController
+from fissure.control.adaptive.decisions import Action, Decision, Phase, PlanSwitch
+from fissure.control.adaptive.observations import BatchObservation, OperatorProfile
+from fissure.control.adaptive.search import ScoredPlan
 from fissure.control.change import ChangeDetector
 from fissure.control.driver import RecordingRealizer, ReferenceLine, plot_timeline, run_adaptive
 from fissure.control.plan_change import (

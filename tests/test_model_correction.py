@@ -6,7 +6,9 @@ from dataclasses import replace
 
 import pytest
 
-from fissure.control.adaptive import Action, AdaptiveConfig, ChainPlanSearch
+from fissure.control.adaptive.config import AdaptiveConfig
+from fissure.control.adaptive.decisions import Action
+from fissure.control.adaptive.search import ChainPlanSearch
 from fissure.control.model_correction import (
     OPERATORS_TERM,
     CorrectablePlanSearch,
@@ -157,7 +159,7 @@ def test_one_measurement_per_plan_and_only_the_latest_plans_are_kept():
 def test_the_spark_search_is_correctable_and_scales_its_constants():
     from fissure.model.spark_model import SparkConstants, SparkWorkload, evaluate_spark
     from fissure.optimize.spark_chain import SparkModelSettings
-    from fissure.spark.adaptive import SparkModelSearch
+    from fissure.spark.spark_model_search import SparkModelSearch
 
     chain = (OperatorStats("a", Kind.STATELESS, 50.0, 1.0), OperatorStats("b", Kind.STATELESS, 50.0, 1.0))
     settings = SparkModelSettings(SparkConstants(), SparkWorkload(batch_records=2000))
@@ -220,7 +222,7 @@ def test_without_learning_the_same_run_stays_far_from_the_best_plan():
 
 
 def test_the_correction_is_off_for_a_search_that_cannot_be_corrected():
-    from fissure.control.adaptive import AdaptiveController
+    from fissure.control.adaptive.controller import AdaptiveController
     from fissure.control.simulate import TablePlanSearch
 
     ctl = AdaptiveController(CHAIN, MACHINE, SEQUENTIAL, AdaptiveConfig(), search=TablePlanSearch())

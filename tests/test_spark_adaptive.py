@@ -17,21 +17,18 @@ import pyarrow as pa
 import pytest
 
 from fissure import Pipeline
-from fissure.control.adaptive import AdaptiveConfig
+from fissure.control.adaptive.config import AdaptiveConfig
 from fissure.control.plan_change import SwitchKind, plan_fingerprint
 from fissure.model.types import Plan, RegionPlan
 from fissure.model.types import Machine
-from fissure.spark.adaptive import (
-    OperatorProfiles,
-    QueryManager,
-    SparkModelSearch,
-    SparkObservations,
-    SparkPlanRealizer,
-    run_adaptive_on_spark,
-)
+from fissure.spark.adaptive import run_adaptive_on_spark
+from fissure.spark.adaptive_observations import OperatorProfiles, SparkObservations
+from fissure.spark.adaptive_queries import QueryManager
+from fissure.spark.adaptive_realizer import SparkPlanRealizer
 from fissure.spark.config import RunnerConfig
 from fissure.spark.live_cut import LiveCut, pe_cuts, recut_stages, same_physical_plan
 from fissure.spark.sinks import ForeachBatchSink, MemorySink
+from fissure.spark.spark_model_search import SparkModelSearch
 from fissure.spark.state import checkpoint_status, offset_entry_state_partitions
 from fissure.testing import record_files
 from fissure.worker.columns import carried_schema, sequence_numbers

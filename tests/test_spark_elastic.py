@@ -14,7 +14,8 @@ import pytest
 
 import fissure
 from fissure import Pipeline
-from fissure.control.adaptive import BatchObservation, Decision
+from fissure.control.adaptive.decisions import Decision
+from fissure.control.adaptive.observations import BatchObservation
 from fissure.control.driver import Timeline, plot_timeline
 from fissure.control.elasticity import ElasticityConfig
 from fissure.model.types import Plan, RegionPlan

@@ -21,15 +21,10 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Protocol
 
-from fissure.control.adaptive import (
-    Action,
-    AdaptiveController,
-    BatchObservation,
-    Decision,
-    Phase,
-    SwitchCosts,
-    usable,
-)
+from fissure.control.adaptive.config import SwitchCosts
+from fissure.control.adaptive.controller import AdaptiveController
+from fissure.control.adaptive.decisions import Action, Decision, Phase
+from fissure.control.adaptive.observations import BatchObservation, usable
 from fissure.control.plan_change import SwitchKind, plan_fingerprint
 from fissure.model.types import Plan
 

@@ -1,13 +1,13 @@
-"""The four scenarios of issue 5 on the model-driven simulator (tests and benchmarks share them).
+"""The adaptive loop's scenarios on the model-driven simulator (tests and benchmarks share them).
 
 (a) `reach-best`: start sequential and reach the best static plan.
 (b) `cost-change`: an operator's cost quadruples mid-run; the loop re-plans and recovers.
 (c) `bad-injection`: an injected plan change that hurts is rolled back and never retried.
 (d) `rate-drop`: the offered rate drops to a trickle, the loop releases threads, and takes them
     back when the rate returns.
-(e) `model-mismatch` (beyond the issue): the model believes an exchange costs 2 us per tuple, it
-    costs 40, so the planner's favourites hurt: the loop reverts and blacklists the first one,
-    learns from the measurements that c_p is about 20 times what it believed
+(e) `model-mismatch` (beyond the first four): the model believes an exchange costs 2 us per
+    tuple, it costs 40, so the planner's favourites hurt: the loop reverts and blacklists the
+    first one, learns from the measurements that c_p is about 20 times what it believed
     (fissure.control.model_correction) and plans with the corrected model.
 
 All of them run a five-operator chain (parse, enrich, filter, a keyed count, a stateful report)
@@ -18,7 +18,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from fissure.control.adaptive import AdaptiveConfig, AdaptiveController, Decision, SwitchCosts
+from fissure.control.adaptive.config import AdaptiveConfig, SwitchCosts
+from fissure.control.adaptive.controller import AdaptiveController
+from fissure.control.adaptive.decisions import Decision
 from fissure.control.driver import Timeline, run_adaptive
 from fissure.control.simulate import SimulatedSystem, SimulationConfig, WorkloadPhase
 from fissure.model.types import Kind, Machine, OperatorStats, Plan, RegionPlan

@@ -27,7 +27,9 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from fissure.control.adaptive import BatchObservation, OperatorProfile, ScoredPlan, SwitchCosts
+from fissure.control.adaptive.config import SwitchCosts
+from fissure.control.adaptive.observations import BatchObservation, OperatorProfile
+from fissure.control.adaptive.search import ScoredPlan
 from fissure.control.driver import RealizedSwitch
 from fissure.control.plan_change import SwitchKind, plan_fingerprint
 from fissure.model.throughput import evaluate

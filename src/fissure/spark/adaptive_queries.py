@@ -1,0 +1,153 @@
+"""The queries of an adaptive run: `QueryManager` starts the query of a plan on the run's
+checkpoint (behind a `BatchGate`) and stops it at a batch boundary, the held batch abandoned;
+`LiveQuery` is the query running one plan. Every query runs the plan's canonical form
+(`canonical_plan`), so an in-PE change is a change of cuts inside the same PEs.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from pyspark.sql import SparkSession
+
+from fissure.graph import Pipeline
+from fissure.model.throughput import canonical_regions
+from fissure.model.types import Plan
+from fissure.spark.batch_gate import BatchGate
+from fissure.spark.config import RunnerConfig
+from fissure.spark.runner import Runner
+from fissure.spark.sinks import DeadLetterLog
+from fissure.spark.sources import SourceLike
+from fissure.spark.state import checkpoint_status
+
+log = logging.getLogger(__name__)
+
+# Spark logs at ERROR when fissure stops a query at a batch boundary on purpose: the query's end
+# (the abandoned batch's exception) and a broadcast cut short while it planned the next batch.
+# Quiet while fissure stops the query itself.
+_STOP_LOGGERS = ("org.apache.spark.sql.execution.streaming.runtime.MicroBatchExecution",
+                 "org.apache.spark.broadcast.TorrentBroadcast")
+
+
+def canonical_plan(plan: Plan) -> Plan:
+    """The plan with adjacent unreplicated regions merged: what the controller reasons about, and
+    what fissure compiles here, so that an in-PE change is a change of cuts inside the same PEs."""
+    return Plan(canonical_regions(plan), method=plan.method, notes=plan.notes)
+
+
+@dataclass
+class LiveQuery:
+    """The query running one plan, and what the loop has taken from its progress reports."""
+
+    plan: Plan
+    runner: Runner
+    gate: BatchGate
+    delivered_through: int = -1  # newest batch id whose progress went to the loop
+    ended_by_fissure: bool = False
+
+    @property
+    def query(self):
+        return self.runner.query
+
+    def failure(self) -> Exception | None:
+        """The query's own error (a StreamingQueryException), if it ended with one fissure did not cause."""
+        if self.ended_by_fissure or self.query is None:
+            return None
+        return self.query.exception()
+
+
+@dataclass(frozen=True)
+class StopResult:
+    abandoned_batch: int | None
+    stop_s: float
+
+
+class QueryManager:
+    """Starts the query of a plan on the run's checkpoint, and stops it at a batch boundary."""
+
+    def __init__(self, pipeline: Pipeline, source: SourceLike, sink, *, spark: SparkSession, checkpoint: str,
+                 dead_letters, config: RunnerConfig, available_now: bool, clock: Callable[[], float],
+                 runner_options: Mapping[str, object] | None = None) -> None:
+        self.pipeline = pipeline
+        self.source = source
+        self.sink = sink
+        self.spark = spark
+        self.checkpoint = checkpoint
+        self.dead_letters = dead_letters
+        self.dead_letter_log = DeadLetterLog(kept=config.dead_letters_kept)
+        self.config = config
+        self.available_now = available_now
+        self.clock = clock
+        self.runner_options = dict(runner_options or {})
+        self.current: LiveQuery | None = None
+        self.queries_started = 0
+        self.fatal: str | None = None  # why no query runs after a failed switch
+
+    def start(self, plan: Plan) -> LiveQuery:
+        plan = canonical_plan(plan)
+        runner = Runner(self.pipeline, self.source, self.sink, plan=plan, checkpoint=self.checkpoint,
+                        spark=self.spark, dead_letters=self.dead_letters, config=self.config, progress=False,
+                        **self.runner_options)
+        runner.dead_letter_log = self.dead_letter_log  # one count over the run's queries
+        gate = BatchGate(self.spark, plan, self.pipeline, self.clock)
+        runner.wrap_batch = gate.wrap
+        runner.start(available_now=self.available_now)
+        self.queries_started += 1
+        self.current = LiveQuery(plan, runner, gate)
+        return self.current
+
+    def stop_at_boundary(self) -> StopResult:
+        """Stop the current query between two batches: the held batch (if any) is abandoned."""
+        live, started = self.current, self.clock()
+        if live is None:
+            return StopResult(None, 0.0)
+        live.ended_by_fissure = True
+        with _quiet_spark_loggers(self.spark, _STOP_LOGGERS):
+            live.gate.abandon()
+            if live.query is not None and live.query.isActive:
+                live.query.stop()
+            live.runner.stop()  # the progress watcher; the checkpoint is the run's, never deleted here
+        self.current = None
+        abandoned = self._abandoned_batch(live)
+        if abandoned is not None:
+            log.info("adaptive: batch %d abandoned at the stop (it ran nothing; the next query runs its input)",
+                     abandoned)
+        return StopResult(abandoned, self.clock() - started)
+
+    def _abandoned_batch(self, live: LiveQuery) -> int | None:
+        """The batch the stop cut off: in the offset log, not committed, and never let run by the
+        gate (held at its entry, or stopped while Spark was still planning it), so it computed nothing."""
+        status = checkpoint_status(self.spark, self.checkpoint)
+        if not status.has_uncommitted_batch or status.last_batch in live.gate.plan_of_batch:
+            return None
+        return status.last_batch
+
+    def close(self) -> None:
+        if self.current is not None:
+            self.stop_at_boundary()
+
+
+class _quiet_spark_loggers:
+    """Set some JVM loggers' level to OFF for a while (log4j2), and put them back."""
+
+    def __init__(self, spark: SparkSession, names: Sequence[str]) -> None:
+        self._spark, self._names, self._levels = spark, tuple(names), {}
+
+    def __enter__(self):
+        try:
+            jvm = self._spark._jvm
+            for name in self._names:
+                self._levels[name] = jvm.org.apache.logging.log4j.LogManager.getLogger(name).getLevel()
+                jvm.org.apache.logging.log4j.core.config.Configurator.setLevel(name, jvm.org.apache.logging.log4j.Level.OFF)
+        except Exception as error:  # noqa: BLE001 - logging only
+            log.debug("adaptive: cannot quiet Spark's loggers: %s", error)
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        try:
+            for name, level in self._levels.items():
+                self._spark._jvm.org.apache.logging.log4j.core.config.Configurator.setLevel(name, level)
+        except Exception as error:  # noqa: BLE001 - logging only
+            log.debug("adaptive: cannot restore Spark's loggers: %s", error)
