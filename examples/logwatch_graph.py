@@ -5,6 +5,7 @@
     ./dev python examples/logwatch_graph.py --check           # compare each sink with run_local
     ./dev python examples/logwatch_graph.py --boundaries events,failures   # hand-placed, no autopipelining
     ./dev python examples/logwatch_graph.py --boundaries none # unpipelined
+    ./dev python examples/logwatch_graph.py --plan planner    # fission planned by the throughput model
 
 Graph (the operators of examples/logwatch.py; the file source plays RawLines):
 
@@ -30,6 +31,7 @@ sys.path.insert(0, str(HERE))
 import fissure  # noqa: E402
 from fissure import StreamGraph  # noqa: E402
 from fissure.spark.graph_autopipeline import GraphAutopipelineConfig  # noqa: E402
+from fissure.spark.plans import describe_plan  # noqa: E402
 from fissure.worker.graph_local import LocalGraphRun  # noqa: E402
 from generators.loglines import generate, real_lines, split_into_files  # noqa: E402
 from logwatch import (  # noqa: E402
@@ -94,6 +96,9 @@ def main(argv: list[str] | None = None) -> int:
                              "autopipelining's rounds)")
     parser.add_argument("--boundaries", help="comma-separated operators whose input starts a new process, or "
                                              "'none'; given: no autopipelining")
+    parser.add_argument("--plan", default="sequential",
+                        help="'sequential' (default: no replica), 'planner' (fission and pipelining chosen by the "
+                             "throughput model; no autopipelining) or a JSON plan file")
     parser.add_argument("--beta", type=float, default=0.5, help="autopipelining's bottleneck threshold (default 0.5)")
     parser.add_argument("--master", default="local[*]", help="Spark master URL (default: embedded local[*])")
     parser.add_argument("--check", action="store_true", help="compare every sink with the in-process reference run")
@@ -106,17 +111,20 @@ def main(argv: list[str] | None = None) -> int:
     source = fissure.FileSource(os.path.join(directory, "input"), format="text", max_files_per_trigger=1)
     sinks = {name: fissure.MemorySink() for name in graph.sinks}
     boundaries = parse_boundaries(args.boundaries)
+    autopipeline = boundaries is None and args.plan == "sequential"
     spark_log = os.path.join(directory, "spark.log")
     print(f"{graph.name}: {len(all_lines):,} lines; starting Spark (its output goes to {spark_log})", file=sys.stderr)
-    report = fissure.run_graph(graph, {"raw": source}, sinks, boundaries=boundaries or (),
-                               checkpoint=os.path.join(directory, "checkpoint"),
-                               config=fissure.RunnerConfig(master=args.master, spark_log=spark_log),
-                               autopipeline=boundaries is None,
-                               autopipeline_config=GraphAutopipelineConfig(profile_batches=2, beta=args.beta))
+    report = fissure.run(graph, {"raw": source}, sinks, plan=args.plan,
+                         boundaries=boundaries if boundaries is not None or not autopipeline else (),
+                         checkpoint=os.path.join(directory, "checkpoint"),
+                         config=fissure.RunnerConfig(master=args.master, spark_log=spark_log),
+                         autopipeline=autopipeline,
+                         autopipeline_config=GraphAutopipelineConfig(profile_batches=2, beta=args.beta))
 
     print(f"\n{graph.name}: {len(report.batches)} micro-batches in {report.elapsed_s:.1f} s, "
           f"{report.dead_letters} dead letters")
-    if boundaries is None:
+    print(f"plan: {describe_plan(report.plan, graph)}")
+    if autopipeline:
         print("autopipelining:")
         for item in report.decisions:
             print(f"  after batch {item.batch_id}: {item.decision.action.value}; boundaries now "

@@ -1,19 +1,27 @@
 """fissure: sequential Python stream programs, parallelized on Apache Spark by themselves.
 
-The pipeline definition (no Spark needed to build one) is imported eagerly; the Spark runner's
-names load pyspark on first use, so `import fissure` and the planner stay light.
+    import fissure
+    program = fissure.Pipeline("name").map(...).partitioned(...)    # a chain, or
+    program = fissure.StreamGraph("name")                           # a graph of sources, operators, sinks
+    fissure.run(program, source(s), sink(s), plan="planner")        # on Spark
+    fissure.run_local(program, records)                             # in this process, no JVM
+
+The program definition (no Spark needed to build one) is imported eagerly; the Spark layer's
+names load pyspark on first use, so `import fissure` and the planner stay light. Test helpers
+(in-memory sources and sinks, an in-process run): `fissure.testing`.
 """
 
 from fissure.graph import OperatorEstimate, Pipeline, PipelineError
 from fissure.streamgraph import StreamGraph, TumblingWindow
+from fissure.worker.graph_local import run_local
 
 __version__ = "0.1.0"
 
 # name -> module of the Spark layer that defines it
 _SPARK_EXPORTS = {
+    "run": "fissure.spark.run",
     "Runner": "fissure.spark.runner",
     "RunReport": "fissure.spark.runner",
-    "run": "fissure.spark.run",
     "RunnerConfig": "fissure.spark.config",
     "FileSource": "fissure.spark.sources",
     "RateSource": "fissure.spark.sources",
@@ -24,11 +32,10 @@ _SPARK_EXPORTS = {
     "MemorySink": "fissure.spark.sinks",
     "NoopSink": "fissure.spark.sinks",
     "run_graph": "fissure.spark.graph_runner",
-    "GraphRunner": "fissure.spark.graph_runner",
-    "run_local": "fissure.worker.graph_local",
 }
 
-__all__ = ["OperatorEstimate", "Pipeline", "PipelineError", "StreamGraph", "TumblingWindow", "__version__", *_SPARK_EXPORTS]
+__all__ = ["OperatorEstimate", "Pipeline", "PipelineError", "StreamGraph", "TumblingWindow", "run_local",
+           "__version__", *_SPARK_EXPORTS]
 
 
 def __getattr__(name: str):

@@ -1,10 +1,23 @@
-"""The runner's settings, in one typed place, with their defaults and what they are for."""
+"""Every setting of a run, in one typed tree with its defaults and what each is for.
+
+    RunnerConfig(master="local[2]",
+                 profiling=ProfileSettings(window_batches=10),
+                 thread_policy="elastic-operator",
+                 adaptation=AdaptiveConfig(min_gain=0.1),
+                 autopipelining=GraphAutopipelineConfig(profile_batches=5))
+
+`fissure.run(..., config=RunnerConfig(...))` reads all of it; its keyword arguments `profile=`,
+`adaptive_config=` and `autopipeline_config=`, when given, take precedence over the tree's.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from fissure.control.adaptive.config import AdaptiveConfig
 from fissure.control.elasticity import POLICY_NAMES, ElasticityConfig
+from fissure.profile.settings import ProfileSettings
+from fissure.spark.graph_autopipeline import GraphAutopipelineConfig
 
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 
@@ -44,6 +57,12 @@ class RunnerConfig:
     # waiting (wall time >= 2 x CPU time). Off by default: its function never promised to be
     # thread-safe. Needs profiling (the runner's default).
     detect_waiting_operators: bool = False
+    # How operators are profiled on the live stream (docs/profiling.md); enabled=False: not at all.
+    profiling: ProfileSettings = field(default_factory=ProfileSettings)
+    # The adaptive loop's parameters, for a run that adapts (docs/adaptive.md).
+    adaptation: AdaptiveConfig = field(default_factory=AdaptiveConfig)
+    # The autopipelining loop's parameters, for a run that autopipelines (docs/autopipelining.md).
+    autopipelining: GraphAutopipelineConfig = field(default_factory=GraphAutopipelineConfig)
 
     def __post_init__(self) -> None:
         if self.thread_policy not in POLICY_NAMES:

@@ -36,11 +36,19 @@ def _bound(program: StreamGraph, value, role: str, names: tuple[str, ...]) -> Ma
                         f"({{{names[0]!r}: ...}})")
 
 
+class _FromConfig:
+    def __repr__(self) -> str:
+        return "config.profiling"
+
+
+FROM_CONFIG = _FromConfig()  # `profile=` left out: the config's profiling settings
+
+
 def run(program: Pipeline | StreamGraph, source=None, sink=None, *, plan: object = "sequential",
         checkpoint: str | None = None, spark: SparkSession | None = None, dead_letters=None,
         estimates: Mapping[str, OperatorEstimate] | None = None, config: RunnerConfig = RunnerConfig(),
         available_now: bool = True, timeout_s: float | None = None, progress: bool | None = None,
-        profile: ProfileSettings | None = ProfileSettings(), profile_log: str | None = None,
+        profile: ProfileSettings | None | _FromConfig = FROM_CONFIG, profile_log: str | None = None,
         adaptive: bool = False, adaptive_config=None, run_dir: str | None = None,
         autopipeline: bool = False, autopipeline_config=None, boundaries=None):
     """Run `program` from `source` to `sink` and return the run's report.
@@ -50,8 +58,14 @@ def run(program: Pipeline | StreamGraph, source=None, sink=None, *, plan: object
     query runs until `timeout_s` passes (or forever without it). adaptive=True re-plans while it
     runs (`adaptive_config`: an AdaptiveConfig; `run_dir`: where its timeline goes) and returns an
     AdaptiveRunReport; autopipeline=True places pipeline boundaries while it runs
-    (`autopipeline_config`: a GraphAutopipelineConfig) and returns a GraphRunReport.
+    (`autopipeline_config`: a GraphAutopipelineConfig) and returns a GraphRunReport. Settings not
+    given here come from `config` (RunnerConfig: profiling, threads, adaptation, autopipelining);
+    profile=None turns profiling off.
     """
+    if profile is FROM_CONFIG:
+        profile = config.profiling
+    adaptive_config = adaptive_config or config.adaptation
+    autopipeline_config = autopipeline_config or config.autopipelining
     chain = program if isinstance(program, Pipeline) else as_graph(program).as_chain()
     if chain is not None and not autopipeline:
         if isinstance(program, StreamGraph):
