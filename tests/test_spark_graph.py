@@ -20,7 +20,8 @@ from fissure.control.autopipeline_control import ControlAction
 from fissure.model.types import Plan, RegionPlan
 from fissure.profile.graph_profile import autopipeline_profile, piece_measurements, profile_json
 from fissure.spark.graph_autopipeline import GraphAutopipelineConfig
-from fissure.spark.graph_runner import GraphRunner, run_graph
+from fissure.spark.run import run_graph
+from fissure.spark.runner import Runner
 from fissure.spark.sinks import MemorySink
 from fissure.testing import record_files
 
@@ -102,7 +103,7 @@ def test_graph_matches_run_local_and_runs_shared_work_once(spark, tmp_path, boun
     # event is parsed exactly once, so nothing upstream was recomputed for the other consumers
     assert sorted(int(line) for line in calls.read_text().split()) == list(range(len(EVENTS)))
     assert report.dead_letters == len(local.dead_letters) == 2  # small events with ts 0 and 51 fail in checked
-    assert len(report.batches) >= 2 and all(batch.boundaries == tuple(sorted(boundaries)) for batch in report.batches)
+    assert len(report.batch_log) >= 2 and all(batch.boundaries == tuple(sorted(boundaries)) for batch in report.batch_log)
 
 
 def test_a_plan_replicates_stateless_and_keyed_stages_of_a_graph(spark, tmp_path):
@@ -113,7 +114,7 @@ def test_a_plan_replicates_stateless_and_keyed_stages_of_a_graph(spark, tmp_path
     plan = Plan(regions=(RegionPlan((("parsed", "big"), ("small", "checked", "both")), replicas=2),
                          RegionPlan((("per_host", "enrich"),), replicas=2)))
     sinks = {name: MemorySink() for name in ("all", "counts", "enriched")}
-    runner = GraphRunner(graph, sources(tmp_path), sinks, spark=spark, plan=plan)
+    runner = Runner(graph, sources(tmp_path), sinks, spark=spark, plan=plan)
     assert runner.boundaries == ("small",) and runner.state_partitions == 2
     runner.start(available_now=True)
     try:
@@ -136,18 +137,14 @@ def test_the_planner_plans_a_graph_as_the_chain_of_its_stages(spark, tmp_path):
 
 
 def test_fissure_run_runs_every_program(spark, tmp_path):
-    """One entry point: a graph by its named sources and sinks; a chain-shaped graph on the chain
-    runner (which adapts); a Pipeline as a graph under the autopipelining loop."""
+    """One entry point: a graph by its named sources and sinks; a chain-shaped graph compiled as a
+    chain; a Pipeline under the autopipelining loop."""
     import fissure
-    from fissure.spark.runner import RunReport
-    from fissure.spark.graph_runner import GraphRunReport
 
     sinks = {name: MemorySink() for name in ("all", "counts", "enriched")}
     report = fissure.run(build_graph(), sources(tmp_path), sinks, spark=spark, progress=False)
-    assert isinstance(report, GraphRunReport)
+    assert report.batches == len(report.batch_log) >= 2 and report.input_records == len(EVENTS) + len(HOST_RECORDS)
     assert_same_as_local(sinks)
-    with pytest.raises(PipelineError, match="adaptive re-planning runs chains"):
-        fissure.run(build_graph(), sources(tmp_path), sinks, spark=spark, adaptive=True)
 
     chain = StreamGraph("chain_shaped")
     (chain.source("events", schema=EVENT).map("tenfold", lambda r: {**r, "v": r["v"] * 10})
@@ -155,21 +152,21 @@ def test_fissure_run_runs_every_program(spark, tmp_path):
     chain_sink = MemorySink()
     report = fissure.run(chain, {"events": sources(tmp_path / "chain")["events"]}, {"counts": chain_sink},
                          spark=spark, progress=False, plan="planner")
-    assert isinstance(report, RunReport) and report.input_records == len(EVENTS)
+    assert report.input_records == len(EVENTS) and report.batch_log == ()  # compiled as a chain
     assert canonical(chain_sink.records()) == canonical(run_local(chain, {"events": EVENTS})["counts"])
 
     pipeline = chain.as_chain()
     piped = MemorySink()
     report = fissure.run(pipeline, sources(tmp_path / "piped")["events"], piped, spark=spark, autopipeline=True)
-    assert isinstance(report, GraphRunReport) and len(report.batches) >= 2
+    assert len(report.batch_log) >= 2 and report.decisions
     assert canonical(piped.records()) == canonical(run_local(pipeline, EVENTS)["sink"])
 
 
 def test_binding_and_boundary_errors_name_the_fix(spark, tmp_path):
     graph = build_graph()
     with pytest.raises(PipelineError, match="missing enriched"):
-        GraphRunner(graph, sources(tmp_path), {"all": MemorySink(), "counts": MemorySink()}, spark=spark)
-    runner = GraphRunner(graph, sources(tmp_path), {name: MemorySink() for name in graph.sinks}, spark=spark)
+        Runner(graph, sources(tmp_path), {"all": MemorySink(), "counts": MemorySink()}, spark=spark)
+    runner = Runner(graph, sources(tmp_path), {name: MemorySink() for name in graph.sinks}, spark=spark)
     with pytest.raises(PipelineError, match="per_host name no stateless operator"):
         runner.set_boundaries(["big", "per_host"])
     with pytest.raises(PipelineError, match="'nowhere' name no stateless operator"):
@@ -179,7 +176,7 @@ def test_binding_and_boundary_errors_name_the_fix(spark, tmp_path):
 
 def test_boundaries_change_live_and_pieces_are_profiled(spark, tmp_path):
     sinks = {name: MemorySink() for name in ("all", "counts", "enriched")}
-    runner = GraphRunner(build_graph(), sources(tmp_path), sinks, spark=spark, profile=True)
+    runner = Runner(build_graph(), sources(tmp_path), sinks, spark=spark, profile_pieces=True)
     runner.listeners.on_batch.append(lambda batch: runner.set_boundaries(["big"]) if batch.batch_id == 0 else None)
     runner.start(available_now=True)
     try:
@@ -187,7 +184,7 @@ def test_boundaries_change_live_and_pieces_are_profiled(spark, tmp_path):
     finally:
         report = runner.stop()
     assert_same_as_local(sinks)
-    assert report.batches[0].boundaries == () and report.batches[-1].boundaries == ("big",)
+    assert report.batch_log[0].boundaries == () and report.batch_log[-1].boundaries == ("big",)
     pieces = runner.profile_tally().pieces
     cuts = {piece_id.split("/")[2] for piece_id in pieces}
     assert cuts == {"parsed,big,small,checked,both", "parsed,small,checked|big,both"}
@@ -218,7 +215,7 @@ def test_autopipelining_loop_inserts_boundaries_while_running(spark, tmp_path):
     first = report.decisions[0]
     assert first.decision.action is ControlAction.INSERT and first.decision.insert
     inserted = set(first.decision.insert)
-    later = [batch for batch in report.batches if batch.batch_id > first.batch_id]
+    later = [batch for batch in report.batch_log if batch.batch_id > first.batch_id]
     assert later and inserted <= set(later[0].boundaries)  # applied from the next batch, no restart
     for item in report.decisions[1:]:
         assert item.decision.reason
@@ -230,7 +227,7 @@ RESTART_DRIVER = textwrap.dedent("""
     sys.path.insert(0, sys.argv[5])
     import fissure
     from fissure.spark.sinks import FileSink
-    from fissure.spark.graph_runner import run_graph
+    from fissure.spark.run import run_graph
     from test_spark_graph import build_graph, sources_for_restart
 
     inputs, out, checkpoint, available_now = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4] == "1"

@@ -379,13 +379,13 @@ def test_profile_is_mu_of_threads_and_ports_downstream_within_the_piece():
 
 
 class RecordingRunner:
-    """What GraphAutopipeliner needs of a GraphRunner; records every boundary change."""
+    """What GraphAutopipeliner needs of a Runner; records every boundary change."""
 
     def __init__(self, graph):
         from types import SimpleNamespace
 
         self.graph = graph
-        self.profile, self.accumulator = True, None
+        self.profile_pieces = True
         self.compiled = SimpleNamespace(stages=plan_graph_stages(graph))
         self.boundaries = ()
         self.listeners = SimpleNamespace(on_batch=[])
@@ -400,7 +400,7 @@ class RecordingRunner:
         return self.tally.copy()
 
     def run_batch(self, batch_id, wall_s, pieces):
-        from fissure.spark.graph_runner import GraphBatch
+        from fissure.spark.runner import GraphBatch
 
         for piece, (cpu_s, piece_wall_s, nodes) in pieces.items():
             self.tally.add_piece(piece, cpu_s, piece_wall_s, nodes)

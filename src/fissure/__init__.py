@@ -31,7 +31,7 @@ _SPARK_EXPORTS = {
     "ConsoleSink": "fissure.spark.sinks",
     "MemorySink": "fissure.spark.sinks",
     "NoopSink": "fissure.spark.sinks",
-    "run_graph": "fissure.spark.graph_runner",
+    "run_graph": "fissure.spark.run",
 }
 
 __all__ = ["OperatorEstimate", "Pipeline", "PipelineError", "StreamGraph", "TumblingWindow", "run_local",

@@ -24,6 +24,7 @@ from pyspark.sql import functions as F
 
 from fissure.graph import Operator, Pipeline, PipelineError, output_schemas
 from fissure.model.types import Kind, Plan, RegionPlan
+from fissure.spark.compile_graph import WorkerProfiling
 from fissure.spark.elastic import WorkerThreads
 from fissure.spark.live_cut import LiveCut
 from fissure.spark.plans import check_plan
@@ -49,18 +50,6 @@ class CompiledStage:
     @property
     def processes(self) -> int:
         return len(self.pipelines) if self.kind == "pe" else 1
-
-
-@dataclass(frozen=True)
-class WorkerProfiling:
-    """What compiled stages need to profile themselves (fissure.worker.profiling): the run's
-    profile accumulator and how much to time. `token` keeps one query's counters apart from
-    another's in a worker that serves both."""
-
-    accumulator: object
-    timed_every_batches: int = 1
-    timed_every_records: int = 32
-    token: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pandas as pd
 import pyarrow as pa
@@ -45,16 +45,29 @@ from fissure.worker.graph_join import LEFT, RIGHT, JoinStep, arrivals_of, joined
 from fissure.worker.graph_local import SOURCE_SHIFT
 from fissure.worker.graph_profiling import ProfiledGraphRegion
 from fissure.worker.graph_pe import (
-    ROUTE, EnvelopeLayout, GraphStage, build_pieces, consumers_after, plan_graph_stages, state_partitions_of,
-    stream_lifetimes,
+    ROUTE, EnvelopeLayout, GraphStage, StageProfiling, build_pieces, consumers_after, plan_graph_stages,
+    state_partitions_of, stream_lifetimes,
 )
 from fissure.worker.keyed import StatefulStep, run_group
+from fissure.worker.profiling import ProfiledUpdate
 from fissure.worker.region import processing_element
 
 KEY = "_fissure_key"
 SPREAD_PREFIX = "~"
 KEY_MARK = "="
 BOUNDARIES_PROPERTY = "fissure.graph.boundaries"  # JSON {graph name: [operator, ...]}, per micro-batch
+
+
+@dataclass(frozen=True)
+class WorkerProfiling:
+    """What compiled stages need to profile themselves (fissure.worker.profiling): the run's
+    profile accumulator and how much to time. `token` keeps one query's counters apart from
+    another's in a worker that serves both."""
+
+    accumulator: object
+    timed_every_batches: int = 1
+    timed_every_records: int = 32
+    token: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
 
 
 @dataclass(frozen=True)
@@ -86,9 +99,11 @@ class GraphRegionFunction:
     def __init__(self, graph: StreamGraph, schemas, layout: EnvelopeLayout, stages, stage: GraphStage,
                  boundaries: Iterable[str], profile_prefix: str | None, query_token: str,
                  waiting: Mapping[str, WaitingOperator] | None = None,
-                 output_layout: EnvelopeLayout | None = None, source_envelopes=None) -> None:
+                 output_layout: EnvelopeLayout | None = None, source_envelopes=None,
+                 stage_profiling: StageProfiling | None = None) -> None:
         self.graph, self.schemas, self.layout, self.stages, self.stage = graph, schemas, layout, stages, stage
         self.source_envelopes = source_envelopes  # set: the input is the source's rows, not envelopes
+        self.stage_profiling = stage_profiling
         self.output_layout = output_layout or layout  # `layout`: the pieces', with the streams made here
         self.waiting = dict(waiting or {})
         # The worker keeps a PE's processes per region id: one query's pieces never serve another.
@@ -103,7 +118,8 @@ class GraphRegionFunction:
         pieces = self._pieces.get(boundaries)
         if pieces is None:
             pieces = self._pieces[boundaries] = build_pieces(self.graph, self.schemas, self.layout, self.stages,
-                                                             self.stage, boundaries, self.profile_prefix, self.waiting)
+                                                             self.stage, boundaries, self.profile_prefix, self.waiting,
+                                                             self.stage_profiling)
         return pieces
 
     def __call__(self, batches: Iterator[pa.RecordBatch], pieces=None) -> Iterator[pa.RecordBatch]:
@@ -122,8 +138,10 @@ class GraphStateProcessor(StatefulProcessor):
     STATE_NAME = "fissure_state"
 
     def __init__(self, graph: StreamGraph, schemas, layout: EnvelopeLayout, node_name: str,
-                 forward_inputs: Sequence[str], output_layout: EnvelopeLayout | None = None) -> None:
+                 forward_inputs: Sequence[str], output_layout: EnvelopeLayout | None = None,
+                 profiling: WorkerProfiling | None = None) -> None:
         self.graph, self.schemas, self.layout = graph, schemas, layout
+        self.profiling = profiling
         self.output_layout = output_layout or layout
         self.node = graph.node(node_name)
         self.forward_inputs = tuple(forward_inputs)
@@ -167,7 +185,9 @@ class GraphStateProcessor(StatefulProcessor):
             result = run_join_group(step, arrivals, stored)
             return joined_batch(step, result.records, result.seqs, result.dead), result.state
         operator = node.operator
-        step = StatefulStep(name=operator.name, fn=operator.fn, state_factory=operator.state_factory,
+        fn = operator.fn if self.profiling is None else ProfiledUpdate(
+            operator.fn, operator.name, self.profiling.accumulator, self.profiling.timed_every_records)
+        step = StatefulStep(name=operator.name, fn=fn, state_factory=operator.state_factory,
                             input_schema=schemas[node.inputs[0]], output_schema=schemas[node.name],
                             key=operator.key, order_by=operator.order_by)
         result = run_group(step, self.layout.extract(batch, node.inputs[0]), stored)
@@ -222,7 +242,8 @@ def _key_column(node, layout: EnvelopeLayout, spread: int):
 
 def compile_graph(graph: StreamGraph, source_frames: Mapping[str, DataFrame], *, plan: Plan | None = None,
                   boundaries: Iterable[str] | None = None, state_partitions: int | None = None,
-                  profile_accumulator=None, threads: WorkerThreads | None = None) -> CompiledGraph:
+                  profile_accumulator=None, threads: WorkerThreads | None = None,
+                  profiling: WorkerProfiling | None = None) -> CompiledGraph:
     """The query of `graph` under `plan` (default: sequential) over the streaming DataFrames of its
     sources (by source name).
 
@@ -230,8 +251,10 @@ def compile_graph(graph: StreamGraph, source_frames: Mapping[str, DataFrame], *,
     instead of the plan's pipeline starts (a task may override them per micro-batch:
     BOUNDARIES_PROPERTY). `state_partitions`: instead of the plan's (the most replicas of a keyed
     region, 1 without). `profile_accumulator`: a Spark accumulator of GraphProfileTally the graph
-    PEs report into (None: not profiled). `threads`: how waiting operators run on elastic threads
-    and report their levels (None: declared ones still do, with the default policy, unreported)."""
+    PEs report into, node by node, for autopipelining (None: not profiled). `profiling`: every
+    operator counts and times itself into that ProfileTally accumulator, as a chain's do (None:
+    not profiled). `threads`: how waiting operators run on elastic threads and report their levels
+    (None: declared ones still do, with the default policy, unreported)."""
     threads = threads or WorkerThreads()
     query_token = uuid.uuid4().hex[:12]
     profile_prefix = f"{graph.name}.{query_token}"
@@ -287,16 +310,19 @@ def compile_graph(graph: StreamGraph, source_frames: Mapping[str, DataFrame], *,
                                            stage.boundaries if boundaries is None else boundaries,
                                            profile_prefix if profile_accumulator is not None else None, query_token,
                                            waiting, layouts[stage.position + 1],
-                                           source_envelopes if stage.position == 0 else None)
-            if profile_accumulator is not None:
-                function = ProfiledGraphRegion(function, profile_accumulator)
+                                           source_envelopes if stage.position == 0 else None,
+                                           StageProfiling(f"{profiling.token}", profiling.timed_every_batches)
+                                           if profiling is not None else None)
+            if profile_accumulator is not None or profiling is not None:
+                function = ProfiledGraphRegion(function, profile_accumulator,
+                                               profiling.accumulator if profiling is not None else None, stage.label)
             function = threads.wrap_waiting(function, list(waiting.values()))
             frame = frame.mapInArrow(function, spark_schema_of(layouts[stage.position + 1].schema))
             continue
         node = graph.node(stage.nodes[0])
         forward = [stream for stream in dict.fromkeys(node.inputs) if consumers_after(graph, stream, done)]
         entering, leaving = layouts[stage.position], layouts[stage.position + 1]
-        processor = GraphStateProcessor(graph, schemas, entering, node.name, forward, leaving)
+        processor = GraphStateProcessor(graph, schemas, entering, node.name, forward, leaving, profiling)
         frame = (frame.withColumn(KEY, _key_column(node, entering, state_partitions))
                  .groupBy(KEY).transformWithStateInPandas(processor, spark_schema_of(leaving.schema), "Append", "None"))
         partitions = state_partitions

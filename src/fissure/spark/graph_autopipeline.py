@@ -1,11 +1,11 @@
 """The autopipelining loop of a running graph: profile -> optimize -> insert -> evaluate, live.
 
-After every micro-batch (`GraphRunner` calls `on_batch` at the end of its foreachBatch), the
+After every micro-batch (the Runner calls `on_batch` at the end of its foreachBatch), the
 loop counts batches into a window. When a window of `profile_batches` batches is complete it
 reads what the graph PEs reported in it (fissure.worker.graph_profiling), and:
 - profiling: builds mu(t), mu(o, t) (fissure.profile.graph_profile), runs the optimizer
   (`plan_autopipelining`) and the control stage's `decide_after_optimization`; an INSERT adds the
-  ports as pipeline boundaries from the next batch on (`GraphRunner.set_boundaries`: a Spark local
+  ports as pipeline boundaries from the next batch on (`Runner.set_boundaries`: a Spark local
   property, no restart), a HALT ends the loop;
 - evaluating: compares each new port's throughput (records into it per second of batch wall
   time) with the window before the insertion through `evaluate_round`: the ports that did not
@@ -48,12 +48,13 @@ class LoopDecision:
 
 
 class GraphAutopipeliner:
-    """Drives `runner` (a GraphRunner with profiling on); see the module docstring."""
+    """Drives `runner` (a Runner that counts node by node: `profile_pieces=True`); see the module
+    docstring."""
 
     def __init__(self, runner, config: GraphAutopipelineConfig = GraphAutopipelineConfig(),
                  clock: Callable[[], float] = time.monotonic) -> None:
-        if runner.accumulator is None and not runner.profile:
-            raise ValueError("autopipelining needs the runner's profiling: GraphRunner(..., profile=True)")
+        if not runner.profile_pieces:
+            raise ValueError("autopipelining needs the runner's node-by-node counts: Runner(..., profile_pieces=True)")
         self.runner, self.config, self.clock = runner, config, clock
         graph = runner.graph
         self.input_port_count = sum(1 for node in graph.nodes if node.kind not in (NodeKind.SOURCE, NodeKind.SINK))

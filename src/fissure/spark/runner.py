@@ -1,37 +1,57 @@
-"""Running a chain on Spark: `Runner` starts its query, watches it (the progress line, the
-profile) and stops it. `fissure.run` (fissure.spark.run) is the one call that runs any program.
+"""Running a program on Spark: `Runner` starts its query, watches it (the progress line, the
+profile, the waiting operators' threads) and stops it. `fissure.run` (fissure.spark.run) is the
+one call that runs any program to its end.
 
     runner = Runner(pipeline, FileSource("logs/"), FileSink("out/"), plan="planner", checkpoint="ckpt/")
+    runner = Runner(graph, {"lines": FileSource("logs/")}, {"alerts": FileSink("out/alerts")}, plan="planner")
     runner.start(available_now=True); runner.await_termination(); report = runner.stop()
+
+A chain (a Pipeline, or a graph of one source, one sink and operators one after the other)
+compiles to carried batches (fissure.spark.compile); any other graph to envelopes
+(fissure.spark.compile_graph). Either way one foreachBatch function writes the micro-batch's
+dead letters and every sink, each keyed by the batch id: a batch replayed after a crash
+overwrites what it wrote, so with idempotent sinks (FileSink, MemorySink) every sink holds each
+result exactly once across restarts from the checkpoint.
+
+A graph's pipeline boundaries (operators whose input port starts a new process of its PE) are
+the plan's, or `boundaries`, and change between micro-batches with `set_boundaries` (a Spark
+local property the next batch's tasks read: no restart).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 
 from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
 
-from fissure.graph import OperatorEstimate, Pipeline
+from fissure.graph import OperatorEstimate, Pipeline, PipelineError
 from fissure.model.types import Plan
 from fissure.profile.collector import ProfileCollector
 from fissure.profile.log import profile_log_path
 from fissure.profile.settings import ProfileSettings
 from fissure.profile.window import BatchProfile, ProfileSummary, render_table
-from fissure.spark.compile import CompiledQuery, WorkerProfiling, compile_plan, state_partitions_for
+from fissure.spark.compile import CompiledQuery, compile_plan, state_partitions_for
+from fissure.spark.compile_graph import BOUNDARIES_PROPERTY, CompiledGraph, WorkerProfiling, compile_graph, sink_frame
 from fissure.spark.config import RunnerConfig
 from fissure.spark.elastic import ThreadLevels
 from fissure.spark.plans import describe_plan, plan_line, resolve_plan
 from fissure.spark.session import QUERY_DEFAULTS, create_session, default_parallelism, is_local
-from fissure.spark.sinks import BatchWriter, DeadLetterLog
+from fissure.spark.sinks import BatchWriter, DeadLetterLog, write_dead_letters
 from fissure.spark.sources import SourceLike, open_source
+from fissure.streamgraph import StreamGraph, as_graph
+from fissure.worker.columns import DEAD_OPERATOR
 from fissure.worker.elastic_stage import BatchThreadLevels
+from fissure.worker.graph_pe import ROUTE, plan_graph_stages, state_partitions_of
+from fissure.worker.graph_profiling import GraphProfileTally, GraphProfileTallyParam
 from fissure.worker.profiling import ProfileTally, ProfileTallyParam
 
 
@@ -63,6 +83,25 @@ def terminal_columns() -> int | None:
 
 
 @dataclass(frozen=True)
+class GraphBatch:
+    """One micro-batch of a graph as the driver saw it: when it ran, under which pipeline
+    boundaries, what it wrote to each sink."""
+
+    batch_id: int
+    wall_s: float
+    boundaries: tuple[str, ...]
+    sink_rows: Mapping[str, int]
+    dead_letters: int
+
+
+@dataclass
+class BatchListeners:
+    """Called with each GraphBatch at the end of its foreachBatch (the autopipelining loop)."""
+
+    on_batch: list[Callable[[GraphBatch], None]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
 class RunReport:
     """What a finished (or stopped) run did."""
 
@@ -75,13 +114,18 @@ class RunReport:
     profile: ProfileSummary | None = None  # the operators' statistics over the last batches
     # Per batch: the thread level of each waiting operator in each worker (docs/elastic-scheduler.md).
     thread_levels: tuple[BatchThreadLevels, ...] = ()
+    # A graph's: every batch with its sinks' rows, the boundaries at the end, the autopipelining
+    # loop's decisions in order (fissure.spark.graph_autopipeline).
+    batch_log: tuple[GraphBatch, ...] = ()
+    boundaries: tuple[str, ...] = ()
+    decisions: tuple = ()
 
     @property
     def records_per_s(self) -> float:
         return self.input_records / self.elapsed_s if self.elapsed_s > 0 else 0.0
 
 
-def ship_operator_modules(pipeline: Pipeline) -> None:
+def ship_operator_modules(program: Pipeline | StreamGraph) -> None:
     """Pickle the operators' own modules by value, so workers need not import them.
 
     A function is pickled by reference to its module; a module that lives in a script's folder
@@ -89,14 +133,16 @@ def ship_operator_modules(pipeline: Pipeline) -> None:
     """
     from pyspark import cloudpickle
 
-    for operator in pipeline.operators:
-        for fn in (operator.fn, operator.state_factory):
-            module = sys.modules.get(getattr(fn, "__module__", None) or "")
-            path = getattr(module, "__file__", None) or ""
-            if (module is None or module.__name__ in ("__main__", "builtins") or "site-packages" in path
-                    or module.__name__.split(".")[0] in ("fissure", "pyspark") or not path):
-                continue
-            cloudpickle.register_pickle_by_value(module)
+    functions = [fn for operator in program.operators for fn in (operator.fn, operator.state_factory)]
+    if isinstance(program, StreamGraph):
+        functions += [node.join.fn for node in program.nodes if node.join is not None]
+    for fn in functions:
+        module = sys.modules.get(getattr(fn, "__module__", None) or "")
+        path = getattr(module, "__file__", None) or ""
+        if (module is None or module.__name__ in ("__main__", "builtins") or "site-packages" in path
+                or module.__name__.split(".")[0] in ("fissure", "pyspark") or not path):
+            continue
+        cloudpickle.register_pickle_by_value(module)
 
 
 def _resource_profiles(session: SparkSession):
@@ -123,8 +169,30 @@ def _resource_profiles(session: SparkSession):
     return profile_for
 
 
+def _bound(graph: StreamGraph, given, role: str, names: tuple[str, ...]) -> dict:
+    """A graph's sources or sinks by name: a mapping as given (every name bound, no other), or one
+    object where the graph has one."""
+    if not isinstance(given, Mapping):
+        if len(names) == 1 and given is not None:
+            return {names[0]: given}
+        raise PipelineError(f"graph {graph.name!r} has {role}s {', '.join(names)}; pass a dict of them by name "
+                            f"({{{names[0]!r}: ...}})")
+    missing = [name for name in names if name not in given]
+    unknown = sorted(set(given) - set(names))
+    if role == "sink" and (missing or unknown):
+        raise PipelineError(f"graph {graph.name!r} has sinks {', '.join(names)}; bind each one by name: "
+                            f"missing {', '.join(missing) or 'none'}, unknown {', '.join(unknown) or 'none'}")
+    if unknown:
+        raise PipelineError(f"graph {graph.name!r} has no {role} {', '.join(map(repr, unknown))}; its {role}s are "
+                            f"{', '.join(names)}")
+    return dict(given)
+
+
 class Runner:
-    """One pipeline, one source, one sink, one plan, one checkpoint: a Spark streaming query.
+    """One program, its sources and sinks, one plan, one checkpoint: a Spark streaming query.
+
+    `program`: a Pipeline (then `source` and `sink` are one object each) or a StreamGraph (then
+    dicts by name, or one object where it has one source or sink).
 
     `plan`: a Plan, "sequential" (default), "planner" (the throughput model's pick from the
     operators' estimates), a JSON plan file (`fissure plan --json` output) or a dict of one.
@@ -140,18 +208,35 @@ class Runner:
     # Set before start() to wrap the foreachBatch function (fissure.spark.adaptive's batch gate).
     wrap_batch: Callable[[Callable], Callable] | None = None
 
-    def __init__(self, pipeline: Pipeline, source: SourceLike, sink, *, plan: object = "sequential",
+    def __init__(self, program: Pipeline | StreamGraph, source, sink, *, plan: object = "sequential",
                  checkpoint: str | None = None, spark: SparkSession | None = None,
                  dead_letters=None, estimates: Mapping[str, OperatorEstimate] | None = None,
                  config: RunnerConfig = RunnerConfig(), progress: bool | None = None,
                  query_name: str | None = None, profile: ProfileSettings | None = ProfileSettings(),
-                 profile_log: str | None = None) -> None:
-        self.pipeline = pipeline
-        self.source = source
-        self.sink = sink
+                 profile_log: str | None = None, boundaries: Iterable[str] | None = None,
+                 state_partitions: int | None = None, profile_pieces: bool = False) -> None:
+        self.program = program
+        self.graph = as_graph(program)
+        self.chain = program if isinstance(program, Pipeline) else self.graph.as_chain()
+        self.pipeline = self.chain if self.chain is not None else self.graph  # what plans name
+        if self.chain is not None:
+            self.source = next(iter(source.values())) if isinstance(source, Mapping) else source
+            self.sink = next(iter(sink.values())) if isinstance(sink, Mapping) else sink
+        self.sources = _bound(self.graph, source, "source", self.graph.sources)
+        self.sinks = _bound(self.graph, sink, "sink", self.graph.sinks)
         self.config = config
         self.spark = spark if spark is not None else create_session(config)
-        self.plan = resolve_plan(plan, pipeline, default_parallelism(self.spark), estimates)
+        self.plan = resolve_plan(plan, self.pipeline, default_parallelism(self.spark), estimates)
+        if boundaries is None:
+            boundaries = [node for stage in plan_graph_stages(self.graph, self.plan) for node in stage.boundaries]
+        self.boundaries = tuple(sorted(set(boundaries)))
+        self.state_partitions = state_partitions or state_partitions_of(
+            self.graph, self.plan, max(1, config.default_state_partitions))
+        self.profile_pieces = profile_pieces  # count node by node for the autopipelining loop
+        self.accumulator = None  # the pieces' GraphProfileTally accumulator (profile_pieces)
+        self.listeners = BatchListeners()
+        self.batch_log: list[GraphBatch] = []
+        self._lock = threading.Lock()
         self._temporary_checkpoint = checkpoint is None
         self.checkpoint = checkpoint or tempfile.mkdtemp(prefix="fissure-checkpoint-")
         self.dead_letter_sink = dead_letters
@@ -159,7 +244,7 @@ class Runner:
         self.show_progress = sys.stderr.isatty() if progress is None else progress
         self.query_name = query_name
         self.query = None
-        self.compiled: CompiledQuery | None = None
+        self.compiled: CompiledQuery | CompiledGraph | None = None
         self._seen_batches: dict[int, int] = {}
         self._last_progress: Progress | None = None
         self._started_at = 0.0
@@ -175,9 +260,8 @@ class Runner:
     # --- lifecycle ---------------------------------------------------------------------------
     def start(self, available_now: bool = False):
         """Compile the plan and start the query; returns the StreamingQuery."""
-        ship_operator_modules(self.pipeline)
-        source_frame = open_source(self.source, self.spark)
-        state_partitions = state_partitions_for(self.plan, self.pipeline, self.config.default_state_partitions)
+        ship_operator_modules(self.program)
+        state_partitions = self.state_partitions
         for name, value in {**QUERY_DEFAULTS,
                             "spark.sql.streaming.stateStore.providerClass": self.config.state_store_provider,
                             # Read only when the checkpoint is new: a checkpoint keeps its own value.
@@ -193,11 +277,22 @@ class Runner:
         self.threads = ThreadLevels(self.spark, self.pipeline, policy=self.config.thread_policy,
                                     config=self.config.thread_elasticity, profile_summary=self.profile_summary,
                                     detect=self.config.detect_waiting_operators and self.profiler is not None)
-        self.compiled = compile_plan(self.pipeline, self.plan, source_frame, state_partitions=state_partitions,
-                                     resource_profile_for=_resource_profiles(self.spark), profiling=profiling,
-                                     threads=self.threads.worker)
-        writer = BatchWriter(self.sink, self.dead_letter_sink, self.dead_letter_log,
-                             list(self.compiled.result_schema.names))
+        if self.chain is not None and not self.profile_pieces:
+            self.compiled = compile_plan(self.chain, self.plan, open_source(self.source, self.spark),
+                                         state_partitions=state_partitions,
+                                         resource_profile_for=_resource_profiles(self.spark), profiling=profiling,
+                                         threads=self.threads.worker)
+            writer = BatchWriter(self.sink, self.dead_letter_sink, self.dead_letter_log,
+                                 list(self.compiled.result_schema.names))
+        else:
+            frames = {name: open_source(self.sources[name], self.spark) for name in self.graph.sources
+                      if name in self.sources}
+            if self.profile_pieces:
+                self.accumulator = self.spark.sparkContext.accumulator(GraphProfileTally(), GraphProfileTallyParam())
+            self.compiled = compile_graph(self.graph, frames, plan=self.plan, boundaries=self.boundaries,
+                                          state_partitions=state_partitions, profile_accumulator=self.accumulator,
+                                          threads=self.threads.worker, profiling=profiling)
+            writer = self._write_graph_batch
         if self.profiler is not None:
             writer = self.profiler.wrap(writer)
         writer = self.threads.wrap(writer)
@@ -255,7 +350,53 @@ class Runner:
                          elapsed_s=time.monotonic() - self._started_at if self._started_at else 0.0,
                          checkpoint=self.checkpoint,
                          profile=self.profile_summary() if self.profiler is not None else None,
-                         thread_levels=self.threads.batches if self.threads is not None else ())
+                         thread_levels=self.threads.batches if self.threads is not None else (),
+                         batch_log=tuple(self.batch_log), boundaries=self.boundaries, decisions=self.decisions)
+
+    # --- a graph's batches and boundaries -----------------------------------------------------
+    decisions: tuple = ()  # set by the autopipelining loop when it stops
+
+    def set_boundaries(self, boundaries: Iterable[str]) -> None:
+        """A graph's pipeline boundaries for the micro-batches that start from now on (no restart)."""
+        chosen = tuple(sorted(set(boundaries)))
+        stateless = {node.name for node in self.graph.nodes if node.stateless}
+        unknown = sorted(set(chosen) - stateless)
+        if unknown:
+            raise PipelineError(f"boundaries {', '.join(unknown)} name no stateless operator of graph "
+                                f"{self.graph.name!r}")
+        with self._lock:
+            self.boundaries = chosen
+
+    def profile_tally(self) -> GraphProfileTally:
+        """Everything a graph's PEs reported node by node so far (empty without `profile_pieces`)."""
+        return self.accumulator.value.copy() if self.accumulator is not None else GraphProfileTally()
+
+    def _write_graph_batch(self, frame, batch_id: int) -> None:
+        """A graph's foreachBatch: the boundaries for the batch's tasks, then the micro-batch
+        persisted once, its dead letters and every sink written from it."""
+        batch_id = int(batch_id)
+        with self._lock:
+            boundaries = self.boundaries
+        self.spark.sparkContext.setLocalProperty(BOUNDARIES_PROPERTY, json.dumps({self.graph.name: list(boundaries)}))
+        started_s = time.monotonic()
+        frame = frame.persist()
+        try:
+            dead_count = write_dead_letters(frame, batch_id, self.dead_letter_log, self.dead_letter_sink)
+            counts = {self.compiled.layout.stream_of(row[ROUTE]): row["count"] for row in
+                      frame.filter(F.col(DEAD_OPERATOR).isNull()).groupBy(ROUTE).count().collect()}
+            sink_rows = {}
+            for sink in self.graph.sinks:
+                self.sinks[sink].write(sink_frame(self.compiled, self.graph, sink, frame), batch_id)
+                sink_rows[sink] = int(counts.get(self.graph.node(sink).inputs[0], 0))
+        finally:
+            frame.unpersist()
+        record = GraphBatch(batch_id, time.monotonic() - started_s, boundaries, sink_rows, dead_count)
+        self.batch_log.append(record)
+        for listener in list(self.listeners.on_batch):
+            try:
+                listener(record)
+            except Exception as error:  # noqa: BLE001 - a listener must not fail the batch
+                print(f"fissure: batch listener failed: {error!r}", file=sys.stderr)
 
     # --- profile -----------------------------------------------------------------------------
     def profile_summary(self) -> ProfileSummary | None:
@@ -325,7 +466,7 @@ class Runner:
         if self.profiler is not None and now - self._table_drawn_at >= self.profile_settings.table_interval_s:
             summary = self.profiler.summary()
             if summary.batches:
-                kinds = {operator.name: operator.kind.value for operator in self.pipeline.operators}
+                kinds = {name: self.pipeline.kind_of(name).value for name in self.pipeline.names}
                 table = render_table(summary, kinds)
                 self._table_drawn_at = now
         if table is None:

@@ -33,6 +33,7 @@ from fissure.streamgraph import Node, NodeKind, StreamGraph
 from fissure.worker.columns import DEAD_COLUMNS, DEAD_OPERATOR, INTERNAL_FIELDS, SEQ, carried_schema
 from fissure.worker.elastic_stage import WaitingOperator
 from fissure.worker.fused import FusedStage, Step, assemble, conform, split_dead
+from fissure.worker.graph_profiling import PieceProfile
 
 ROUTE = "_fissure_route"
 COLUMN_PREFIX = "_fissure_s"
@@ -299,16 +300,28 @@ def stateless_node(node: Node, schemas: Mapping[str, pa.Schema], waiting: Waitin
     return fused_nodes([node], schemas, {node.name: waiting} if waiting is not None else {})
 
 
+@dataclass(frozen=True)
+class StageProfiling:
+    """How a graph PE's fused operators profile themselves (fissure.worker.profiling): counter ids
+    start with `prefix` (unique per query), every `timed_every`-th batch is timed."""
+
+    prefix: str
+    timed_every: int = 1
+
+
 def fused_nodes(nodes: Sequence[Node], schemas: Mapping[str, pa.Schema],
-                waiting: Mapping[str, WaitingOperator] | None = None) -> StatelessNode:
-    """A union alone, or operators each reading the one before (a run `fusion_runs` found)."""
+                waiting: Mapping[str, WaitingOperator] | None = None, profile_id: str | None = None,
+                profile_label: str | None = None, timed_every: int = 1) -> StatelessNode:
+    """A union alone, or operators each reading the one before (a run `fusion_runs` found);
+    with `profile_id`, its FusedStage counts and times its operators under that id."""
     last = nodes[-1]
     if last.kind is NodeKind.UNION:
         return StatelessNode(last.name, last.inputs, schemas[last.name], None)
     waiting = waiting or {}
     steps = [_step(node, schemas, waiting.get(node.name)) for node in nodes]
-    return StatelessNode(last.name, nodes[0].inputs, schemas[last.name],
-                         FusedStage(steps, schemas[nodes[0].inputs[0]]), tuple(node.name for node in nodes))
+    stage = FusedStage(steps, schemas[nodes[0].inputs[0]], profile_id=profile_id, timed_every=timed_every,
+                       profile_label=profile_label)
+    return StatelessNode(last.name, nodes[0].inputs, schemas[last.name], stage, tuple(node.name for node in nodes))
 
 
 def fusion_runs(graph: StreamGraph, piece: Sequence[str]) -> list[list[str]]:
@@ -359,8 +372,6 @@ class GraphPiece:
 
     def bind_profile(self):
         if self.profile_id is not None and self._profile is None:
-            from fissure.worker.graph_profiling import PieceProfile
-
             self._profile = PieceProfile(self.profile_id, tuple(node.name for node in self.nodes))
         return self._profile
 
@@ -399,11 +410,13 @@ class GraphPiece:
 def build_pieces(graph: StreamGraph, schemas: Mapping[str, pa.Schema], layout: EnvelopeLayout,
                  stages: Sequence[GraphStage], stage: GraphStage, boundaries: Iterable[str],
                  profile_prefix: str | None = None,
-                 waiting: Mapping[str, WaitingOperator] | None = None) -> list[GraphPiece]:
+                 waiting: Mapping[str, WaitingOperator] | None = None,
+                 stage_profiling: StageProfiling | None = None) -> list[GraphPiece]:
     """The pieces of pe `stage` under `boundaries`, each with the streams it must forward;
     `waiting`: the elastic threads of the stage's waiting operators, by name. Unprofiled, a
     piece fuses its runs of operators (`fusion_runs`); profiled, it runs node by node, so that
-    each node's CPU time is its own (the autopipelining optimizer reads it per input port)."""
+    each node's CPU time is its own (the autopipelining optimizer reads it per input port).
+    `stage_profiling`: the operators count and time themselves as a chain's do (per fused run)."""
     waiting = waiting or {}
     done = {name for earlier in stages[:stage.position] for name in earlier.nodes}
     done |= set(graph.sources)
@@ -416,6 +429,13 @@ def build_pieces(graph: StreamGraph, schemas: Mapping[str, pa.Schema], layout: E
         profile_id = f"{profile_prefix}/{stage.label}/{'|'.join(','.join(p) for p in names)}/p{number}" \
             if profile_prefix else None
         runs = fusion_runs(graph, piece) if profile_id is None else [[name] for name in piece]
-        pieces.append(GraphPiece([fused_nodes([graph.node(name) for name in run], schemas, waiting) for run in runs],
-                                 layout, forward, profile_id))
+        cut = "|".join(",".join(p) for p in names)
+        units = []
+        for unit, run in enumerate(runs, start=1):
+            label = f"{stage.label}/p{number + 1}" + (f".{unit}" if len(runs) > 1 else "")
+            units.append(fused_nodes(
+                [graph.node(name) for name in run], schemas, waiting,
+                f"{stage_profiling.prefix}/{stage.label}/{cut}/{label}" if stage_profiling is not None else None,
+                label, stage_profiling.timed_every if stage_profiling is not None else 1))
+        pieces.append(GraphPiece(units, layout, forward, profile_id))
     return pieces

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from fissure.worker.profiling import shared_counters
+from fissure.worker.profiling import attach_tally, shared_counters
 
 NODE_FIELDS = ("records_in", "records_out", "cpu_s")
 PIECE_FIELDS = ("batches", "cpu_s")
@@ -113,23 +113,38 @@ def attach_graph_tally(accumulator) -> GraphProfileTally:
 
 
 class ProfiledGraphRegion:
-    """Wraps a graph pe stage's mapInArrow function: binds its pieces' counters before the PE
-    forks, times the call, and reports the pieces' counts to the task's tally at its end."""
+    """Wraps a graph pe stage's mapInArrow function: binds its counters before the PE forks, times
+    the call, and reports at its end: the pieces' node-by-node counts to the task's
+    GraphProfileTally (`accumulator`: for the autopipelining optimizer) and the fused operators'
+    counts with the call's wall time to its ProfileTally (`stage_accumulator`: the operators'
+    statistics every run shows, and the adaptive loop's input)."""
 
-    def __init__(self, function: Callable[[Iterator], Iterator], accumulator) -> None:
+    def __init__(self, function: Callable[[Iterator], Iterator], accumulator=None, stage_accumulator=None,
+                 region_id: str = "") -> None:
         self.function = function
         self.accumulator = accumulator
+        self.stage_accumulator = stage_accumulator
+        self.region_id = region_id
 
     def __call__(self, batches: Iterator) -> Iterator:
         pieces = self.function.pieces_for_call()
-        profiles = [piece.bind_profile() for piece in pieces]
+        profiles = [piece.bind_profile() for piece in pieces] if self.accumulator is not None else []
+        stages = [unit.stage.bind_profile() for piece in pieces for unit in piece.nodes
+                  if unit.stage is not None] if self.stage_accumulator is not None else []
         started_s = time.perf_counter()
         yield from self.function(batches, pieces)
         try:
-            tally = attach_graph_tally(self.accumulator)
             wall_s = time.perf_counter() - started_s
-            for profile in profiles:
-                if profile is not None:
-                    profile.report(tally, wall_s)
+            if self.accumulator is not None:
+                tally = attach_graph_tally(self.accumulator)
+                for profile in profiles:
+                    if profile is not None:
+                        profile.report(tally, wall_s)
+            if self.stage_accumulator is not None:
+                stage_tally = attach_tally(self.stage_accumulator)
+                stage_tally.add_region_call(self.region_id, wall_s)
+                for profile in stages:
+                    if profile is not None:
+                        profile.report(stage_tally)
         except Exception:  # noqa: BLE001 - profiling must never fail a task
             pass
