@@ -16,6 +16,8 @@ import time
 import pyarrow as pa
 import pytest
 
+import fissure
+
 from fissure import Pipeline
 from fissure.control.adaptive.config import AdaptiveConfig
 from fissure.control.plan_change import SwitchKind, plan_fingerprint
@@ -23,7 +25,7 @@ from fissure.model.types import Plan, RegionPlan
 from fissure.model.types import Machine
 from fissure.spark.adaptive import run_adaptive_on_spark
 from fissure.spark.adaptive_observations import OperatorProfiles, SparkObservations
-from fissure.spark.adaptive_queries import QueryManager
+from fissure.spark.adaptive_queries import QueryManager, canonical_plan
 from fissure.spark.adaptive_realizer import SparkPlanRealizer
 from fissure.spark.config import RunnerConfig
 from fissure.spark.live_cut import LiveCut, pe_cuts, recut_stages, same_physical_plan
@@ -130,6 +132,40 @@ def test_switch_to_replicas_of_a_stateless_region_is_exactly_once(spark, tmp_pat
     assert [entry["action"] for entry in document["entries"]].count("apply") == 1
     if report.timeline_png is not None:
         assert os.path.getsize(report.timeline_png) > 0
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+@pytest.mark.parametrize("target, applied_as, queries", [
+    (plan(([["scale", "not_seven"]], 1), ([["count"]], 2)), "restart-with-state", 2),
+    (plan(([["scale"], ["not_seven"], ["count"]], 1)), "in-pe", 1),
+], ids=["keyed-region-x2", "in-pe-boundary"])
+def test_a_graph_with_a_fan_out_switches_plans_exactly_once(spark, tmp_path, target, applied_as, queries):
+    """Adaptive on a graph: `scale` feeds a per-user count and a filtered sink. The loop switches
+    to the count in two state partitions (the state repartitioned offline, the query restarted)
+    or to `scale` and `not_seven` in two processes (an in-PE switch: new boundaries from the next
+    batch, no restart); both sinks hold every result once."""
+    graph = fissure.StreamGraph("adaptive-fan-out")
+    scaled = graph.source("events", schema=EVENTS).map("scale", scale)
+    scaled.partitioned("count", count, key="user", schema=COUNTED).sink("counts")
+    scaled.filter("not_seven", not_seven).sink("kept")
+    assert graph.names == ("scale", "not_seven", "count")
+    counts, kept = MemorySink(), MemorySink()
+    report = run_adaptive_on_spark(
+        graph, {"events": source(tmp_path)}, {"counts": counts, "kept": kept}, spark=spark,
+        checkpoint=str(tmp_path / "ckpt"), run_dir=str(tmp_path / "run"), adaptive_config=HANDS_OFF,
+        injections={2: target}, progress=False)
+
+    assert [(switch.applied_as, switch.error) for switch in report.switches] == [(applied_as, None)]
+    assert report.queries == queries and plan_fingerprint(report.plan) == plan_fingerprint(canonical_plan(target))
+    per_user = {}
+    for record in counts.records():
+        per_user.setdefault(record["user"], []).append(record["n"])
+    scaled_events = [scale(record) for record in events()]
+    assert sorted(r["i"] for r in counts.records()) == sorted(r["i"] for r in scaled_events)
+    assert {user: sorted(ns) for user, ns in per_user.items()} == {
+        user: list(range(1, len(ns) + 1)) for user, ns in per_user.items()}
+    assert canonical(kept.records()) == canonical([r for r in scaled_events if not_seven(r)])
 
 
 @pytest.mark.spark

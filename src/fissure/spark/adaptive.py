@@ -48,6 +48,7 @@ from fissure.spark.session import create_session, default_parallelism
 from fissure.spark.sources import RateSource, SourceLike
 from fissure.spark.spark_model_search import SparkModelSearch
 from fissure.spark.state import Repartitioner, spark_repartitioner
+from fissure.streamgraph import StreamGraph
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +87,7 @@ class LiveLine:
 
 
 def run_adaptive_on_spark(
-    pipeline: Pipeline, source: SourceLike, sink, *, plan: object = "sequential", checkpoint: str | None = None,
+    pipeline: Pipeline | StreamGraph, source: SourceLike, sink, *, plan: object = "sequential", checkpoint: str | None = None,
     spark: SparkSession | None = None, dead_letters=None, estimates: Mapping[str, OperatorEstimate] | None = None,
     config: RunnerConfig = RunnerConfig(), available_now: bool = True, timeout_s: float | None = None,
     progress: bool | None = None, profile: ProfileSettings | None = ProfileSettings(), profile_log: str | None = None,

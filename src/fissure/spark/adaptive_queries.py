@@ -21,6 +21,7 @@ from fissure.spark.runner import Runner
 from fissure.spark.sinks import DeadLetterLog
 from fissure.spark.sources import SourceLike
 from fissure.spark.state import checkpoint_status
+from fissure.streamgraph import StreamGraph
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +68,7 @@ class StopResult:
 class QueryManager:
     """Starts the query of a plan on the run's checkpoint, and stops it at a batch boundary."""
 
-    def __init__(self, pipeline: Pipeline, source: SourceLike, sink, *, spark: SparkSession, checkpoint: str,
+    def __init__(self, pipeline: Pipeline | StreamGraph, source: SourceLike, sink, *, spark: SparkSession, checkpoint: str,
                  dead_letters, config: RunnerConfig, available_now: bool, clock: Callable[[], float],
                  runner_options: Mapping[str, object] | None = None) -> None:
         self.pipeline = pipeline

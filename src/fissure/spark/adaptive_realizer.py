@@ -31,9 +31,10 @@ from fissure.graph import Pipeline
 from fissure.model.types import Kind, Plan
 from fissure.spark.adaptive_queries import LiveQuery, QueryManager, canonical_plan
 from fissure.spark.batch_gate import POLL_S
-from fissure.spark.compile import state_partitions_for
-from fissure.spark.live_cut import same_physical_plan
+from fissure.spark.live_cut import plan_boundaries, same_physical_plan
 from fissure.spark.state import Repartitioner, checkpoint_status, repartition_state, spark_repartitioner
+from fissure.streamgraph import StreamGraph
+from fissure.worker.graph_pe import state_partitions_of
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +88,7 @@ class SparkPlanRealizer:
         self.switches: list[SwitchRecord] = []
 
     @property
-    def pipeline(self) -> Pipeline:
+    def pipeline(self) -> Pipeline | StreamGraph:
         return self.queries.pipeline
 
     def apply(self, plan: Plan, kind: SwitchKind) -> float:
@@ -103,6 +104,8 @@ class SparkPlanRealizer:
         started = self.clock()
         before = plan_fingerprint(live.plan)
         live.gate.set_plan(plan, self.pipeline)
+        if isinstance(self.pipeline, StreamGraph):  # a graph's PEs read their boundaries from the runner
+            live.runner.set_boundaries(plan_boundaries(self.pipeline, plan))
         live.plan = plan
         cost_s = self.clock() - started
         self.switches.append(SwitchRecord(before, plan_fingerprint(plan), kind.value, SwitchKind.IN_PE.value, cost_s))
@@ -114,8 +117,8 @@ class SparkPlanRealizer:
         before, after = plan_fingerprint(live.plan), plan_fingerprint(plan)
         stop = self.queries.stop_at_boundary()
         partitions_before = checkpoint_status(self.queries.spark, self.queries.checkpoint).state_partitions
-        partitions_after = state_partitions_for(plan, self.pipeline, self.queries.config.default_state_partitions)
-        keyed = any(operator.kind is not Kind.STATELESS for operator in self.pipeline.operators)
+        partitions_after = state_partitions_of(self.pipeline, plan, self.queries.config.default_state_partitions)
+        keyed = any(self.pipeline.kind_of(name) is not Kind.STATELESS for name in self.pipeline.names)
         rescale = keyed and partitions_before is not None and partitions_before != partitions_after
         repartition_s = 0.0
         try:

@@ -21,6 +21,7 @@ from fissure.control.plan_change import plan_fingerprint
 from fissure.graph import Pipeline
 from fissure.model.types import Plan
 from fissure.spark.live_cut import PE_CUTS_PROPERTY, cuts_property, pe_cuts
+from fissure.streamgraph import StreamGraph
 
 POLL_S = 0.25  # how often the loop looks at a query that neither reports nor holds a batch
 
@@ -36,7 +37,7 @@ class BatchGate:
     run), `abandon()` (the held batch, and any later one, raises `BatchAbandoned`), `wait()`.
     """
 
-    def __init__(self, spark: SparkSession, plan: Plan, pipeline: Pipeline, clock: Callable[[], float]) -> None:
+    def __init__(self, spark: SparkSession, plan: Plan, pipeline: Pipeline | StreamGraph, clock: Callable[[], float]) -> None:
         self._spark = spark
         self._clock = clock
         self._cond = threading.Condition()
@@ -86,7 +87,7 @@ class BatchGate:
             self._released = batch_id
             self._cond.notify_all()
 
-    def set_plan(self, plan: Plan, pipeline: Pipeline) -> None:
+    def set_plan(self, plan: Plan, pipeline: Pipeline | StreamGraph) -> None:
         """Batches released from now on run `plan`'s cuts (the same physical plan: in-PE switches)."""
         cuts = cuts_property(pe_cuts(plan, pipeline))
         with self._cond:

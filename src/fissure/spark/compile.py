@@ -31,6 +31,7 @@ from fissure.spark.plans import check_plan
 from fissure.spark.sources import arrow_schema_of, spark_schema_of
 from fissure.spark.stages import OperatorStateProcessor, RegionFunction
 from fissure.worker.columns import SINGLE_KEY, carried_schema
+from fissure.worker.graph_pe import state_partitions_of
 from fissure.worker.fused import FusedStage, Step
 from fissure.worker.keyed import StatefulStep
 from fissure.worker.profiling import ProfiledRegion, ProfiledUpdate
@@ -70,13 +71,6 @@ def region_kind(operators: list[Operator]) -> Kind:
     if Kind.PARTITIONED in kinds:
         return Kind.PARTITIONED
     return Kind.STATEFUL if Kind.STATEFUL in kinds else Kind.STATELESS
-
-
-def state_partitions_for(plan: Plan, pipeline: Pipeline, default: int = 1) -> int:
-    """State partitions of the query: the most replicas of a partitioned region, else `default`."""
-    keyed = [region.replicas for region in plan.regions
-             if any(pipeline.operator(name).kind is Kind.PARTITIONED for name in region.operators)]
-    return max(keyed, default=default)
 
 
 def _step(operator: Operator, output_schema: pa.Schema, waiting=None) -> Step:
@@ -274,7 +268,7 @@ def compile_plan(pipeline: Pipeline, plan: Plan, source: DataFrame, *, state_par
     Raises PipelineError naming the operator and field when the pipeline does not fit the source.
     """
     check_plan(plan, pipeline)
-    partitions = state_partitions if state_partitions is not None else state_partitions_for(plan, pipeline)
+    partitions = state_partitions if state_partitions is not None else state_partitions_of(pipeline, plan)
     compiler = _Compiler(pipeline, plan, source, partitions, resource_profile_for)
     compiler.profiling = profiling
     compiler.threads = threads or WorkerThreads()

@@ -27,6 +27,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 import pyarrow as pa
 
 from fissure.graph import Pipeline
+from fissure.streamgraph import StreamGraph
+from fissure.worker.graph_pe import plan_graph_stages
 from fissure.model.throughput import canonical_regions
 from fissure.model.types import Plan
 
@@ -58,17 +60,32 @@ def pe_segments(plan: Plan, pipeline: Pipeline) -> list[tuple[tuple[str, ...], .
     return segments
 
 
-def pe_cuts(plan: Plan, pipeline: Pipeline) -> dict[str, str]:
-    """Segment name -> cut for every PE segment of `plan`'s compiled query."""
+def pe_cuts(plan: Plan, pipeline: Pipeline | StreamGraph) -> dict[str, str]:
+    """Segment name -> cut for every PE segment of a chain's compiled query of `plan` (a graph's
+    PEs are cut by boundaries instead: `plan_boundaries`)."""
+    if isinstance(pipeline, StreamGraph):
+        return {}
     return {segment_key(segment): cut_text(segment) for segment in pe_segments(plan, pipeline)}
 
 
-def same_physical_plan(first: Plan, second: Plan, pipeline: Pipeline) -> bool:
+def plan_boundaries(graph: StreamGraph, plan: Plan) -> tuple[str, ...]:
+    """The pipeline boundaries of a graph's query under `plan`."""
+    return tuple(sorted(node for stage in plan_graph_stages(graph, plan) for node in stage.boundaries))
+
+
+def same_physical_plan(first: Plan, second: Plan, pipeline: Pipeline | StreamGraph) -> bool:
     """Whether the two plans compile to the same query up to the PEs' cuts: the same canonical
-    regions with the same replicas (so the same exchanges) and the same PE segments."""
+    regions with the same replicas (so the same exchanges) and the same PE segments (a graph's:
+    the same stages, whatever their boundaries)."""
     def layout(plan: Plan):
         return [(region.operators, region.replicas) for region in canonical_regions(plan)]
 
+    if isinstance(pipeline, StreamGraph):
+        def stages(plan: Plan):
+            return [(stage.kind, stage.nodes, stage.replicas)
+                    for stage in plan_graph_stages(pipeline, Plan(canonical_regions(plan)))]
+
+        return layout(first) == layout(second) and stages(first) == stages(second)
     return layout(first) == layout(second) and (
         [segment_key(s) for s in pe_segments(first, pipeline)] == [segment_key(s) for s in pe_segments(second, pipeline)])
 

@@ -39,7 +39,7 @@ from fissure.profile.collector import ProfileCollector
 from fissure.profile.log import profile_log_path
 from fissure.profile.settings import ProfileSettings
 from fissure.profile.window import BatchProfile, ProfileSummary, render_table
-from fissure.spark.compile import CompiledQuery, compile_plan, state_partitions_for
+from fissure.spark.compile import CompiledQuery, compile_plan
 from fissure.spark.compile_graph import BOUNDARIES_PROPERTY, CompiledGraph, WorkerProfiling, compile_graph, sink_frame
 from fissure.spark.config import RunnerConfig
 from fissure.spark.elastic import ThreadLevels

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from fissure.graph import Pipeline
 from fissure.model.types import Kind, Plan, RegionPlan
 from fissure.streamgraph import Node, NodeKind, StreamGraph
 from fissure.worker.columns import DEAD_COLUMNS, DEAD_OPERATOR, INTERNAL_FIELDS, SEQ, carried_schema
@@ -102,11 +103,12 @@ def plan_graph_stages(graph: StreamGraph, plan: Plan | None = None) -> tuple[Gra
     return tuple(stages)
 
 
-def state_partitions_of(graph: StreamGraph, plan: Plan, default: int = 1) -> int:
-    """State partitions of the query: the most replicas of a region with a partitioned (keyed)
-    node, else `default` (Spark gives every stateful operator of a query the same number)."""
+def state_partitions_of(program: StreamGraph | Pipeline, plan: Plan, default: int = 1) -> int:
+    """State partitions of the query of any program: the most replicas of a region with a
+    partitioned (keyed) operator, else `default` (Spark gives every stateful operator of a query
+    the same number)."""
     keyed = [region.replicas for region in plan.regions
-             if any(graph.kind_of(name) is Kind.PARTITIONED for name in region.operators)]
+             if any(program.kind_of(name) is Kind.PARTITIONED for name in region.operators)]
     return max(keyed, default=default)
 
 
