@@ -405,7 +405,7 @@ class RecordingRunner:
         for piece, (cpu_s, piece_wall_s, nodes) in pieces.items():
             self.tally.add_piece(piece, cpu_s, piece_wall_s, nodes)
         for listener in self.listeners.on_batch:
-            listener(GraphBatch(batch_id, wall_s, self.boundaries, {}, 0))
+            listener(GraphBatch(batch_id, wall_s, self.boundaries, 0))
 
 
 BUSY = {"parsed": 0.1, "big": 0.45, "small": 0.1, "both": 0.1}  # big: U 0.55, small 0.7, both 0.8

@@ -31,7 +31,6 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from pyspark.sql import SparkSession
-from pyspark.sql import functions as F
 
 from fissure.graph import OperatorEstimate, Pipeline, PipelineError
 from fissure.model.types import Plan
@@ -48,9 +47,8 @@ from fissure.spark.session import QUERY_DEFAULTS, create_session, default_parall
 from fissure.spark.sinks import BatchWriter, DeadLetterLog, write_dead_letters
 from fissure.spark.sources import SourceLike, open_source
 from fissure.streamgraph import StreamGraph, as_graph
-from fissure.worker.columns import DEAD_OPERATOR
 from fissure.worker.elastic_stage import BatchThreadLevels
-from fissure.worker.graph_pe import ROUTE, plan_graph_stages, state_partitions_of
+from fissure.worker.graph_pe import plan_graph_stages, state_partitions_of
 from fissure.worker.graph_profiling import GraphProfileTally, GraphProfileTallyParam
 from fissure.worker.profiling import ProfileTally, ProfileTallyParam
 
@@ -84,13 +82,12 @@ def terminal_columns() -> int | None:
 
 @dataclass(frozen=True)
 class GraphBatch:
-    """One micro-batch of a graph as the driver saw it: when it ran, under which pipeline
-    boundaries, what it wrote to each sink."""
+    """One micro-batch of a graph as the driver saw it: how long its writes took, under which
+    pipeline boundaries it ran, its dead letters."""
 
     batch_id: int
     wall_s: float
     boundaries: tuple[str, ...]
-    sink_rows: Mapping[str, int]
     dead_letters: int
 
 
@@ -382,15 +379,11 @@ class Runner:
         frame = frame.persist()
         try:
             dead_count = write_dead_letters(frame, batch_id, self.dead_letter_log, self.dead_letter_sink)
-            counts = {self.compiled.layout.stream_of(row[ROUTE]): row["count"] for row in
-                      frame.filter(F.col(DEAD_OPERATOR).isNull()).groupBy(ROUTE).count().collect()}
-            sink_rows = {}
             for sink in self.graph.sinks:
                 self.sinks[sink].write(sink_frame(self.compiled, self.graph, sink, frame), batch_id)
-                sink_rows[sink] = int(counts.get(self.graph.node(sink).inputs[0], 0))
         finally:
             frame.unpersist()
-        record = GraphBatch(batch_id, time.monotonic() - started_s, boundaries, sink_rows, dead_count)
+        record = GraphBatch(batch_id, time.monotonic() - started_s, boundaries, dead_count)
         self.batch_log.append(record)
         for listener in list(self.listeners.on_batch):
             try:
