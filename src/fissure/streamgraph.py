@@ -52,9 +52,9 @@ from fissure.graph import (
     PipelineError,
     SchemaSpec,
     _normalize_key,
-    _positional_capacity,
     to_arrow_schema,
 )
+from fissure.joins import JoinSpec, TumblingWindow, check_join_fn, check_join_inputs
 from fissure.model.types import Kind, OperatorStats
 
 # A union only concatenates its inputs' batches: the planner's cost for it until profiles exist.
@@ -73,43 +73,6 @@ class NodeKind(str, Enum):
     UNION = "union"
     JOIN = "join"
     SINK = "sink"
-
-
-@dataclass(frozen=True)
-class TumblingWindow:
-    """Tumbling event-time windows of `size` units of the numeric field `time_field`; a window
-    closes `lateness` units after its end (per key, see the module docstring)."""
-
-    time_field: str
-    size: float
-    lateness: float = 0.0
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.time_field, str) or not self.time_field:
-            raise PipelineError(f"a join window needs the name of its time field, got {self.time_field!r}")
-        if not isinstance(self.size, (int, float)) or isinstance(self.size, bool) or not self.size > 0:
-            raise PipelineError(f"a join window's size must be a number > 0, got {self.size!r}")
-        if not isinstance(self.lateness, (int, float)) or isinstance(self.lateness, bool) or not self.lateness >= 0:
-            raise PipelineError(f"a join window's lateness must be a number >= 0, got {self.lateness!r}")
-
-    def window_of(self, time_value: float) -> int:
-        return int(time_value // self.size)
-
-    def closes_at(self, window: int) -> float:
-        """The watermark at which `window` closes."""
-        return (window + 1) * self.size + self.lateness
-
-
-@dataclass(frozen=True)
-class JoinSpec:
-    key: tuple[str, ...]
-    window: TumblingWindow
-    fn: Callable[[dict, dict], typing.Any]
-    schema: pa.Schema  # the records fn emits
-
-    @property
-    def callable_name(self) -> str:
-        return getattr(self.fn, "__qualname__", None) or repr(self.fn)
 
 
 @dataclass(frozen=True)
@@ -284,7 +247,7 @@ class StreamGraph:
         fields = _normalize_key(name, key)
         if not isinstance(window, TumblingWindow):
             raise PipelineError(f"join {name!r}: window must be a TumblingWindow(time_field, size), got {window!r}")
-        _check_join_fn(name, fn)
+        check_join_fn(name, fn)
         declared = to_arrow_schema(schema, f"join {name!r}")
         if declared is None:
             raise PipelineError(f"join {name!r}: declare the schema= of the records fn returns")
@@ -585,7 +548,7 @@ class StreamGraph:
             elif node.kind is NodeKind.UNION:
                 schemas[name] = _union_schema(node, [(source, schemas[source]) for source in node.inputs])
             elif node.kind is NodeKind.JOIN:
-                _check_join_inputs(node, schemas[node.inputs[0]], schemas[node.inputs[1]], node.inputs)
+                check_join_inputs(node.name, node.join, schemas[node.inputs[0]], schemas[node.inputs[1]], node.inputs)
                 schemas[name] = node.join.schema
             else:
                 upstream = schemas[node.inputs[0]]
@@ -597,17 +560,6 @@ class StreamGraph:
 
 def _article(word: str) -> str:
     return f"{'an' if word[0] in 'aeiou' else 'a'} {word}"
-
-
-def _check_join_fn(name: str, fn) -> None:
-    if not callable(fn):
-        raise PipelineError(f"join {name!r}: fn={fn!r} is not callable; pass fn=lambda left, right: {{...}}")
-    capacity = _positional_capacity(fn)
-    if capacity is not None:
-        required, maximum = capacity
-        if not (required <= 2 and (maximum == -1 or maximum >= 2)):
-            raise PipelineError(f"join {name!r}: {getattr(fn, '__qualname__', fn)!r} cannot be called with two "
-                                f"arguments; it must take (left_record, right_record)")
 
 
 def _check_operator_fields(operator: Operator, upstream: pa.Schema, upstream_name: str) -> None:
@@ -636,30 +588,6 @@ def _fields_text(schema: pa.Schema) -> str:
     return ", ".join(f"{field.name}: {field.type}" for field in schema)
 
 
-def _check_join_inputs(node: Node, left: pa.Schema | None, right: pa.Schema | None, names: Sequence[str]) -> None:
-    spec = node.join
-    for side, schema, stream in (("left", left, names[0]), ("right", right, names[1])):
-        if schema is None:
-            continue
-        for field_name in (*spec.key, spec.window.time_field):
-            if field_name not in schema.names:
-                role = "key" if field_name in spec.key else "time"
-                raise PipelineError(
-                    f"join {node.name!r}: its {side} input {stream!r} lacks the {role} field {field_name!r} (it has "
-                    f"{', '.join(schema.names)}); add the field to {stream!r}'s schema or join on fields both sides have")
-        time_type = schema.field(spec.window.time_field).type
-        if not (pa.types.is_integer(time_type) or pa.types.is_floating(time_type)):
-            raise PipelineError(f"join {node.name!r}: time field {spec.window.time_field!r} of {stream!r} is {time_type}; "
-                                f"windows need a number (e.g. epoch seconds): convert it in a map before the join")
-    if left is not None and right is not None:
-        for field_name in spec.key:
-            if left.field(field_name).type != right.field(field_name).type:
-                raise PipelineError(
-                    f"join {node.name!r}: key field {field_name!r} is {left.field(field_name).type} on the left "
-                    f"({names[0]!r}) but {right.field(field_name).type} on the right ({names[1]!r}); equal keys need "
-                    f"one type: convert one side in a map before the join")
-
-
 def as_graph(program: Pipeline | StreamGraph) -> StreamGraph:
     """Any program as a graph: a StreamGraph as it is, a Pipeline through `from_pipeline`."""
     if isinstance(program, StreamGraph):
@@ -667,8 +595,3 @@ def as_graph(program: Pipeline | StreamGraph) -> StreamGraph:
     if isinstance(program, Pipeline):
         return StreamGraph.from_pipeline(program)
     raise PipelineError(f"a program is a fissure.Pipeline or a fissure.StreamGraph, got {type(program).__name__}")
-
-
-def join_sides(node: Node, stream: str) -> tuple[bool, bool]:
-    """(is left input, is right input) of a join node for records of `stream`."""
-    return node.inputs[0] == stream, node.inputs[1] == stream

@@ -15,8 +15,7 @@ plus a sequence number and the dead-letter columns (fissure.worker.columns).
 
 from __future__ import annotations
 
-import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import pyarrow as pa
 from pyspark.sql import DataFrame

@@ -45,7 +45,7 @@ from fissure.spark.elastic import ThreadLevels
 from fissure.spark.plans import describe_plan, plan_line, resolve_plan
 from fissure.spark.session import QUERY_DEFAULTS, create_session, default_parallelism, is_local
 from fissure.spark.sinks import BatchWriter, DeadLetterLog, write_dead_letters
-from fissure.spark.sources import SourceLike, open_source
+from fissure.spark.sources import open_source
 from fissure.streamgraph import StreamGraph, as_graph
 from fissure.worker.elastic_stage import BatchThreadLevels
 from fissure.worker.graph_pe import plan_graph_stages, state_partitions_of
