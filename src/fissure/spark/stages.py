@@ -56,14 +56,18 @@ class RegionFunction:
                 yield batch
 
 
-def carried_batch_from_pandas(frame: pd.DataFrame, carried_input: pa.Schema) -> pa.RecordBatch:
-    """One key's rows as a carried Arrow batch.
+def carried_batch_from_pandas(frame: pd.DataFrame, carried_input: pa.Schema,
+                              positions: Sequence[int] | None = None) -> pa.RecordBatch:
+    """One key's rows as a carried Arrow batch; `positions`: the frame's columns that make it, in
+    order (default: the first ones).
 
-    PySpark renames columns that start with "_" on the way in (namedtuple rules): the carried
-    columns come first, in order, so they are taken by position. Column by column through numpy
-    objects: `RecordBatch.from_pandas` costs about 0.8 ms per call, far more than a key's few rows.
+    PySpark renames columns that start with "_" on the way in (namedtuple rules): the columns are
+    taken by position. Column by column through numpy objects: `RecordBatch.from_pandas` costs
+    about 0.8 ms per call, far more than a key's few rows.
     """
     columns = frame.to_numpy(dtype=object).T
+    if positions is not None:
+        columns = [columns[position] for position in positions]
     return pa.RecordBatch.from_arrays(
         [pa.array(values, type=field.type, from_pandas=True) for values, field in zip(columns, carried_input)],
         schema=carried_input)

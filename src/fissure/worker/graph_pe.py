@@ -227,7 +227,11 @@ class EnvelopeLayout:
         columns += [by_name[name] for name in (SEQ, *DEAD_COLUMNS)]
         for number in self.carried:
             for field in self.schemas[number]:
-                columns.append(by_name[field.name].cast(field.type) if number == own else pa.nulls(rows, field.type))
+                if number != own:
+                    columns.append(pa.nulls(rows, field.type))
+                    continue
+                column = by_name[field.name]
+                columns.append(column if column.type == field.type else column.cast(field.type))
         return pa.RecordBatch.from_arrays(columns, schema=self.schema)
 
     def wrap_dead(self, dead: pa.RecordBatch, stream: str) -> pa.RecordBatch:
