@@ -25,7 +25,7 @@ from fissure.graph import Operator, Pipeline, PipelineError, output_schemas
 from fissure.model.types import Kind, Plan, RegionPlan
 from fissure.spark.compile_graph import WorkerProfiling
 from fissure.spark.elastic import WorkerThreads
-from fissure.spark.live_cut import LiveCut
+from fissure.spark.live_cut import LiveCut, region_segments
 from fissure.spark.plans import check_plan
 from fissure.spark.sources import arrow_schema_of, spark_schema_of
 from fissure.spark.stages import OperatorStateProcessor, RegionFunction
@@ -77,31 +77,6 @@ def _step(operator: Operator, output_schema: pa.Schema, waiting=None) -> Step:
                 batch_format=operator.batch_format.value if operator.batch_format else None, waiting=waiting)
 
 
-def _segments(region: RegionPlan, pipeline: Pipeline) -> list[tuple[str, object]]:
-    """The region cut at its stateful operators: ("pe", [[stateless ops] per pipeline]) and ("state", op)."""
-    segments: list[tuple[str, object]] = []
-    pending: list[list[Operator]] = []
-    for names in region.pipelines:
-        part: list[Operator] = []
-        for name in names:
-            operator = pipeline.operator(name)
-            if operator.kind is Kind.STATELESS:
-                part.append(operator)
-                continue
-            if part:
-                pending.append(part)
-                part = []
-            if pending:
-                segments.append(("pe", pending))
-                pending = []
-            segments.append(("state", operator))
-        if part:
-            pending.append(part)
-    if pending:
-        segments.append(("pe", pending))
-    return segments
-
-
 class _Compiler:
     profiling: WorkerProfiling | None = None  # set by compile_plan
     threads: WorkerThreads = WorkerThreads()  # waiting operators on elastic threads (compile_plan)
@@ -143,7 +118,7 @@ class _Compiler:
     def _region(self, number: int, region: RegionPlan) -> None:
         operators = [self.pipeline.operator(name) for name in region.operators]
         kind = region_kind(operators)
-        segments = _segments(region, self.pipeline)
+        segments = region_segments(region, self.pipeline)
         if segments[0][0] == "pe":
             exchange, partitions, key = self._exchange_before_pe(kind, region, operators)
         else:

@@ -26,11 +26,12 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import pyarrow as pa
 
-from fissure.graph import Pipeline
-from fissure.streamgraph import StreamGraph
-from fissure.worker.graph_pe import plan_graph_stages
+from fissure.graph import Operator, Pipeline
 from fissure.model.throughput import canonical_regions
-from fissure.model.types import Plan
+from fissure.model.types import Kind, Plan, RegionPlan
+from fissure.streamgraph import StreamGraph
+from fissure.worker.fused import FusedStage
+from fissure.worker.graph_pe import plan_graph_stages
 
 log = logging.getLogger(__name__)
 
@@ -47,14 +48,37 @@ def cut_text(pipelines: Sequence[Sequence[str]]) -> str:
     return "|".join(",".join(names) for names in pipelines)
 
 
+def region_segments(region: RegionPlan, pipeline: Pipeline) -> list[tuple[str, object]]:
+    """The region cut at its stateful operators: ("pe", [[stateless ops] per pipeline]) and ("state", op)."""
+    segments: list[tuple[str, object]] = []
+    pending: list[list[Operator]] = []
+    for names in region.pipelines:
+        part: list[Operator] = []
+        for name in names:
+            operator = pipeline.operator(name)
+            if operator.kind is Kind.STATELESS:
+                part.append(operator)
+                continue
+            if part:
+                pending.append(part)
+                part = []
+            if pending:
+                segments.append(("pe", pending))
+                pending = []
+            segments.append(("state", operator))
+        if part:
+            pending.append(part)
+    if pending:
+        segments.append(("pe", pending))
+    return segments
+
+
 def pe_segments(plan: Plan, pipeline: Pipeline) -> list[tuple[tuple[str, ...], ...]]:
     """The PE segments the compiled query of `plan` runs (runs of stateless operators between
     stateful ones, per canonical region), each as its pipelines of operator names."""
-    from fissure.spark.compile import _segments  # the compiler's own cut: one source of truth
-
     segments = []
     for region in canonical_regions(plan):
-        for kind, content in _segments(region, pipeline):
+        for kind, content in region_segments(region, pipeline):
             if kind == "pe":
                 segments.append(tuple(tuple(operator.name for operator in part) for part in content))
     return segments
@@ -122,8 +146,6 @@ def recut_stages(stages: Sequence, cut: str, suffix: str) -> list[list]:
     `stages` are the segment's `FusedStage`s in order (their steps cover the segment); the new
     stages keep the originals' profiling (their counters get new ids, one per new pipeline).
     """
-    from fissure.worker.fused import FusedStage
-
     steps = [step for stage in stages for step in stage.steps]
     parts = [part.split(",") for part in cut.split("|")]
     if [name for part in parts for name in part] != [step.name for step in steps] or any(not p for p in parts):
