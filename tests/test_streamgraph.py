@@ -10,8 +10,11 @@ from fissure import Pipeline, PipelineError, StreamGraph, TumblingWindow, run_lo
 from fissure.model.types import Plan, RegionPlan
 from fissure.spark.plans import check_plan
 from fissure.worker.graph_local import LocalGraphRun
+from fissure.worker.columns import DEAD_OPERATOR
+from fissure.worker.fused import DeadLetter, dead_letter_batch, live_batch
 from fissure.worker.graph_pe import (
-    EnvelopeLayout, GraphPiece, build_pieces, pieces_for, plan_graph_stages, state_partitions_of,
+    EnvelopeLayout, GraphPiece, build_pieces, fusion_runs, pieces_for, plan_graph_stages, state_partitions_of,
+    stream_lifetimes,
 )
 
 EVENT = {"host": str, "ts": int, "v": int}
@@ -525,3 +528,56 @@ def test_a_plan_cuts_a_graph_into_replicated_stages_and_processes():
         s2 = g2.source("in", schema={"k": str, "j": str})
         s2.partitioned("x", lambda state, r: None, key="k").partitioned("y", lambda state, r: None, key="j").sink("o")
         check_plan(Plan(regions=(RegionPlan((("x", "y"),), replicas=2),)), g2)
+
+
+# --- envelopes between stages: only the live streams' columns ------------------------------------
+
+
+def _lifetime_graph():
+    g = StreamGraph("lifetimes")
+    raw = g.source("raw", schema={"k": str, "v": int})
+    parsed = raw.map("parsed", lambda r: {"k": r["k"], "w": r["v"]}, schema={"k": str, "w": int})
+    parsed.partitioned("count", lambda state, r: None, key="k", schema={"k": str, "n": int}).sink("counts")
+    parsed.filter("kept", lambda r: True).map("doubled", lambda r: {"k": r["k"], "w": 2 * r["w"]}).sink("all")
+    return g
+
+
+def test_streams_live_from_the_stage_after_their_maker_to_their_last_reader():
+    g = _lifetime_graph()
+    stages = plan_graph_stages(g)
+    assert [(stage.kind, stage.nodes) for stage in stages] == [("pe", ("parsed", "kept", "doubled")),
+                                                                ("keyed", ("count",))]
+    assert stream_lifetimes(g, stages) == (frozenset({"raw"}), frozenset({"parsed", "doubled"}),
+                                           frozenset({"doubled", "count"}))
+
+
+def test_a_restricted_layout_keeps_column_names_and_conforms_envelopes_both_ways():
+    g = _lifetime_graph()
+    schemas = {name: schema for name, schema in g.check().schemas.items() if name not in g.sinks}
+    every = EnvelopeLayout(schemas)
+    narrow = every.restricted({"doubled"})
+    assert narrow.columns_of("doubled") == every.columns_of("doubled")
+    assert not narrow.carries("raw") and narrow.carries("parsed")  # parsed and doubled share a schema
+    data = pa.RecordBatch.from_pylist([{"k": "a", "w": 1}, {"k": "b", "w": 2}], schema=schemas["doubled"])
+    carried = live_batch(data, [7, 8])
+    wide = every.wrap(carried, "doubled")
+    assert every.streams_in(wide) == {"doubled"} and every.extract(wide, "doubled").equals(carried)
+    assert narrow.conform(wide).schema.equals(narrow.schema)
+    back = every.conform(narrow.conform(wide))
+    assert every.extract(back, "doubled").equals(carried)  # through the narrow layout and back
+    with pytest.raises(ValueError, match="without the columns of stream 'raw'"):
+        narrow.wrap(live_batch(pa.RecordBatch.from_pylist([{"k": "a", "v": 1}], schema=schemas["raw"]), [1]), "raw")
+    letters = dead_letter_batch([DeadLetter("raw_op", "ValueError: x", "{}", 3)], schemas["raw"])
+    dead = narrow.wrap(letters, "raw")  # a dead letter needs no user field: any layout takes it
+    assert dead.num_rows == 1 and dead.column(dead.schema.get_field_index(DEAD_OPERATOR)).to_pylist() == ["raw_op"]
+
+
+def test_runs_of_operators_fuse_until_a_fan_out_or_a_union():
+    g = StreamGraph("runs")
+    a = g.source("in", schema={"v": int}).map("a", lambda r: r).map("b", lambda r: r)
+    c = a.map("c", lambda r: r)
+    a.filter("d", lambda r: True).sink("side")
+    g.union("u", c, g.source("other", schema={"v": int})).map("e", lambda r: r).map("f", lambda r: r).sink("out")
+    assert fusion_runs(g, ["a", "b", "c", "d", "u", "e", "f"]) == [["a", "b"], ["c"], ["d"], ["u"], ["e", "f"]]
+    records = [{"v": 1}, {"v": 2}]
+    assert run_local(g, {"in": records, "other": [{"v": 3}]})["out"] == records + [{"v": 3}]
