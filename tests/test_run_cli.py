@@ -54,6 +54,41 @@ def test_fissure_run_end_to_end_quietly_with_spark_output_in_the_log(tmp_path):
                                                               ("u1", 1), ("u1", 2), ("u1", 3)]
 
 
+GRAPH_FILE = textwrap.dedent("""
+    from fissure import StreamGraph
+
+    def count(state, record):
+        state["n"] = state.get("n", 0) + 1
+        return {"user": record["user"], "n": state["n"]}
+
+    def build():
+        g = StreamGraph("cli_graph")
+        events = g.source("events")
+        events.partitioned("count", count, key="user", schema={"user": str, "n": int}).sink("counts")
+        events.filter("even", lambda record: record["i"] % 2 == 0).sink("evens")
+        return g
+""")
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_fissure_run_runs_a_graph_with_a_sink_directory_per_sink(tmp_path):
+    (tmp_path / "graph.py").write_text(GRAPH_FILE)
+    write_inputs(tmp_path / "in")
+    out = tmp_path / "out"
+    finished = subprocess.run(
+        [sys.executable, "-m", "fissure", "run", f"{tmp_path / 'graph.py'}:build", "--source", str(tmp_path / "in"),
+         "--format", "json", "--schema", "user:str,i:int", "--sink", str(out), "--run-dir", str(tmp_path / "run"),
+         "--master", "local[1]", "--plan", "planner", "--no-adapt"],
+        capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    assert finished.returncode == 0, finished.stderr
+    assert "6 records in 1 batch" in finished.stdout
+    counts = pq.read_table(out / "counts").to_pylist()
+    assert sorted((row["user"], row["n"]) for row in counts) == [("u0", 1), ("u0", 2), ("u0", 3),
+                                                                ("u1", 1), ("u1", 2), ("u1", 3)]
+    assert sorted(row["i"] for row in pq.read_table(out / "evens").to_pylist()) == [0, 2, 4]
+
+
 @pytest.mark.parametrize("reference, message", [
     ("examples/logwatch.py", "must be FILE.py:FUNCTION or MODULE:FUNCTION"),
     ("no_such_file.py:build", "pipeline file 'no_such_file.py' does not exist"),

@@ -1,6 +1,9 @@
-"""`fissure run`: run a pipeline on Spark from a file source to a sink, with a live progress line.
+"""`fissure run`: run a program on Spark from a file source to a sink, with a live progress line.
 
     fissure run examples/logwatch.py:build_pipeline --source logs/ --sink out/ --plan planner
+
+The program is a Pipeline or a StreamGraph of one source; a graph's sinks are written to
+subdirectories of --sink named after them.
 
 The terminal shows the progress line and the results; everything Spark prints goes to
 `spark.log` in the run directory (--run-dir, default a new temporary directory), which the last
@@ -24,7 +27,8 @@ TYPES = {"str": str, "int": int, "float": float, "bool": bool}
 def register(subparsers) -> None:
     parser = subparsers.add_parser("run", help="run a pipeline on Spark", description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("pipeline", help="FILE.py:FUNCTION or MODULE:FUNCTION returning a fissure Pipeline")
+    parser.add_argument("pipeline", help="FILE.py:FUNCTION or MODULE:FUNCTION returning a fissure Pipeline or "
+                                         "StreamGraph")
     parser.add_argument("--source", required=True, help="a directory of input files")
     parser.add_argument("--format", default="text", choices=("text", "json", "csv", "parquet"))
     parser.add_argument("--schema", help=f"source fields for json/csv/parquet: name:type,... ({', '.join(TYPES)})")
@@ -60,7 +64,8 @@ def parse_schema(text: str | None) -> dict | None:
 
 
 def load_pipeline(reference: str):
-    """The Pipeline that FILE.py:FUNCTION or MODULE:FUNCTION names (a function returning one, or one)."""
+    """The program (a Pipeline or a StreamGraph) that FILE.py:FUNCTION or MODULE:FUNCTION names (a
+    function returning one, or one)."""
     location, _, function_name = reference.rpartition(":")
     if not location or not function_name:
         raise UsageError(f"pipeline {reference!r} must be FILE.py:FUNCTION or MODULE:FUNCTION, "
@@ -84,10 +89,17 @@ def load_pipeline(reference: str):
         raise UsageError(f"{location!r} has no {function_name!r}; "
                          f"it defines {', '.join(defined) or 'nothing callable'}")
     from fissure.graph import Pipeline
+    from fissure.streamgraph import StreamGraph
 
-    pipeline = factory() if callable(factory) and not isinstance(factory, Pipeline) else factory
-    if not isinstance(pipeline, Pipeline):
-        raise UsageError(f"{reference!r} gave {type(pipeline).__name__}, not a fissure Pipeline")
+    from fissure.graph import PipelineError
+
+    programs = (Pipeline, StreamGraph)
+    try:
+        pipeline = factory() if callable(factory) and not isinstance(factory, programs) else factory
+    except PipelineError as error:
+        raise UsageError(f"{reference!r} does not build: {error}") from None
+    if not isinstance(pipeline, programs):
+        raise UsageError(f"{reference!r} gave {type(pipeline).__name__}, not a fissure Pipeline or StreamGraph")
     return pipeline
 
 
@@ -110,6 +122,12 @@ def handle(args) -> int:
     os.makedirs(run_dir, exist_ok=True)
     spark_log = os.path.abspath(os.path.join(run_dir, "spark.log"))
     sink = fissure.FileSink(args.sink) if args.sink else fissure.ConsoleSink()
+    if isinstance(pipeline, fissure.StreamGraph):
+        if len(pipeline.sources) != 1:
+            raise UsageError(f"graph {pipeline.name!r} has sources {', '.join(pipeline.sources)}; `fissure run` "
+                             f"reads one --source: run it from Python with fissure.run(graph, {{name: source}}, ...)")
+        sink = {name: fissure.FileSink(os.path.join(args.sink, name)) if args.sink else fissure.ConsoleSink()
+                for name in pipeline.sinks}
     dead_letters = fissure.FileSink(args.dead_letters, format="json") if args.dead_letters else None
     print(f"fissure run: starting Spark (its output goes to {spark_log})", file=sys.stderr)
     try:
