@@ -200,9 +200,12 @@ class Runner:
     are in `runner.profile_summary()`, under the progress line, and in the profile log
     (`profile_log`, default `<checkpoint>/fissure/profile.jsonl` when a checkpoint is given) that
     `fissure profile` reads. See docs/profiling.md.
+    `boundaries`: a graph's pipeline boundaries instead of the plan's; `state_partitions`: instead
+    of the plan's (the most replicas of a keyed region); `profile_pieces`: count a graph's PEs node
+    by node for the autopipelining loop (a chain then runs as its graph).
     """
 
-    # Set before start() to wrap the foreachBatch function (fissure.spark.adaptive's batch gate).
+    # Set before start() to wrap the foreachBatch function (fissure.spark.batch_gate's gate).
     wrap_batch: Callable[[Callable], Callable] | None = None
 
     def __init__(self, program: Pipeline | StreamGraph, source, sink, *, plan: object = "sequential",
