@@ -1,15 +1,17 @@
 """A stream graph compiled to ONE streaming query over envelopes (fissure.worker.graph_pe).
 
-- every source becomes envelopes (route = the source's name, a sequence number
-  `source index << 56 | monotonically_increasing_id()`, its fields in its schema's columns), and
-  the sources are unioned;
+- every source becomes envelopes (route = the source's stream number, a sequence number
+  `source index << 56 | partition << 40 | row`, its fields in its schema's columns), and the
+  sources are unioned; a single source read by a first pe stage becomes envelopes inside it;
+- between two stages an envelope carries the columns of the streams still read later only
+  (fissure.worker.graph_pe.stream_lifetimes);
 - the plan (fissure.model.types.Plan over the graph's execution order; sequential by default)
   cuts the graph into stages (fissure.worker.graph_pe.plan_graph_stages); a pe stage that starts
   a replicated region is spread round-robin over its replicas;
 - every pe stage is one mapInArrow running a graph processing element (its pieces as a chain of
   processes when pipeline boundaries cut it);
 - every keyed node is one transformWithStateInPandas behind a hash exchange on a key column
-  computed in SQL just before it: the key's JSON for rows routed into the node, a constant for a
+  computed in SQL just before it: the key's text for rows routed into the node, a constant for a
   stateful node without key, and one of `spread` spread keys (`~seq mod spread`) for every other
   row, which the handler passes through without touching state;
 - the runner's foreachBatch persists each micro-batch once and writes each sink from it.
