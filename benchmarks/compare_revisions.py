@@ -15,10 +15,8 @@ inputs are generated once and shared, so both revisions read the same files.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -26,6 +24,9 @@ import tempfile
 from pathlib import Path
 
 REPOSITORY = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPOSITORY / "benchmarks"))
+
+from provenance import load, load_note, machine, now, revision  # noqa: E402
 WORKLOADS = ("cpu", "logwatch")
 PLANS = ("sequential", "planner")
 
@@ -38,7 +39,7 @@ def point(tree: str, inputs: str) -> dict:
     from fissure.spark.plans import planner_plan, sequential_plan
     from fissure.spark.session import create_session
     from logwatch import build_pipeline
-    from spark_chain import cpu_pipeline, steady_rate
+    from spark_chain import cpu_pipeline, measure_fissure
 
     spark = create_session(RunnerConfig(master="local[2]"))
     programs = {"cpu": cpu_pipeline(4), "logwatch": build_pipeline()}
@@ -48,14 +49,7 @@ def point(tree: str, inputs: str) -> dict:
                                               max_files_per_trigger=1)}
 
     def measure(workload: str, plan) -> float:
-        runner = fissure.Runner(programs[workload], sources[workload], fissure.NoopSink(), plan=plan, spark=spark,
-                                checkpoint=tempfile.mkdtemp(), progress=False)
-        runner.start(available_now=True)
-        try:
-            runner.await_termination()
-            return steady_rate(runner.query.recentProgress)
-        finally:
-            runner.stop()
+        return measure_fissure(spark, programs[workload], sources[workload], plan, tempfile.mkdtemp())
 
     measure("cpu", sequential_plan(programs["cpu"]))  # warm-up, not counted
     rates = {}
@@ -77,13 +71,6 @@ def write_inputs(directory: Path, records: int, lines: int, files: int) -> None:
     split_into_files(list(generate(lines)), str(directory / "logwatch"), files)
 
 
-def revision(tree: Path, ref: str = "HEAD") -> str:
-    head = subprocess.run(["git", "rev-parse", "--short", ref], cwd=tree, capture_output=True, text=True).stdout.strip()
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=tree,
-                           capture_output=True, text=True).stdout.strip()
-    return head + (" (dirty)" if dirty else "")
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--base", required=True, help="the earlier revision (a commit, tag or branch)")
@@ -103,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     base_tree = work / "base"
     subprocess.run(["git", "worktree", "add", "--detach", str(base_tree), args.base], cwd=REPOSITORY, check=True,
                    capture_output=True)
-    load_before = [round(value, 2) for value in os.getloadavg()]
+    load_before = load()
     try:
         write_inputs(work / "inputs", args.records, args.lines, args.files)
         trees = {"base": base_tree, "this": REPOSITORY}
@@ -130,10 +117,9 @@ def main(argv: list[str] | None = None) -> int:
                       flush=True)
         document = {
             "command": "./dev python benchmarks/compare_revisions.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "machine": f"{platform.node()} {platform.machine()} ({os.cpu_count()} cores), Spark local[2]",
+            "date": now(), "machine": machine(),
             "base": revision(base_tree), "this": revision(REPOSITORY),
-            "load_before": load_before, "load_after": [round(value, 2) for value in os.getloadavg()],
+            "load_before": load_before, "load_after": load(),
             "rates": rates,
             "this_over_base": {key: statistics.median(this / base for this, base in
                                                       zip(rates["this"][key], rates["base"][key]))
@@ -149,12 +135,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def report(document: dict) -> str:
-    busy = document["load_before"][0] > (os.cpu_count() or 1)
     lines = ["# This revision against an earlier one, same chains and plans", "",
              f"Command: `{document['command']}`  ", f"Date: {document['date']}  ",
              f"Machine: {document['machine']}  ", f"Revisions: this {document['this']}, base {document['base']}  ",
              f"Load average before / after: {document['load_before']} / {document['load_after']}"
-             + (" (busy machine: not a result to quote)" if busy else ""), "",
+             + load_note(document["load_before"]), "",
              "| workload / plan | base, median records/s | this, median records/s | this / base (median of paired ratios) |",
              "| --- | --- | --- | --- |"]
     for key, ratio in document["this_over_base"].items():

@@ -20,12 +20,8 @@ recorded before and after; a run whose load before exceeds the cores says so in 
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
-import os
-import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -35,13 +31,12 @@ REPOSITORY = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPOSITORY / "examples"))
 sys.path.insert(0, str(REPOSITORY / "benchmarks"))
 
-import fissure  # noqa: E402
 from fissure import Pipeline, StreamGraph  # noqa: E402
 from fissure.graph import Action  # noqa: E402
 from fissure.model.types import Kind  # noqa: E402
 from fissure.spark.plans import describe_plan, planner_plan, sequential_plan  # noqa: E402
-from fissure.spark.runner import Runner  # noqa: E402
-from spark_chain import cpu_pipeline, cpu_source, logwatch_source, steady_rate  # noqa: E402
+from provenance import load, load_note, machine, now, revision  # noqa: E402
+from spark_chain import cpu_pipeline, cpu_source, logwatch_source, measure_fissure  # noqa: E402
 
 
 def plain_loop_rate(pipeline: Pipeline, records: list[dict]) -> float:
@@ -71,17 +66,6 @@ def plain_loop_rate(pipeline: Pipeline, records: list[dict]) -> float:
     return len(records) / (time.perf_counter() - started)
 
 
-def measure(spark, program, source, plan, work: str) -> float:
-    runner = Runner(program, source, fissure.NoopSink(), plan=plan, spark=spark, progress=False, profile=None,
-                    checkpoint=tempfile.mkdtemp(dir=work))
-    runner.start(available_now=True)
-    try:
-        runner.await_termination()
-        return steady_rate(runner.query.recentProgress)
-    finally:
-        runner.stop()
-
-
 def workloads(args, work: str):
     from generators.loglines import generate
     from logwatch import build_pipeline
@@ -93,13 +77,6 @@ def workloads(args, work: str):
     cpu = cpu_pipeline(4)
     rows = [{"x": float(i % 997) + 0.5} for i in range(args.records)]
     yield "cpu", cpu, cpu_source(Path(work) / "cpu", args.records, args.files), rows
-
-
-def revision() -> str:
-    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPOSITORY, capture_output=True, text=True)
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPOSITORY,
-                           capture_output=True, text=True)
-    return head.stdout.strip() + (" (dirty)" if dirty.stdout.strip() else "")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -115,13 +92,12 @@ def main(argv: list[str] | None = None) -> int:
     from fissure.spark.config import RunnerConfig
     from fissure.spark.session import create_session
 
-    load_before = [round(value, 2) for value in os.getloadavg()]
+    load_before = load()
     spark = create_session(RunnerConfig(master="local[2]"))
     work = tempfile.mkdtemp(prefix="fissure-program-runtimes-")
     document = {"command": "./dev python benchmarks/program_runtimes.py " + " ".join(argv or sys.argv[1:]),
-                "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                "machine": f"{platform.node()} {platform.machine()} ({os.cpu_count()} cores), Spark local[2]",
-                "revision": revision(), "load_before": load_before, "workloads": {}}
+                "date": now(), "machine": machine(), "revision": revision(REPOSITORY), "load_before": load_before,
+                "workloads": {}}
     for name, pipeline, source, records in workloads(args, work):
         plain = statistics.median(plain_loop_rate(pipeline, records) for _ in range(3))
         graph = StreamGraph.from_pipeline(pipeline)
@@ -130,12 +106,12 @@ def main(argv: list[str] | None = None) -> int:
         programs = {"carried": pipeline, "envelope": _forced_envelopes(graph)}
         sources = {"carried": source, "envelope": {"source": source}}
         for path in ("carried", "envelope"):  # warm-up, not counted
-            measure(spark, programs[path], sources[path], plans["sequential"], work)
+            measure_fissure(spark, programs[path], sources[path], plans["sequential"], tempfile.mkdtemp(dir=work))
         rates: dict[str, list[float]] = {f"{plan_name}/{path}": [] for plan_name, path in variants}
         for round_number in range(args.repeats):
             order = variants[round_number % len(variants):] + variants[:round_number % len(variants)]
             for plan_name, path in order:
-                rate = measure(spark, programs[path], sources[path], plans[plan_name], work)
+                rate = measure_fissure(spark, programs[path], sources[path], plans[plan_name], tempfile.mkdtemp(dir=work))
                 rates[f"{plan_name}/{path}"].append(rate)
                 print(f"{name} round {round_number + 1} {plan_name} {path}: {rate:,.0f} records/s", flush=True)
         document["workloads"][name] = {
@@ -148,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
                                              zip(rates[f"{plan_name}/envelope"], rates[f"{plan_name}/carried"]))
                 for plan_name in plans},
         }
-    document["load_after"] = [round(value, 2) for value in os.getloadavg()]
+    document["load_after"] = load()
     out = REPOSITORY / "benchmarks" / "results"
     if args.quick:
         out = Path(tempfile.mkdtemp(prefix="fissure-program-runtimes-results-"))
@@ -174,12 +150,11 @@ def _forced_envelopes(graph: StreamGraph) -> StreamGraph:
 
 
 def report(document: dict) -> str:
-    busy = document["load_before"][0] > (os.cpu_count() or 1)
     lines = ["# Chains compiled two ways: carried batches and graph envelopes", "",
              f"Command: `{document['command']}`  ", f"Date: {document['date']}  ",
              f"Machine: {document['machine']}  ", f"Revision: {document['revision']}  ",
              f"Load average before / after: {document['load_before']} / {document['load_after']}"
-             + (" (busy machine: not a result to quote)" if busy else ""), ""]
+             + load_note(document["load_before"]), ""]
     for name, figures in document["workloads"].items():
         plain = figures["plain_loop_per_s"]
         lines += [f"## {name}", "", f"Plain loop (one process, same functions): {plain:,.0f} records/s", "",
