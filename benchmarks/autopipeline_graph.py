@@ -41,11 +41,11 @@ def measure(spark, source_dir: str, batch_kb: int, lines: int, boundaries, autop
     graph = build_graph()
     sinks = {name: fissure.NoopSink() for name in graph.sinks}
     source = fissure.FileSource(source_dir, format="text", max_bytes_per_trigger=batch_kb * 1024)
-    report = fissure.run_graph(graph, {"raw": source}, sinks, spark=spark, boundaries=boundaries,
-                               checkpoint=tempfile.mkdtemp(dir=work, prefix="ckpt-"), autopipeline=autopipeline,
-                               autopipeline_config=GraphAutopipelineConfig(profile_batches=2, beta=beta))
-    busy_s = sum(batch.wall_s for batch in report.batches)
-    return {"lines_per_s": lines / busy_s if busy_s > 0 else 0.0, "batches": len(report.batches),
+    report = fissure.run(graph, {"raw": source}, sinks, spark=spark, boundaries=boundaries,
+                         checkpoint=tempfile.mkdtemp(dir=work, prefix="ckpt-"), autopipeline=autopipeline,
+                         autopipeline_config=GraphAutopipelineConfig(profile_batches=2, beta=beta))
+    busy_s = sum(batch.wall_s for batch in report.batch_log)
+    return {"lines_per_s": lines / busy_s if busy_s > 0 else 0.0, "batches": report.batches,
             "boundaries_at_end": list(report.boundaries),
             "decisions": [f"batch {item.batch_id}: {item.decision.action.value}: {item.decision.reason}"
                           for item in report.decisions]}

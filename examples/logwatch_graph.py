@@ -121,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
                          autopipeline=autopipeline,
                          autopipeline_config=GraphAutopipelineConfig(profile_batches=2, beta=args.beta))
 
-    print(f"\n{graph.name}: {len(report.batches)} micro-batches in {report.elapsed_s:.1f} s, "
+    print(f"\n{graph.name}: {report.batches} micro-batches in {report.elapsed_s:.1f} s, "
           f"{report.dead_letters} dead letters")
     print(f"plan: {describe_plan(report.plan, graph)}")
     if autopipeline:
