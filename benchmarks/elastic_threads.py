@@ -53,16 +53,15 @@ from datetime import datetime, timezone  # noqa: E402
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-from fissure.control.elasticity import (  # noqa: E402
-    POLICY_NAMES,
+from fissure.cli.elastic_sim_curves import (  # noqa: E402
     CurvePhase,
-    ElasticityConfig,
-    make_policy,
     random_workload_spec,
     replay_curves,
     rise_plateau_fall_curve,
     settled_level,
 )
+from fissure.control.thread_level.config import ElasticityConfig, POLICY_NAMES  # noqa: E402
+from fissure.control.thread_level.policies import make_policy  # noqa: E402
 from fissure.worker.scheduler import ElasticOperatorRunner, ThreadLevelSample  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -588,7 +587,7 @@ def markdown_benchmark(results: dict, settings: Settings, quick: bool) -> str:
 def markdown_simulation(table: dict, shape: dict, count: int, quick: bool) -> str:
     lines = header("Thread-level policies on synthetic curves: as written and improved", quick)
     lines += [
-        f"{count} seeded specs of 3 phases each (`fissure.control.elasticity.random_workload_spec`: rise-peak-fall",
+        f"{count} seeded specs of 3 phases each (`fissure.cli.elastic_sim_curves.random_workload_spec`: rise-peak-fall",
         "as a smooth bump, a tent or the universal scalability law with the peak anywhere in 1..32, or a plateau",
         "with a sharp or soft knee; 100-140 periods per phase, every phase boundary a change in load), each period's",
         "throughput times (1 + noise x a normal draw): noise 0.12 is what 0.5 s periods show on this machine,",

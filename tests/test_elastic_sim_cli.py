@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from fissure.cli import main
-from fissure.control.elasticity import POLICY_NAMES, random_workload_spec, rise_peak_fall_curve
+from fissure.cli.elastic_sim_curves import random_workload_spec, rise_peak_fall_curve
+from fissure.control.thread_level.config import POLICY_NAMES
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "enrichment_sim.json"
 

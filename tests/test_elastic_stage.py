@@ -13,7 +13,7 @@ import time
 import pyarrow as pa
 import pytest
 
-from fissure.control.elasticity import ElasticityConfig
+from fissure.control.thread_level.config import ElasticityConfig
 from fissure.graph import Pipeline, PipelineError, Waits
 from fissure.worker.columns import DEAD_OPERATOR
 from fissure.worker.elastic_stage import (

@@ -11,17 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fissure.control.elasticity import (
-    POLICY_NAMES,
+from fissure.cli.elastic_sim_curves import (
     CurvePhase,
-    ElasticityConfig,
-    ElasticOperatorPolicy,
-    PeriodMeasurement,
-    ThreadingVerdict,
-    ThreadLevelDecision,
-    TrustTrendPolicy,
-    geometric_ladder,
-    make_policy,
     plateau_curve,
     random_workload_spec,
     replay_curves,
@@ -29,9 +20,16 @@ from fissure.control.elasticity import (
     rise_plateau_fall_curve,
     settled_level,
     tent_curve,
-    threading_verdict,
+)
+from fissure.control.thread_level.config import ElasticityConfig, POLICY_NAMES
+from fissure.control.thread_level.decisions import (
+    PeriodMeasurement,
+    ThreadLevelDecision,
+    geometric_ladder,
     trend_threshold,
 )
+from fissure.control.thread_level.policies import ElasticOperatorPolicy, TrustTrendPolicy, make_policy
+from fissure.control.thread_level.verdict import ThreadingVerdict, threading_verdict
 
 AS_WRITTEN = ElasticityConfig.as_written(max_threads=32)
 IMPROVED = ElasticityConfig(max_threads=32)
@@ -200,7 +198,7 @@ class TestMeasurementsThatMeanNoChange:
     @pytest.mark.parametrize("value", [None, math.nan, math.inf, -5.0])
     def test_missing_or_broken_throughput_holds_and_logs(self, policy_name, value, caplog):
         policy = make_policy(policy_name, IMPROVED)
-        with caplog.at_level(logging.INFO, logger="fissure.control.elasticity"):
+        with caplog.at_level(logging.INFO, logger="fissure.control.thread_level"):
             decision = policy.decide(PeriodMeasurement(now_s=3.0, throughput_per_s=value))
         assert decision == ThreadLevelDecision.hold(1, 3.0, "no usable throughput measurement: no change")
         assert "no usable throughput" in caplog.text
@@ -496,3 +494,11 @@ class TestThreadingVerdict:
     @pytest.mark.parametrize("wall, cpu", [(None, 0.1), (math.nan, 0.1), (1.0, None), (0.0, 0.0)])
     def test_no_profile_means_no_threads(self, wall, cpu):
         assert not threading_verdict("x", wall_time_s=wall, cpu_time_s=cpu).run_threaded
+
+
+def test_the_two_presets_are_the_defaults_and_the_papers_rules():
+    assert ElasticityConfig.preset("improved") == ElasticityConfig()
+    assert ElasticityConfig.preset("as-written", max_threads=8) == ElasticityConfig.as_written(max_threads=8)
+    assert ElasticityConfig.preset("as-written").refine is False and ElasticityConfig().refine is True
+    with pytest.raises(ValueError, match="unknown thread-level preset 'fast'"):
+        ElasticityConfig.preset("fast")

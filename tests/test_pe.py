@@ -17,7 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fissure.worker import pe as pe_module
+from fissure.worker import pe_registry
 from fissure.worker.pe import (
     CHUNKS_PER_PIPELINE,
     MIN_CHUNK_ROWS,
@@ -25,9 +25,11 @@ from fissure.worker.pe import (
     ProcessingElement,
     ProcessingElementError,
     StageFailedError,
+    pipelining_chunks,
+)
+from fissure.worker.pe_registry import (
     close_all_processing_elements,
     processing_element,
-    pipelining_chunks,
     processing_element_for,
     run_region,
 )
@@ -276,7 +278,7 @@ def test_registry_keeps_one_element_per_region_and_replaces_it_on_a_new_cut():
 
 
 def test_registry_closes_the_least_recently_used_idle_elements_beyond_its_bound(monkeypatch):
-    monkeypatch.setattr(pe_module, "MAX_REGISTERED_ELEMENTS", 2)
+    monkeypatch.setattr(pe_registry, "MAX_REGISTERED_ELEMENTS", 2)
     cut = [[identity], [identity]]
     try:
         oldest = processing_element_for("region-a", "plan-1", cut)
@@ -424,7 +426,7 @@ PARENT_SCRIPT = textwrap.dedent(
     """
     import json, sys
     import pyarrow as pa
-    from fissure.worker.pe import processing_element_for
+    from fissure.worker.pe_registry import processing_element_for
 
     def identity(batch):
         return batch

@@ -11,7 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fissure.control.elasticity import ElasticityConfig, PeriodMeasurement, ThreadLevelDecision
+from fissure.control.thread_level.config import ElasticityConfig
+from fissure.control.thread_level.decisions import PeriodMeasurement, ThreadLevelDecision
 from fissure.worker.scheduler import (
     DynamicScheduler,
     ElasticOperatorRunner,

@@ -17,7 +17,7 @@ from fissure import Pipeline
 from fissure.control.adaptive.decisions import Decision
 from fissure.control.adaptive.observations import BatchObservation
 from fissure.control.driver import Timeline, plot_timeline
-from fissure.control.elasticity import ElasticityConfig
+from fissure.control.thread_level.config import ElasticityConfig
 from fissure.model.types import Plan, RegionPlan
 from fissure.spark import elastic as spark_elastic
 from fissure.spark.config import RunnerConfig

@@ -11,7 +11,8 @@ from fissure.model.types import Plan, RegionPlan
 from fissure.spark.plans import check_plan
 from fissure.worker.graph_local import LocalGraphRun
 from fissure.worker.columns import DEAD_OPERATOR
-from fissure.worker.fused import DeadLetter, dead_letter_batch, live_batch
+from fissure.worker.fused import dead_letter_batch, live_batch
+from fissure.worker.records import DeadLetter
 from fissure.worker.graph_pe import (
     EnvelopeLayout, GraphPiece, build_pieces, fusion_runs, pieces_for, plan_graph_stages, state_partitions_of,
     stream_lifetimes,

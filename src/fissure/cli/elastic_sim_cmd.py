@@ -14,14 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fissure.cli import UsageError
-from fissure.control.elasticity import (
-    POLICY_NAMES,
-    CurvePhase,
-    ElasticityConfig,
-    make_policy,
-    replay_curves,
-    settled_level,
-)
+from fissure.cli.elastic_sim_curves import CurvePhase, replay_curves, settled_level
+from fissure.control.thread_level.config import ElasticityConfig, POLICY_NAMES
+from fissure.control.thread_level.policies import make_policy
 
 
 @dataclass(frozen=True)

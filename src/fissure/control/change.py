@@ -8,10 +8,10 @@ recent samples, but for a streak still unconfirmed) and a streak of samples that
 threshold in the same direction; `confirmations` of them in a row are a change. The threshold
 is SENS, or `noise_z` standard deviations of the reference samples when that is more: with 3 %
 noise per micro-batch, SENS = 5 % alone is under two standard deviations and raises false
-changes (the same remedy as improvement 4 of `fissure.control.elasticity`); noise_z = 0 is the
+changes (the same remedy as improvement 4 of `fissure.control.thread_level`); noise_z = 0 is the
 paper's test.
 
-`fissure.control.elasticity` has the same rule inside its thread-level records (its
+`fissure.control.thread_level` has the same rule inside its thread-level records (its
 `_load_changed`, tied to the per-level smoothing); this class is the stand-alone form the
 adaptive loop needs for plans instead of levels.
 """
@@ -22,7 +22,7 @@ import math
 from collections import deque
 from dataclasses import dataclass
 
-from fissure.control.elasticity import relative_gain
+from fissure.control.thread_level.decisions import relative_gain
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from fissure.control.adaptive.config import AdaptiveConfig
-from fissure.control.elasticity import POLICY_NAMES, ElasticityConfig
+from fissure.control.thread_level.config import ElasticityConfig, POLICY_NAMES
 from fissure.profile.settings import ProfileSettings
 from fissure.spark.graph_autopipeline import GraphAutopipelineConfig
 

@@ -31,7 +31,7 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
-from fissure.control.elasticity import ElasticityConfig
+from fissure.control.thread_level.config import ElasticityConfig
 from fissure.graph import Operator, Pipeline
 from fissure.streamgraph import StreamGraph
 from fissure.model.types import Kind

@@ -9,7 +9,7 @@ task of the batch reads it (`TaskContext.getLocalProperty`). Measured on PySpark
 property set in the `foreachBatch` function reaches every task that function's actions start,
 because PySpark pins each Python thread to one JVM thread (the query's own thread calls the
 function), so the batch's tasks all see the same cut, and the next batch the next one. The
-worker's PE (`fissure.worker.pe.processing_element_for`) keys its processes by region and cut:
+worker's PE (`fissure.worker.pe_registry.processing_element_for`) keys its processes by region and cut:
 a new cut closes the old processes and forks new ones in the first task that sees it.
 
 Keys and values: a PE segment is named by its operators in chain order, `parse,events,range`;

@@ -37,19 +37,13 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from fissure.control.elasticity import (
-    POLICY_NAMES,
-    ElasticityConfig,
-    ThreadingVerdict,
-    threading_verdict,
-)
-from fissure.worker.fused import DeadLetter, run_record_steps
+from fissure.control.thread_level.config import ElasticityConfig, POLICY_NAMES
+from fissure.control.thread_level.verdict import ThreadingVerdict, threading_verdict
+from fissure.worker.fused import Step, run_record_steps
+from fissure.worker.records import DeadLetter
 from fissure.worker.scheduler import ElasticOperatorRunner, ThreadLevelSample
-
-if TYPE_CHECKING:
-    from fissure.worker.fused import Step
 
 log = logging.getLogger(__name__)
 

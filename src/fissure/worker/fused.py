@@ -16,24 +16,20 @@ clock reads, instead of per record.
 
 from __future__ import annotations
 
-import json
 import time
-import traceback
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from fissure.worker.columns import DEAD_ERROR, DEAD_OPERATOR, DEAD_RECORD, SEQ, carried_schema
+from fissure.worker.profiling import StageProfile
+from fissure.worker.records import DeadLetter, describe_error, normalize_emitted, record_text
 
-if TYPE_CHECKING:
-    from fissure.worker.elastic_stage import WaitingOperator
 
 RECORD_ACTIONS = ("map", "filter", "flat_map")
 BATCH_ACTIONS = ("map_batches", "filter_batches")
-MAX_DEAD_RECORD_CHARS = 10_000
 
 
 @dataclass(frozen=True)
@@ -45,46 +41,14 @@ class Step:
     fn: Callable
     output_schema: pa.Schema  # the user's fields after this step
     batch_format: str | None = None  # "arrow" or "pandas", per-batch steps only
-    # Per-record steps that wait: run on elastic threads (fissure.worker.elastic_stage.WaitingOperator).
-    waiting: WaitingOperator | None = None
+    # Per-record steps that wait run on elastic threads: a fissure.worker.elastic_stage.WaitingOperator
+    # (`engaged()`, `run(step, records, seqs, dead)`), which builds on this module.
+    waiting: object | None = None
 
     def __post_init__(self) -> None:
         if self.action not in RECORD_ACTIONS + BATCH_ACTIONS:
             raise ValueError(f"step {self.name!r}: unknown action {self.action!r}")
 
-
-@dataclass(frozen=True)
-class DeadLetter:
-    """A record an operator could not process."""
-
-    operator: str
-    error: str
-    record: str  # the record as JSON (values JSON cannot hold shown by repr)
-    seq: int
-
-
-def describe_error(error: BaseException) -> str:
-    """`Type: message` and the innermost frame, enough to find the failing line."""
-    frames = traceback.extract_tb(error.__traceback__)
-    where = f" (at {frames[-1].filename}:{frames[-1].lineno} in {frames[-1].name})" if frames else ""
-    return f"{type(error).__name__}: {error}{where}"
-
-
-def record_text(record: object) -> str:
-    try:
-        text = json.dumps(record, default=repr, sort_keys=True)
-    except (TypeError, ValueError):
-        text = repr(record)
-    return text[:MAX_DEAD_RECORD_CHARS]
-
-
-def normalize_emitted(emitted: object) -> list:
-    """What a flat_map or a stateful update returned, as a list of records."""
-    if emitted is None:
-        return []
-    if isinstance(emitted, Mapping):
-        return [emitted]
-    return list(emitted)
 
 
 StepObserver = Callable[[int, int, int, int, float, float], None]
@@ -326,8 +290,6 @@ class FusedStage:
     def bind_profile(self):
         """This stage's profile counters in this process (None when the stage is not profiled)."""
         if self.profile_id is not None and self._profile is None:
-            from fissure.worker.profiling import StageProfile
-
             self._profile = StageProfile(self.profile_id, self.names, self.timed_every, self.profile_label)
         return self._profile
 

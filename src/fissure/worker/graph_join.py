@@ -14,9 +14,8 @@ from typing import Any
 import pyarrow as pa
 
 from fissure.worker.columns import SEQ
-from fissure.worker.fused import (
-    DeadLetter, assemble, dead_letter_batch, describe_error, live_batch, normalize_emitted, record_text, records_to_batch,
-)
+from fissure.worker.fused import assemble, dead_letter_batch, live_batch, records_to_batch
+from fissure.worker.records import DeadLetter, describe_error, normalize_emitted, record_text
 
 LEFT, RIGHT = 0, 1
 

@@ -16,10 +16,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from fissure.worker.columns import SEQ
-from fissure.worker.fused import (
-    DeadLetter, assemble, dead_letter_batch, describe_error, live_batch, normalize_emitted,
-    record_text, records_to_batch, reshape_dead, split_dead,
-)
+from fissure.worker.fused import assemble, dead_letter_batch, live_batch, records_to_batch, reshape_dead, split_dead
+from fissure.worker.records import DeadLetter, describe_error, normalize_emitted, record_text
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from fissure.profile.records import OperatorCounts, PipelineCounts, RegionCallCounts
-from fissure.worker.fused import normalize_emitted
+from fissure.worker.records import normalize_emitted
 
 # Field order of the mutable per-operator and per-pipeline tallies (hot path: plain lists).
 OPERATOR_FIELDS = ("calls", "records_in", "records_out", "dead_letters", "timed_calls", "timed_records_in",

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator, Sequence
 
 import pyarrow as pa
 
-from fissure.worker.pe import processing_element_for
+from fissure.worker.pe_registry import processing_element_for
 
 Stage = Callable[[pa.RecordBatch], pa.RecordBatch]
 

@@ -35,7 +35,7 @@ ports, the replicas push (sequence number, result) into a merge port whose handl
 back in input order. Every `period_s` of the injected clock spent inside run() (a period may span
 several short runs) the runner measures the throughput (operator calls finished per second) and
 the CPU usage,
-asks the policy for the next thread level (fissure.control.elasticity) and applies it by waking
+asks the policy for the next thread level (fissure.control.thread_level) and applies it by waking
 or suspending scheduler threads. Between runs the threads park; close() ends them.
 """
 
@@ -53,13 +53,9 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from fissure.control.elasticity import (
-    ElasticityConfig,
-    PeriodMeasurement,
-    ThreadLevelDecision,
-    ThreadLevelPolicy,
-    make_policy,
-)
+from fissure.control.thread_level.config import ElasticityConfig
+from fissure.control.thread_level.decisions import PeriodMeasurement, ThreadLevelDecision, ThreadLevelPolicy
+from fissure.control.thread_level.policies import make_policy
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ from fissure.control.adaptive.config import AdaptiveConfig, SwitchCosts
 from fissure.control.adaptive.decisions import Objective, format_rate
 from fissure.control.adaptive.observations import Load
 from fissure.control.adaptive.search import ScoredPlan
-from fissure.control.elasticity import relative_gain
+from fissure.control.thread_level.decisions import relative_gain
 from fissure.control.plan_change import PlanChange, classify_change, plan_fingerprint
 from fissure.model.types import OperatorStats, Plan
 

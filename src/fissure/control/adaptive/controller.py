@@ -28,7 +28,7 @@ from fissure.control.adaptive.observations import (
 )
 from fissure.control.adaptive.search import ChainPlanSearch, PlanSearch, ScoredPlan
 from fissure.control.change import ChangeDetector
-from fissure.control.elasticity import relative_gain
+from fissure.control.thread_level.decisions import relative_gain
 from fissure.control.model_correction import CorrectablePlanSearch, Correction, ModelCorrection, PlanMeasurement
 from fissure.control.plan_change import PlanChange, SwitchKind, classify_change, plan_fingerprint
 from fissure.model.throughput import InvalidPlan, validate_plan

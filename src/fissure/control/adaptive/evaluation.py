@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from fissure.control.adaptive.config import AdaptiveConfig
 from fissure.control.adaptive.decisions import Objective, PlanSwitch, format_rate
-from fissure.control.elasticity import relative_gain
+from fissure.control.thread_level.decisions import relative_gain
 from fissure.model.types import Plan
 
 
