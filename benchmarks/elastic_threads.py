@@ -1,4 +1,4 @@
-"""Benchmark of issue 6: the in-worker elastic thread level against every static thread count.
+"""Benchmark: the in-worker elastic thread level against every static thread count.
 
 Two operators run under `fissure.worker.scheduler.ElasticOperatorRunner`:
 - enrichment: each record is enriched by an HTTP call to a local service on 127.0.0.1 (started and

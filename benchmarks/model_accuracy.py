@@ -9,7 +9,7 @@ Workloads (Spark experiments: local[2] on this machine unless --master says othe
 Plans per workload: the sequential plan, the paper model's and the Spark model's picks, and a
 fixed-seed sample of the other valid plans (at most --max-threads threads).
 
-Every plan's query is built anew for every run (DESIGN.md: reused shuffle outputs), over the
+Every plan's query is built anew for every run (collecting one DataFrame twice reuses its shuffle output), over the
 same input (one file per micro-batch); runs alternate between plans; a run's throughput = source
 records / batch time over the micro-batches after the first (steady state; the model predicts
 steady state). A plan's measured throughput is the median over the repeats of its run's ratio to

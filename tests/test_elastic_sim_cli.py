@@ -1,4 +1,4 @@
-"""`fissure elastic-sim`: the contract of DESIGN.md, and the project goal on realistic curves."""
+"""`fissure elastic-sim`: its command contract (docs/commands.md), and the project goal on realistic curves."""
 
 from __future__ import annotations
 

@@ -273,7 +273,7 @@ class TestProperties:
 
 
 class TestSyntheticCurvesWithFakeClock:
-    """Improved policies against the shapes the issue names, 120 periods per phase, noise 0.02."""
+    """Improved policies against the curve shapes of docs/elastic-scheduler.md, 120 periods per phase, noise 0.02."""
 
     @pytest.mark.parametrize("policy_name", POLICY_NAMES)
     @pytest.mark.parametrize("peak", [1, 3, 12, 27, 32])

@@ -1,4 +1,4 @@
-"""`fissure plan`: the command contract of DESIGN.md and its errors."""
+"""`fissure plan`: its command contract (docs/commands.md) and its errors."""
 
 import json
 import subprocess

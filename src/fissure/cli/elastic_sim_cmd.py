@@ -1,6 +1,6 @@
 """`fissure elastic-sim SPEC.json`: drive a thread-level policy against synthetic throughput curves.
 
-The contract (DESIGN.md) is stable: outside checks call it. Each period the policy sees the
+The contract (docs/commands.md) is stable: outside checks call it. Each period the policy sees the
 spec's throughput at the level in force times (1 + noise x a seeded standard normal draw), with a
 fake clock and the CPU-usage check passing, and names the next level.
 """
@@ -61,7 +61,7 @@ def parse_spec(document: object) -> SimSpec:
         raise UsageError("the spec must be a JSON object with max_threads, noise, seed and phases")
     for field in ("max_threads", "phases"):
         if field not in document:
-            raise UsageError(f"the spec has no {field!r} (see DESIGN.md, 'Contract: fissure elastic-sim')")
+            raise UsageError(f"the spec has no {field!r} (see docs/commands.md, 'fissure elastic-sim')")
     max_threads = document["max_threads"]
     if not isinstance(max_threads, int) or isinstance(max_threads, bool) or max_threads < 1:
         raise UsageError(f"max_threads must be an integer >= 1, got {max_threads!r}")

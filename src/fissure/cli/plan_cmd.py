@@ -1,4 +1,4 @@
-"""`fissure plan SPEC.json`: the optimizer behind a stable contract (see DESIGN.md)."""
+"""`fissure plan SPEC.json`: the optimizer behind a stable contract (docs/commands.md)."""
 
 from __future__ import annotations
 

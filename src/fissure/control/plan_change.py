@@ -12,7 +12,7 @@ The edits depend on the two plans only, not on how a planner named or ordered th
 plan that makes the same edits again is recognised (`PlanChange.repeats`): the adaptive loop's
 blacklist holds changes, not plans.
 
-The switch kind follows from the edits (DESIGN.md, "How the papers' concepts land on Spark"):
+The switch kind follows from the edits (docs/spark-runner.md, how a plan becomes a query):
 - same regions with the same replicas, other pipeline boundaries: the PE's processes change
   between two micro-batches, live, no restart (`SwitchKind.IN_PE`);
 - other regions or replicas: a new physical plan, so the query stops at a batch boundary and

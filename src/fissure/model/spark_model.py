@@ -38,7 +38,8 @@ thread (on its path) and on JVM threads beside it (in the shared CPU only).
 The stages come from `spark_stages`, which mirrors fissure.spark.compile (exchanges and Spark
 stages of each region); tests/test_spark_model.py checks it against the compiler. The constants
 are measured by `fissure calibrate` (fissure.model.calibration) and stored where the planner
-finds them; the defaults below are what DESIGN.md and docs/processing-element.md measured here.
+finds them; the defaults below are what was measured on the project's 2-core machine (docs/processing-element.md,
+docs/profiling.md).
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ class SparkConstants:
     """The Spark model's machine constants. Seconds per batch, stage or task; microseconds per record."""
 
     # Defaults: the medians of three `fissure calibrate` runs on the 2-core development VM
-    # (benchmarks/results/calibrate_stages_run1.txt, _run2.txt and _run3.txt; local[2], PySpark
+    # (benchmarks/results/archive/calibrate_stages_run1.txt, archive/calibrate_stages_run2.txt and archive/calibrate_stages_run3.txt; local[2], PySpark
     # 4.3, RocksDB state store), rounded; a calibration on the deployment replaces them.
     batch_fixed_s: float = 0.2  # per micro-batch: planning, offset and commit logs, the sink call
     stage_fixed_s: float = 0.016  # per Spark stage: scheduling, shuffle bookkeeping
@@ -73,7 +74,7 @@ class SparkConstants:
     io_record_us: float = 0.75  # per source record: reading it, and the sink's share
     python_record_us: float = 0.95  # per record moved between the JVM and a Python worker, each way
     conversion_record_us: float = 1.25  # per record converted between Arrow and Python dicts, each way
-    # per record through a shuffle exchange (write plus read): DESIGN.md's measurement; the three fits
+    # per record through a shuffle exchange (write plus read): measured here at 0.3-0.6 µs for small rows; the three fits
     # put it at 0 (their exchanges are small), and the adaptive correction's factors need a base above 0
     exchange_record_us: float = 0.5
     boundary_record_us: float = 1.0  # delta: per record crossing a PE process boundary, each side
