@@ -13,16 +13,8 @@ from hypothesis import strategies as st
 
 from fissure.control.thread_level.config import ElasticityConfig
 from fissure.control.thread_level.decisions import PeriodMeasurement, ThreadLevelDecision
-from fissure.worker.scheduler import (
-    DynamicScheduler,
-    ElasticOperatorRunner,
-    OperatorFailed,
-    Port,
-    SchedulerConfig,
-    SchedulerStopped,
-    SystemCpuUsage,
-    ThreadLevelSample,
-)
+from fissure.worker.elastic_runner import ElasticOperatorRunner, SystemCpuUsage, ThreadLevelSample
+from fissure.worker.scheduler import DynamicScheduler, OperatorFailed, Port, SchedulerConfig, SchedulerStopped
 
 
 def run_with_deadline(function, deadline_s: float = 20.0):

@@ -43,7 +43,7 @@ from fissure.control.thread_level.config import ElasticityConfig, POLICY_NAMES
 from fissure.control.thread_level.verdict import ThreadingVerdict, threading_verdict
 from fissure.worker.fused import Step, run_record_steps
 from fissure.worker.records import DeadLetter
-from fissure.worker.scheduler import ElasticOperatorRunner, ThreadLevelSample
+from fissure.worker.elastic_runner import ElasticOperatorRunner, ThreadLevelSample
 
 log = logging.getLogger(__name__)
 
