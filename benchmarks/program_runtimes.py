@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     load_before = load()
     spark = create_session(RunnerConfig(master="local[2]"))
     work = tempfile.mkdtemp(prefix="fissure-program-runtimes-")
-    document = {"command": "./dev python benchmarks/program_runtimes.py " + " ".join(argv or sys.argv[1:]),
+    document = {"command": " ".join(["./dev python benchmarks/program_runtimes.py", *(argv or sys.argv[1:])]),
                 "date": now(), "machine": machine(), "revision": revision(REPOSITORY), "load_before": load_before,
                 "workloads": {}}
     for name, pipeline, source, records in workloads(args, work):
