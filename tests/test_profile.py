@@ -6,6 +6,7 @@ import json
 import os
 import statistics
 import time
+from types import SimpleNamespace
 
 import pyarrow as pa
 import pytest
@@ -15,9 +16,10 @@ from fissure.profile.log import ProfileLogWriter, profile_log_path, read_profile
 from fissure.profile.records import OperatorCounts, PipelineCounts, RegionCallCounts
 from fissure.profile.settings import ProfileSettings
 from fissure.profile.window import BatchProfile, render_table, summarize, weighted_median
-from fissure.worker.columns import DEAD_OPERATOR
+
 from fissure.worker.fused import FusedStage, Step, live_batch
-from fissure.worker.profiling import ProfiledRegion, ProfiledUpdate, ProfileTally, ProfileTallyParam, attach_tally
+from fissure.worker.graph_profiling import ProfiledGraphRegion
+from fissure.worker.profiling import ProfiledUpdate, ProfileTally, ProfileTallyParam, attach_tally
 
 NUMBERS = pa.schema([("n", pa.int64())])
 
@@ -77,7 +79,7 @@ def test_fused_stage_counts_every_operator_exactly_and_keeps_its_output():
 
 def test_counters_of_a_stage_run_in_a_forked_child_reach_the_parent():
     stage = FusedStage(chain_steps(), NUMBERS, profile_id="test-fork/s0/p2")
-    stage.bind_profile()  # before the fork, as ProfiledRegion does
+    stage.bind_profile()  # before the fork, as ProfiledGraphRegion does
     pid = os.fork()
     if pid == 0:  # the child runs the stage, as a PE pipeline would
         try:
@@ -112,7 +114,14 @@ def test_profiled_region_reports_each_call_once_into_the_task_tally():
         for batch in batches:
             yield stage(batch)
 
-    function = ProfiledRegion(region, [stage], "s1", accumulator)
+    class Region:  # a pe stage's function: one piece running the stage
+        def pieces_for_call(self):
+            return [SimpleNamespace(nodes=[SimpleNamespace(stage=stage)])]
+
+        def __call__(self, batches, pieces):
+            return region(batches)
+
+    function = ProfiledGraphRegion(Region(), stage_accumulator=accumulator, region_id="s1")
     for _ in range(2):
         outputs = list(function(iter([carried(range(1, 51)), carried(range(51, 101))])))
         assert sum(batch.num_rows for batch in outputs) == sum(1 for n in range(1, 101) if (1000 // n) % 2 == 1)

@@ -13,7 +13,6 @@ import json
 import os
 import time
 
-import pyarrow as pa
 import pytest
 
 import fissure
@@ -26,15 +25,12 @@ from fissure.model.types import Machine
 from fissure.spark.adaptive import run_adaptive_on_spark
 from fissure.spark.adaptive_observations import OperatorProfiles, SparkObservations
 from fissure.spark.adaptive_queries import QueryManager, canonical_plan
-from fissure.spark.adaptive_realizer import SparkPlanRealizer
+from fissure.spark.adaptive_realizer import SparkPlanRealizer, plan_boundaries, same_physical_plan
 from fissure.spark.config import RunnerConfig
-from fissure.spark.live_cut import LiveCut, pe_cuts, recut_stages, same_physical_plan
 from fissure.spark.sinks import ForeachBatchSink, MemorySink
 from fissure.spark.spark_model_search import SparkModelSearch
 from fissure.spark.state import checkpoint_status, offset_entry_state_partitions
 from fissure.testing import record_files
-from fissure.worker.columns import carried_schema, sequence_numbers
-from fissure.worker.fused import FusedStage, Step
 
 EVENTS = {"user": str, "i": int}
 FILES, PER_FILE, USERS = 7, 12, 3
@@ -270,47 +266,12 @@ def _with_states(records):
 # -- pure: cuts, plans, checkpoint entries --------------------------------------------------------------
 
 
-def test_pe_cuts_name_every_pe_segment_of_the_canonical_plan():
+def test_same_physical_plan_differs_only_in_pipeline_boundaries():
     pipeline = keyed_pipeline()
-    assert pe_cuts(SEQUENTIAL, pipeline) == {"scale,not_seven": "scale,not_seven"}
     two = plan(([["scale"]], 1), ([["not_seven", "count"]], 1))  # adjacent unreplicated regions: one region
-    assert pe_cuts(two, pipeline) == {"scale,not_seven": "scale|not_seven"}
+    assert plan_boundaries(pipeline, SEQUENTIAL) == () and plan_boundaries(pipeline, two) == ("not_seven",)
     assert same_physical_plan(SEQUENTIAL, two, pipeline)
     assert not same_physical_plan(SEQUENTIAL, KEYED_X2, pipeline)
-
-
-def test_recut_stages_give_the_same_records_as_the_compiled_cut():
-    schema = pa.schema([("user", pa.string()), ("i", pa.int64())])
-    steps = [Step("scale", "map", scale, schema), Step("not_seven", "filter", not_seven, schema),
-             Step("scale_again", "map", scale, schema)]
-    compiled = [FusedStage(steps, schema)]
-    rows = events()[:20]
-    batch = pa.RecordBatch.from_arrays(
-        [pa.array([r["user"] for r in rows]), pa.array([r["i"] for r in rows]), sequence_numbers(0, 0, len(rows)),
-         pa.nulls(len(rows), pa.string()), pa.nulls(len(rows), pa.string()), pa.nulls(len(rows), pa.string())],
-        schema=carried_schema(schema))
-    pipelines = recut_stages(compiled, "scale|not_seven,scale_again", "test")
-    assert [[stage.names for stage in pipeline] for pipeline in pipelines] == [[("scale",)], [("not_seven", "scale_again")]]
-    out = batch
-    for pipeline in pipelines:
-        for stage in pipeline:
-            out = stage(out)
-    assert out.to_pylist() == compiled[0](batch).to_pylist()
-    with pytest.raises(ValueError, match="does not cover"):
-        recut_stages(compiled, "scale|scale_again", "test")
-
-
-def test_live_cut_outside_a_task_runs_the_compiled_cut():
-    class Region:
-        def __init__(self):
-            self.pipelines = [[FusedStage([Step("a", "map", dict, pa.schema([("x", pa.int64())]))], pa.schema([("x", pa.int64())]))]]
-
-        def __call__(self, batches):
-            return ["compiled"]
-
-    live = LiveCut(Region())
-    assert (live.segment, live.compiled_cut) == ("a", "a")
-    assert live(iter([])) == ["compiled"]
 
 
 def test_state_partitions_are_read_from_an_offset_log_entry():

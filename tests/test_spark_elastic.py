@@ -163,7 +163,8 @@ def test_the_driver_switches_on_what_the_profile_shows_waiting_and_keeps_each_ba
     stage = FusedStage(steps, EVENTS_SCHEMA)
     switched: set[str] = set()
     monkeypatch.setattr(spark_elastic, "_task_switched_operators", lambda: set(switched))
-    region = levels.worker.wrap(lambda batches: (stage(batch) for batch in batches), [[stage]])
+    region = levels.worker.wrap_waiting(lambda batches: (stage(batch) for batch in batches),
+                                        [step.waiting for step in steps if step.waiting is not None])
 
     def write(frame, batch_id):  # the foreachBatch function: the batch's tasks run inside it
         switched.update(json.loads(spark.properties[ELASTIC_SWITCHED_PROPERTY]))

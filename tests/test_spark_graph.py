@@ -137,8 +137,8 @@ def test_the_planner_plans_a_graph_as_the_chain_of_its_stages(spark, tmp_path):
 
 
 def test_fissure_run_runs_every_program(spark, tmp_path):
-    """One entry point: a graph by its named sources and sinks; a chain-shaped graph compiled as a
-    chain; a Pipeline under the autopipelining loop."""
+    """One entry point: a graph by its named sources and sinks; a chain-shaped graph; a Pipeline
+    under the autopipelining loop."""
     import fissure
 
     sinks = {name: MemorySink() for name in ("all", "counts", "enriched")}
@@ -152,7 +152,7 @@ def test_fissure_run_runs_every_program(spark, tmp_path):
     chain_sink = MemorySink()
     report = fissure.run(chain, {"events": sources(tmp_path / "chain")["events"]}, {"counts": chain_sink},
                          spark=spark, progress=False, plan="planner")
-    assert report.input_records == len(EVENTS) and report.batch_log == ()  # compiled as a chain
+    assert report.input_records == len(EVENTS) and len(report.batch_log) == report.batches >= 1
     assert canonical(chain_sink.records()) == canonical(run_local(chain, {"events": EVENTS})["counts"])
 
     pipeline = chain.as_chain()

@@ -12,6 +12,7 @@ from dataclasses import replace
 import pytest
 
 from fissure import Pipeline
+from fissure.streamgraph import as_graph
 from fissure.model.calibration import BatchObservation, fit_spark_constants
 from fissure.model.spark_model import (
     SparkConstants,
@@ -68,7 +69,7 @@ def modelled_steps(operators, plan):
 
 @pytest.mark.spark
 def test_the_models_spark_stages_are_the_compilers(spark, tmp_path):
-    from fissure.spark.compile import compile_plan
+    from fissure.spark.compile_graph import compile_graph
     from fissure.testing import record_files
 
     source = record_files(tmp_path / "in", [{"user": "u", "i": 1}], {"user": str, "i": int}).open(spark)
@@ -76,10 +77,9 @@ def test_the_models_spark_stages_are_the_compilers(spark, tmp_path):
                 .partitioned("c", lambda state, r: r, key="user").map("d", lambda r: r)
                 .stateful("e", lambda state, r: r))
     for plan in PLANS:
-        compiled = compile_plan(pipeline, plan, source)
+        compiled = compile_graph(as_graph(pipeline), {"source": source}, plan=plan)
         assert modelled_steps(CHAIN, plan) == [
-            (stage.kind, stage.pipelines if stage.kind != "sequence" else (), stage.exchange, stage.partitions)
-            for stage in compiled.stages], plan
+            (step.kind, step.pipelines, step.exchange, step.partitions) for step in compiled.steps], plan
 
 
 def test_batch_time_is_fixed_costs_plus_stage_times_and_throughput_is_records_over_it():

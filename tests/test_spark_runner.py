@@ -70,7 +70,7 @@ def run_chain(spark, tmp_path, plan, count=40, files=4):
 
 def test_sequential_plan_runs_everything_on_one_partition(spark, tmp_path):
     runner, report, records = run_chain(spark, tmp_path, "sequential")
-    assert [(stage.kind, stage.exchange) for stage in runner.compiled.stages] == [
+    assert [(stage.kind, stage.exchange) for stage in runner.compiled.steps] == [
         ("pe", "none"), ("state", "hash"), ("state", "single")]
     assert runner.compiled.state_partitions == 1
     assert sorted(record["i"] for record in records) == expected_results(40)
@@ -85,7 +85,7 @@ def test_fission_pipelining_and_keyed_regions_give_the_sequential_results(spark,
                  RegionPlan((("order",),), replicas=2),
                  RegionPlan((("total",),), replicas=1)))
     runner, report, records = run_chain(spark, tmp_path, plan)
-    stages = runner.compiled.stages
+    stages = runner.compiled.steps
     assert [(s.kind, s.exchange, s.partitions, s.pipelines) for s in stages] == [
         ("sequence", "none", None, ()),
         ("pe", "round-robin", 2, (("scale",), ("even",))),
@@ -105,7 +105,7 @@ def test_fission_pipelining_and_keyed_regions_give_the_sequential_results(spark,
     assert "thirteen is unlucky" in dead[0].error
 
 
-def test_partitioned_region_with_stateless_prefix_is_hashed_on_the_key(spark, tmp_path):
+def test_partitioned_region_spreads_its_stateless_prefix_and_hashes_on_the_key(spark, tmp_path):
     pipeline = (Pipeline("prefix").map("scale", scale)
                 .partitioned("order", remember_order, key="user", schema=ORDERED))
     plan = Plan((RegionPlan((("scale", "order"),), replicas=2),))
@@ -115,8 +115,8 @@ def test_partitioned_region_with_stateless_prefix_is_hashed_on_the_key(spark, tm
     runner.start(available_now=True)
     runner.await_termination(120)
     runner.stop()
-    assert [(s.kind, s.exchange, s.key) for s in runner.compiled.stages] == [
-        ("sequence", "none", None), ("pe", "hash", ("user",)), ("state", "hash", ("user",))]
+    assert [(s.kind, s.exchange, s.key) for s in runner.compiled.steps] == [
+        ("sequence", "none", None), ("pe", "round-robin", None), ("state", "hash", ("user",))]
     counts = {}
     for record in sink.records():
         counts[record["user"]] = max(counts.get(record["user"], 0), record["seen"])

@@ -37,13 +37,6 @@ class TumblingWindow:
         if not isinstance(self.lateness, (int, float)) or isinstance(self.lateness, bool) or not self.lateness >= 0:
             raise PipelineError(f"a join window's lateness must be a number >= 0, got {self.lateness!r}")
 
-    def window_of(self, time_value: float) -> int:
-        return int(time_value // self.size)
-
-    def closes_at(self, window: int) -> float:
-        """The watermark at which `window` closes."""
-        return (window + 1) * self.size + self.lateness
-
 
 @dataclass(frozen=True)
 class JoinSpec:

@@ -35,7 +35,7 @@ processes share the cores with the other tasks' (eq. 13's C / U cap, per stage).
 partition loads and commits its store each micro-batch, an empty one too: CPU on the task's
 thread (on its path) and on JVM threads beside it (in the shared CPU only).
 
-The stages come from `spark_stages`, which mirrors fissure.spark.compile (exchanges and Spark
+The stages come from `spark_stages`, which mirrors fissure.spark.compile_graph (exchanges and Spark
 stages of each region); tests/test_spark_model.py checks it against the compiler. The constants
 are measured by `fissure calibrate` (fissure.model.calibration) and stored where the planner
 finds them; the defaults below are what was measured on the project's 2-core machine (docs/processing-element.md,
@@ -172,7 +172,7 @@ class SparkEvaluation:
 
 
 def _segments(operators: Sequence[OperatorStats], pipelines: Sequence[Sequence[int]]) -> list[tuple[str, Any]]:
-    """A region cut at its stateful operators, as fissure.spark.compile cuts it."""
+    """A region cut at its stateful operators, as fissure.spark.compile_graph cuts it."""
     segments: list[tuple[str, Any]] = []
     pending: list[tuple[int, ...]] = []
     for pipeline in pipelines:
@@ -229,14 +229,9 @@ def _keys_per_batch(operator: OperatorStats, workload: SparkWorkload, records_in
     return min(keys, records_in)
 
 
-def _scale_bound(operators: Sequence[OperatorStats]) -> float:
-    bounds = [operator.max_scale for operator in operators if operator.max_scale is not None]
-    return min(bounds) if bounds else math.inf
-
-
 def spark_stages(operators: Sequence[OperatorStats], plan: Plan, source_partitions: int = 1,
                  default_state_partitions: int = 1) -> tuple[StageShape, ...]:
-    """The Spark stages of one micro-batch under `plan`, as fissure.spark.compile builds them."""
+    """The Spark stages of one micro-batch under `plan`, as fissure.spark.compile_graph builds them."""
     index = {operator.name: i for i, operator in enumerate(operators)}
     has_state = any(operator.kind is not Kind.STATELESS for operator in operators)
     keyed = [region.replicas for region in plan.regions
@@ -262,26 +257,16 @@ def spark_stages(operators: Sequence[OperatorStats], plan: Plan, source_partitio
 
     for region in plan.regions:
         members = [index[name] for name in region.operators]
-        kinds = {operators[i].kind for i in members}
-        region_kind = (Kind.PARTITIONED if Kind.PARTITIONED in kinds else
-                       Kind.STATEFUL if Kind.STATEFUL in kinds else Kind.STATELESS)
         pipelines = [tuple(index[name] for name in pipeline) for pipeline in region.pipelines]
         segments = _segments(operators, pipelines)
         replicas = region.replicas
         if segments[0][0] == "pe" and not (replicas == 1 and partitions in (None, 1)):
             if not carried and has_state:
                 sequence_node(members[0])
-            if region_kind is Kind.STATELESS:
-                new_stage("round-robin", replicas, replicas, members[0])
-                partitions = replicas
-            elif region_kind is Kind.PARTITIONED:
-                bound = _scale_bound([operators[i] for i in members])
-                keyed_member = next(i for i in members if operators[i].kind is Kind.PARTITIONED)
-                new_stage("hash", replicas, min(replicas, bound), members[0], keyed_member)
-                partitions = replicas
-            else:
-                new_stage("single", 1, 1, members[0])
-                partitions = 1
+            # Round-robin whatever the region holds: its stateless prefix runs spread evenly, and
+            # a keyed operator's own exchange hashes on the key after it.
+            new_stage("round-robin", replicas, replicas, members[0])
+            partitions = replicas
         for kind, content in segments:
             if kind == "pe":
                 current["nodes"].append(NodeShape("pe", content, content[0][0]))

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 from fissure.model.throughput import replication_problem
-from fissure.model.types import Kind, Machine, OperatorStats, Plan, RegionPlan
+from fissure.model.types import Machine, OperatorStats, Plan, RegionPlan
 
 
 class RegionShape(NamedTuple):
@@ -216,7 +216,3 @@ def merge_unreplicated(regions: Sequence[RegionShape]) -> list[RegionShape]:
         else:
             merged.append(region)
     return merged
-
-
-def stateful_free(operators: Sequence[OperatorStats]) -> bool:
-    return all(operator.kind is not Kind.STATEFUL for operator in operators)

@@ -92,7 +92,7 @@ class QueryManager:
                         spark=self.spark, dead_letters=self.dead_letters, config=self.config, progress=False,
                         **self.runner_options)
         runner.dead_letter_log = self.dead_letter_log  # one count over the run's queries
-        gate = BatchGate(self.spark, plan, self.pipeline, self.clock)
+        gate = BatchGate(plan, self.clock)
         runner.wrap_batch = gate.wrap
         runner.start(available_now=self.available_now)
         self.queries_started += 1

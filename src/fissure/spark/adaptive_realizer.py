@@ -1,9 +1,9 @@
 """Plan switches on a running query: `SparkPlanRealizer`, the `PlanRealizer` of the adaptive loop
 on Spark (fissure.control.driver), and `SwitchRecord`, what each switch took.
 
-- In-PE switch (same regions and replicas, other pipeline cuts): the gate sets the new cuts as a
-  Spark local property before it lets the next batch run; the PEs of that batch's tasks re-cut
-  themselves (`fissure.spark.live_cut`). No restart, nothing stops.
+- In-PE switch (same regions and replicas, other pipeline cuts): the runner sets the new pipeline
+  boundaries as a Spark local property when the gate lets the next batch run; the PEs of that
+  batch's tasks re-cut themselves (`Runner.set_boundaries`). No restart, nothing stops.
 - Restart (other replicas or exchanges): the held batch N is abandoned (its `foreachBatch` raises
   before any action, so it computed and wrote nothing; only its offset-log entry exists; or the
   stop finds Spark still planning N, before its `foreachBatch`), the query stops, the state is
@@ -31,12 +31,31 @@ from fissure.graph import Pipeline
 from fissure.model.types import Kind, Plan
 from fissure.spark.adaptive_queries import LiveQuery, QueryManager, canonical_plan
 from fissure.spark.batch_gate import POLL_S
-from fissure.spark.live_cut import plan_boundaries, same_physical_plan
 from fissure.spark.state import Repartitioner, checkpoint_status, repartition_state, spark_repartitioner
-from fissure.streamgraph import StreamGraph
-from fissure.worker.graph_pe import state_partitions_of
+from fissure.model.throughput import canonical_regions
+from fissure.streamgraph import StreamGraph, as_graph
+from fissure.worker.graph_pe import plan_graph_stages, state_partitions_of
 
 log = logging.getLogger(__name__)
+
+
+def plan_boundaries(program: Pipeline | StreamGraph, plan: Plan) -> tuple[str, ...]:
+    """The pipeline boundaries of a program's query under `plan` (compiled canonical)."""
+    stages = plan_graph_stages(as_graph(program), Plan(canonical_regions(plan)))
+    return tuple(sorted(node for stage in stages for node in stage.boundaries))
+
+
+def same_physical_plan(first: Plan, second: Plan, program: Pipeline | StreamGraph) -> bool:
+    """Whether the two plans compile to the same query up to the PEs' boundaries: the same
+    canonical regions with the same replicas (so the same exchanges) and the same stages."""
+    graph = as_graph(program)
+
+    def layout(plan: Plan):
+        regions = canonical_regions(plan)
+        return ([(region.operators, region.replicas) for region in regions],
+                [(stage.kind, stage.nodes, stage.replicas) for stage in plan_graph_stages(graph, Plan(regions))])
+
+    return layout(first) == layout(second)
 
 
 class SwitchFailed(RuntimeError):
@@ -103,9 +122,8 @@ class SparkPlanRealizer:
     def _in_pe(self, live: LiveQuery, plan: Plan, kind: SwitchKind) -> float:
         started = self.clock()
         before = plan_fingerprint(live.plan)
-        live.gate.set_plan(plan, self.pipeline)
-        if isinstance(self.pipeline, StreamGraph):  # a graph's PEs read their boundaries from the runner
-            live.runner.set_boundaries(plan_boundaries(self.pipeline, plan))
+        live.gate.set_plan(plan)
+        live.runner.set_boundaries(plan_boundaries(self.pipeline, plan))
         live.plan = plan
         cost_s = self.clock() - started
         self.switches.append(SwitchRecord(before, plan_fingerprint(plan), kind.value, SwitchKind.IN_PE.value, cost_s))

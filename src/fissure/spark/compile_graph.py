@@ -21,55 +21,44 @@ them where it runs, so nothing upstream is recomputed.
 
 from __future__ import annotations
 
-import json
 import uuid
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 
-import pandas as pd
 import pyarrow as pa
-import pyarrow.compute as pc
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
-from pyspark.sql.streaming.stateful_processor import StatefulProcessor
 
 from fissure.graph import PipelineError
 from fissure.model.types import Kind, Plan
 from fissure.spark.elastic import WorkerThreads
 from fissure.spark.plans import check_plan, sequential_plan
 from fissure.spark.sources import arrow_schema_of, spark_schema_of
-from fissure.spark.stages import carried_batch_from_pandas, pandas_frame
+from fissure.spark.stages import (
+    KEY, KEY_MARK, SPREAD_PREFIX, GraphRegionFunction, GraphStateProcessor, SourceEnvelopeFunction, WorkerProfiling,
+)
 from fissure.streamgraph import NodeKind, StreamGraph
-from fissure.worker.columns import DEAD_COLUMNS, DEAD_OPERATOR, SEQ, SEQ_PARTITION_SHIFT, carried_schema
-from fissure.worker.elastic_stage import WaitingOperator
-from fissure.worker.fused import assemble
-from fissure.worker.graph_join import LEFT, RIGHT, JoinStep, arrivals_of, joined_batch, run_join_group
-from fissure.worker.graph_local import SOURCE_SHIFT
+from fissure.worker.columns import DEAD_OPERATOR, SEQ
 from fissure.worker.graph_profiling import ProfiledGraphRegion
 from fissure.worker.graph_pe import (
-    ROUTE, EnvelopeLayout, GraphStage, StageProfiling, build_pieces, consumers_after, plan_graph_stages,
+    ROUTE, EnvelopeLayout, GraphStage, StageProfiling, consumers_after, pieces_for, plan_graph_stages,
     state_partitions_of, stream_lifetimes,
 )
-from fissure.worker.keyed import StatefulStep, run_group
-from fissure.worker.profiling import ProfiledUpdate
-from fissure.worker.region import processing_element
-
-KEY = "_fissure_key"
-SPREAD_PREFIX = "~"
-KEY_MARK = "="
-BOUNDARIES_PROPERTY = "fissure.graph.boundaries"  # JSON {graph name: [operator, ...]}, per micro-batch
 
 
 @dataclass(frozen=True)
-class WorkerProfiling:
-    """What compiled stages need to profile themselves (fissure.worker.profiling): the run's
-    profile accumulator and how much to time. `token` keeps one query's counters apart from
-    another's in a worker that serves both."""
+class CompiledStep:
+    """One Spark-side step of the compiled query, as the Spark model prices it (listings, tests)."""
 
-    accumulator: object
-    timed_every_batches: int = 1
-    timed_every_records: int = 32
-    token: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
+    kind: str  # "pe" (mapInArrow), "state" (transformWithStateInPandas) or "sequence" (envelopes only)
+    pipelines: tuple[tuple[str, ...], ...]  # operator names per PE process; one for a state step
+    exchange: str  # "none", "round-robin", "hash" or "single" before this step
+    partitions: int | None  # partitions after the exchange; None: the input's
+    key: tuple[str, ...] | None = None
+
+    @property
+    def processes(self) -> int:
+        return len(self.pipelines) if self.kind == "pe" else 1
 
 
 @dataclass(frozen=True)
@@ -81,165 +70,7 @@ class CompiledGraph:
     order: tuple[str, ...]
     plan: Plan
     state_partitions: int
-
-
-def task_boundaries(graph_name: str) -> list[str] | None:
-    """The boundaries the driver set for this task's micro-batch (None: unset)."""
-    try:
-        from pyspark import TaskContext
-
-        context = TaskContext.get()
-        text = context.getLocalProperty(BOUNDARIES_PROPERTY) if context is not None else None
-        return json.loads(text).get(graph_name) if text else None
-    except Exception:  # noqa: BLE001 - unreadable: run the compiled boundaries
-        return None
-
-
-class GraphRegionFunction:
-    """A pe stage's mapInArrow function: its pieces in one processing element."""
-
-    def __init__(self, graph: StreamGraph, schemas, layout: EnvelopeLayout, stages, stage: GraphStage,
-                 boundaries: Iterable[str], profile_prefix: str | None, query_token: str,
-                 waiting: Mapping[str, WaitingOperator] | None = None,
-                 output_layout: EnvelopeLayout | None = None, source_envelopes=None,
-                 stage_profiling: StageProfiling | None = None) -> None:
-        self.graph, self.schemas, self.layout, self.stages, self.stage = graph, schemas, layout, stages, stage
-        self.source_envelopes = source_envelopes  # set: the input is the source's rows, not envelopes
-        self.stage_profiling = stage_profiling
-        self.output_layout = output_layout or layout  # `layout`: the pieces', with the streams made here
-        self.waiting = dict(waiting or {})
-        # The worker keeps a PE's processes per region id: one query's pieces never serve another.
-        self.region_id = f"graph/{graph.name}/{query_token}/{stage.label}"
-        self.boundaries = tuple(sorted(set(boundaries) & set(stage.nodes)))
-        self.profile_prefix = profile_prefix
-        self._pieces: dict[tuple[str, ...], list] = {}
-
-    def pieces_for_call(self) -> list:
-        requested = task_boundaries(self.graph.name)
-        boundaries = self.boundaries if requested is None else tuple(sorted(set(requested) & set(self.stage.nodes)))
-        pieces = self._pieces.get(boundaries)
-        if pieces is None:
-            pieces = self._pieces[boundaries] = build_pieces(self.graph, self.schemas, self.layout, self.stages,
-                                                             self.stage, boundaries, self.profile_prefix, self.waiting,
-                                                             self.stage_profiling)
-        return pieces
-
-    def __call__(self, batches: Iterator[pa.RecordBatch], pieces=None) -> Iterator[pa.RecordBatch]:
-        pieces = pieces if pieces is not None else self.pieces_for_call()
-        element = processing_element([[piece] for piece in pieces], self.region_id)
-        if self.source_envelopes is not None:
-            batches = self.source_envelopes(batches)
-        for batch in element.process(batches):
-            if batch.num_rows:
-                yield self.output_layout.conform(batch)
-
-
-class GraphStateProcessor(StatefulProcessor):
-    """transformWithStateInPandas handler of one keyed node over envelopes."""
-
-    STATE_NAME = "fissure_state"
-
-    def __init__(self, graph: StreamGraph, schemas, layout: EnvelopeLayout, node_name: str,
-                 forward_inputs: Sequence[str], output_layout: EnvelopeLayout | None = None,
-                 profiling: WorkerProfiling | None = None) -> None:
-        self.graph, self.schemas, self.layout = graph, schemas, layout
-        self.profiling = profiling
-        self.output_layout = output_layout or layout
-        self.node = graph.node(node_name)
-        self.forward_inputs = tuple(forward_inputs)
-        self.input_schema = pa.schema(list(layout.schema) + [pa.field(KEY, pa.string())])
-        self._state = None
-        # A key group holds live rows of the node's inputs only (every other row has a spread
-        # key). One input and nothing to forward: the group converts straight to the carried
-        # batch the operator reads, skipping the envelope.
-        self._direct = self.node.kind is not NodeKind.JOIN and not self.forward_inputs
-        stream = self.node.inputs[0]
-        self._direct_positions = [self.input_schema.get_field_index(name)
-                                  for name in (*layout.columns_of(stream), SEQ, *DEAD_COLUMNS)]
-        self._direct_schema = carried_schema(schemas[stream])
-        self._step = self._stateful_step() if self.node.kind is not NodeKind.JOIN else None
-
-    def init(self, handle) -> None:
-        self._state = handle.getValueState(self.STATE_NAME, "value binary")
-
-    def handleInputRows(self, key, rows, timerValues) -> Iterator[pd.DataFrame]:  # noqa: N802 - Spark's name
-        frames = list(rows)
-        frame = frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)
-        spread = str(key[0]).startswith(SPREAD_PREFIX)
-        if self._direct and not spread:
-            carried = carried_batch_from_pandas(frame, self._direct_schema, self._direct_positions)
-            stored = self._state.get()  # None for a new key: one state-server round trip, not two
-            result = run_group(self._step, carried, stored[0] if stored is not None else None)
-            if result.state is not None:
-                self._state.update((result.state,))
-            if result.batch.num_rows:
-                yield pandas_frame(self.output_layout.wrap(result.batch, self.node.name))
-            return
-        batch = carried_batch_from_pandas(frame, self.input_schema)
-        batch = batch.select(self.layout.schema.names)
-        if spread:
-            yield pandas_frame(self.output_layout.conform(batch))  # rows of other nodes: through, no state
-            return
-        stored = self._state.get()
-        output, state = self._run(batch, stored[0] if stored is not None else None)
-        if state is not None:
-            self._state.update((state,))
-        parts = [self.output_layout.wrap(output, self.node.name)]
-        parts += [self.output_layout.conform(self._rows_of(batch, stream)) for stream in self.forward_inputs]
-        result = assemble(parts, self.output_layout.schema)
-        if result.num_rows:
-            yield pandas_frame(result)
-
-    def _rows_of(self, batch: pa.RecordBatch, stream: str) -> pa.RecordBatch:
-        """The live envelopes of `stream` (forwarded to a later consumer)."""
-        return batch.filter(pc.and_(pc.equal(batch.column(0), pa.scalar(self.layout.route_of(stream), pa.int32())),
-                                    batch.column(batch.schema.get_field_index(DEAD_OPERATOR)).is_null()))
-
-    def _run(self, batch: pa.RecordBatch, stored: bytes | None) -> tuple[pa.RecordBatch, bytes | None]:
-        node, schemas = self.node, self.schemas
-        if node.kind is NodeKind.JOIN:
-            spec = node.join
-            step = JoinStep(node.name, spec.fn, spec.window.time_field, spec.window.size, spec.window.lateness,
-                            spec.schema)
-            arrivals = [arrival for side, stream in ((LEFT, node.inputs[0]), (RIGHT, node.inputs[1]))
-                        for arrival in arrivals_of(self.layout.extract(batch, stream), schemas[stream], side)]
-            result = run_join_group(step, arrivals, stored)
-            return joined_batch(step, result.records, result.seqs, result.dead), result.state
-        result = run_group(self._step, self.layout.extract(batch, node.inputs[0]), stored)
-        return result.batch, result.state
-
-    def _stateful_step(self) -> StatefulStep:
-        node, operator = self.node, self.node.operator
-        fn = operator.fn if self.profiling is None else ProfiledUpdate(
-            operator.fn, operator.name, self.profiling.accumulator, self.profiling.timed_every_records)
-        return StatefulStep(name=operator.name, fn=fn, state_factory=operator.state_factory,
-                            input_schema=self.schemas[node.inputs[0]], output_schema=self.schemas[node.name],
-                            key=operator.key, order_by=operator.order_by)
-
-    def close(self) -> None:
-        pass
-
-
-class SourceEnvelopeFunction:
-    """mapInArrow function turning a source's rows into envelopes routed to the source, with
-    sequence numbers `source index << 56 | task partition << 40 | row in the partition`."""
-
-    def __init__(self, name: str, index: int, layout: EnvelopeLayout, source_schema: pa.Schema) -> None:
-        self.name, self.index, self.layout, self.source_schema = name, index, layout, source_schema
-
-    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        from pyspark import TaskContext
-
-        first_seq = (self.index << SOURCE_SHIFT) + (TaskContext.get().partitionId() << SEQ_PARTITION_SHIFT)
-        schema = carried_schema(self.source_schema)
-        for batch in batches:
-            rows = batch.num_rows
-            columns = [batch.column(batch.schema.get_field_index(name)).cast(field.type)
-                       for name, field in zip(self.source_schema.names, self.source_schema)]
-            columns.append(pa.array(range(first_seq, first_seq + rows), pa.int64()))
-            columns += [pa.nulls(rows, pa.string())] * len(DEAD_COLUMNS)
-            first_seq += rows
-            yield self.layout.wrap(pa.RecordBatch.from_arrays(columns, schema=schema), self.name)
+    steps: tuple[CompiledStep, ...] = ()
 
 
 def _source_envelopes(name: str, index: int, frame: DataFrame, layout: EnvelopeLayout) -> DataFrame:
@@ -266,7 +97,8 @@ def _key_column(node, layout: EnvelopeLayout, spread: int):
 def compile_graph(graph: StreamGraph, source_frames: Mapping[str, DataFrame], *, plan: Plan | None = None,
                   boundaries: Iterable[str] | None = None, state_partitions: int | None = None,
                   profile_accumulator=None, threads: WorkerThreads | None = None,
-                  profiling: WorkerProfiling | None = None) -> CompiledGraph:
+                  profiling: WorkerProfiling | None = None,
+                  resource_profile_for=lambda processes: None) -> CompiledGraph:
     """The query of `graph` under `plan` (default: sequential) over the streaming DataFrames of its
     sources (by source name).
 
@@ -277,7 +109,8 @@ def compile_graph(graph: StreamGraph, source_frames: Mapping[str, DataFrame], *,
     PEs report into, node by node, for autopipelining (None: not profiled). `profiling`: every
     operator counts and times itself into that ProfileTally accumulator, as a chain's do (None:
     not profiled). `threads`: how waiting operators run on elastic threads and report their levels
-    (None: declared ones still do, with the default policy, unreported)."""
+    (None: declared ones still do, with the default policy, unreported). `resource_profile_for(n)`
+    may return a ResourceProfile for a pe stage of n processes (None: Spark's default)."""
     threads = threads or WorkerThreads()
     query_token = uuid.uuid4().hex[:12]
     profile_prefix = f"{graph.name}.{query_token}"
@@ -317,13 +150,16 @@ def compile_graph(graph: StreamGraph, source_frames: Mapping[str, DataFrame], *,
         for other in frames[1:]:
             frame = frame.unionByName(other)
         source_envelopes = None
+    steps = [] if enveloped_in_first_stage else [CompiledStep("sequence", (), "none", None)]
     done = set(graph.sources)
     partitions: int | None = None  # None: the sources' partitioning
     for stage in stages:
         done |= set(stage.nodes)
         if stage.kind == "pe":
+            exchange, spread = "none", None
             if stage.replicas is not None and (stage.replicas > 1 or partitions not in (None, 1)):
                 frame = frame.repartition(stage.replicas)  # round-robin: the replicas share the records
+                exchange, spread = "round-robin", stage.replicas
                 partitions = stage.replicas
             waiting = {name: threads.waiting_for(graph.node(name).operator, graph.name) for name in stage.nodes
                        if graph.node(name).operator is not None}
@@ -340,7 +176,12 @@ def compile_graph(graph: StreamGraph, source_frames: Mapping[str, DataFrame], *,
                 function = ProfiledGraphRegion(function, profile_accumulator,
                                                profiling.accumulator if profiling is not None else None, stage.label)
             function = threads.wrap_waiting(function, list(waiting.values()))
-            frame = frame.mapInArrow(function, spark_schema_of(layouts[stage.position + 1].schema))
+            processes = pieces_for(graph, stage.nodes, stage.boundaries if boundaries is None else boundaries)
+            steps.append(CompiledStep("pe", processes, exchange, spread))
+            profile = resource_profile_for(len(processes))
+            output_schema = spark_schema_of(layouts[stage.position + 1].schema)
+            frame = (frame.mapInArrow(function, output_schema, profile=profile) if profile is not None
+                     else frame.mapInArrow(function, output_schema))
             continue
         node = graph.node(stage.nodes[0])
         forward = [stream for stream in dict.fromkeys(node.inputs) if consumers_after(graph, stream, done)]
@@ -349,7 +190,10 @@ def compile_graph(graph: StreamGraph, source_frames: Mapping[str, DataFrame], *,
         frame = (frame.withColumn(KEY, _key_column(node, entering, state_partitions))
                  .groupBy(KEY).transformWithStateInPandas(processor, spark_schema_of(leaving.schema), "Append", "None"))
         partitions = state_partitions
-    return CompiledGraph(frame, layouts[-1], stages, schemas, checked.order, plan, state_partitions)
+        partitioned = node.kind is not NodeKind.OPERATOR or node.operator.kind is Kind.PARTITIONED
+        steps.append(CompiledStep("state", ((node.name,),), "hash" if partitioned else "single", state_partitions,
+                                  tuple(node.key) if partitioned else None))
+    return CompiledGraph(frame, layouts[-1], stages, schemas, checked.order, plan, state_partitions, tuple(steps))
 
 
 def sink_frame(compiled: CompiledGraph, graph: StreamGraph, sink: str, frame: DataFrame) -> DataFrame:

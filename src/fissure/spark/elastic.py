@@ -3,7 +3,7 @@
 Operators declared `waits="io"` / `waits="gil-free"` run on elastic threads inside their fused
 stage (fissure.worker.elastic_stage). This module connects that to a run:
 
-- compiling (`WorkerThreads`, used by fissure.spark.compile): which steps carry a
+- compiling (`WorkerThreads`, used by fissure.spark.compile_graph): which steps carry a
   `WaitingOperator` (declared ones; with `RunnerConfig.detect_waiting_operators` every stateless
   per-record one, switched off until detected), with the run's policy and its parameters; and the
   wrapper `ElasticRegion` around each PE stage that has such steps;
@@ -73,13 +73,6 @@ class WorkerThreads:
             return None
         return WaitingOperator.for_operator(operator.name, f"{pipeline}/{operator.name}", declared,
                                             self.policy, self.config)
-
-    def wrap(self, function: Callable, pipelines: Sequence[Sequence]) -> Callable:
-        """`function` (a PE stage's mapInArrow function over the fused stages `pipelines`) wrapped
-        in an `ElasticRegion` when one of its steps may wait."""
-        waiting = [step.waiting for stages in pipelines for stage in stages for step in stage.steps
-                   if step.waiting is not None]
-        return self.wrap_waiting(function, waiting)
 
     def wrap_waiting(self, function: Callable, waiting: Sequence[WaitingOperator]) -> Callable:
         """`function` (a PE stage's mapInArrow function whose steps include `waiting`) wrapped in an

@@ -6,16 +6,15 @@ one call that runs any program to its end.
     runner = Runner(graph, {"lines": FileSource("logs/")}, {"alerts": FileSink("out/alerts")}, plan="planner")
     runner.start(available_now=True); runner.await_termination(); report = runner.stop()
 
-A chain (a Pipeline, or a graph of one source, one sink and operators one after the other)
-compiles to carried batches (fissure.spark.compile); any other graph to envelopes
-(fissure.spark.compile_graph). Either way one foreachBatch function writes the micro-batch's
-dead letters and every sink, each keyed by the batch id: a batch replayed after a crash
-overwrites what it wrote, so with idempotent sinks (FileSink, MemorySink) every sink holds each
-result exactly once across restarts from the checkpoint.
+Every program, a chain (a Pipeline) or any other graph, compiles to one query over envelopes
+(fissure.spark.compile_graph). One foreachBatch function writes the micro-batch's dead letters
+and every sink, each keyed by the batch id: a batch replayed after a crash overwrites what it
+wrote, so with idempotent sinks (FileSink, MemorySink) every sink holds each result exactly once
+across restarts from the checkpoint.
 
-A graph's pipeline boundaries (operators whose input port starts a new process of its PE) are
-the plan's, or `boundaries`, and change between micro-batches with `set_boundaries` (a Spark
-local property the next batch's tasks read: no restart).
+The pipeline boundaries (operators whose input port starts a new process of their PE) are the
+plan's, or `boundaries`, and change between micro-batches with `set_boundaries` (a Spark local
+property the next batch's tasks read: no restart).
 """
 
 from __future__ import annotations
@@ -38,13 +37,13 @@ from fissure.profile.collector import ProfileCollector
 from fissure.profile.log import profile_log_path
 from fissure.profile.settings import ProfileSettings
 from fissure.profile.window import BatchProfile, ProfileSummary, render_table
-from fissure.spark.compile import CompiledQuery, compile_plan
-from fissure.spark.compile_graph import BOUNDARIES_PROPERTY, CompiledGraph, WorkerProfiling, compile_graph, sink_frame
+from fissure.spark.compile_graph import CompiledGraph, compile_graph, sink_frame
+from fissure.spark.stages import BOUNDARIES_PROPERTY, WorkerProfiling
 from fissure.spark.config import RunnerConfig
 from fissure.spark.elastic import ThreadLevels
 from fissure.spark.plans import describe_plan, plan_line, resolve_plan
 from fissure.spark.session import QUERY_DEFAULTS, create_session, default_parallelism, is_local
-from fissure.spark.sinks import BatchWriter, DeadLetterLog, write_dead_letters
+from fissure.spark.sinks import DeadLetterLog, write_dead_letters
 from fissure.spark.sources import open_source
 from fissure.streamgraph import StreamGraph, as_graph
 from fissure.worker.elastic_stage import BatchThreadLevels
@@ -217,11 +216,8 @@ class Runner:
                  state_partitions: int | None = None, profile_pieces: bool = False) -> None:
         self.program = program
         self.graph = as_graph(program)
-        self.chain = program if isinstance(program, Pipeline) else self.graph.as_chain()
-        self.pipeline = self.chain if self.chain is not None else self.graph  # what plans name
-        if self.chain is not None:
-            self.source = next(iter(source.values())) if isinstance(source, Mapping) else source
-            self.sink = next(iter(sink.values())) if isinstance(sink, Mapping) else sink
+        chain = program if isinstance(program, Pipeline) else self.graph.as_chain()
+        self.pipeline = chain if chain is not None else self.graph  # what plans name
         self.sources = _bound(self.graph, source, "source", self.graph.sources)
         self.sinks = _bound(self.graph, sink, "sink", self.graph.sinks)
         self.config = config
@@ -244,7 +240,7 @@ class Runner:
         self.show_progress = sys.stderr.isatty() if progress is None else progress
         self.query_name = query_name
         self.query = None
-        self.compiled: CompiledQuery | CompiledGraph | None = None
+        self.compiled: CompiledGraph | None = None
         self._seen_batches: dict[int, int] = {}
         self._last_progress: Progress | None = None
         self._started_at = 0.0
@@ -277,22 +273,15 @@ class Runner:
         self.threads = ThreadLevels(self.spark, self.pipeline, policy=self.config.thread_policy,
                                     config=self.config.thread_elasticity, profile_summary=self.profile_summary,
                                     detect=self.config.detect_waiting_operators and self.profiler is not None)
-        if self.chain is not None and not self.profile_pieces:
-            self.compiled = compile_plan(self.chain, self.plan, open_source(self.source, self.spark),
-                                         state_partitions=state_partitions,
-                                         resource_profile_for=_resource_profiles(self.spark), profiling=profiling,
-                                         threads=self.threads.worker)
-            writer = BatchWriter(self.sink, self.dead_letter_sink, self.dead_letter_log,
-                                 list(self.compiled.result_schema.names))
-        else:
-            frames = {name: open_source(self.sources[name], self.spark) for name in self.graph.sources
-                      if name in self.sources}
-            if self.profile_pieces:
-                self.accumulator = self.spark.sparkContext.accumulator(GraphProfileTally(), GraphProfileTallyParam())
-            self.compiled = compile_graph(self.graph, frames, plan=self.plan, boundaries=self.boundaries,
-                                          state_partitions=state_partitions, profile_accumulator=self.accumulator,
-                                          threads=self.threads.worker, profiling=profiling)
-            writer = self._write_graph_batch
+        frames = {name: open_source(self.sources[name], self.spark) for name in self.graph.sources
+                  if name in self.sources}
+        if self.profile_pieces:
+            self.accumulator = self.spark.sparkContext.accumulator(GraphProfileTally(), GraphProfileTallyParam())
+        self.compiled = compile_graph(self.graph, frames, plan=self.plan, boundaries=self.boundaries,
+                                      state_partitions=state_partitions, profile_accumulator=self.accumulator,
+                                      threads=self.threads.worker, profiling=profiling,
+                                      resource_profile_for=_resource_profiles(self.spark))
+        writer = self._write_batch
         if self.profiler is not None:
             writer = self.profiler.wrap(writer)
         writer = self.threads.wrap(writer)
@@ -371,8 +360,8 @@ class Runner:
         """Everything a graph's PEs reported node by node so far (empty without `profile_pieces`)."""
         return self.accumulator.value.copy() if self.accumulator is not None else GraphProfileTally()
 
-    def _write_graph_batch(self, frame, batch_id: int) -> None:
-        """A graph's foreachBatch: the boundaries for the batch's tasks, then the micro-batch
+    def _write_batch(self, frame, batch_id: int) -> None:
+        """The foreachBatch function: the boundaries for the batch's tasks, then the micro-batch
         persisted once, its dead letters and every sink written from it."""
         batch_id = int(batch_id)
         with self._lock:

@@ -1,10 +1,9 @@
 """Where results and dead letters go. Every sink is written from one foreachBatch per micro-batch.
 
 The query's output holds results and dead letters together (a dead letter has its
-`_fissure_dead_operator` set); `BatchWriter` caches each micro-batch once, writes the dead
-letters to the dead-letter sink and the results to the result sink, both keyed by the batch id,
-so a batch replayed after a crash overwrites what it wrote before: exactly once with the
-checkpoint.
+`_fissure_dead_operator` set); the runner's foreachBatch persists each micro-batch once, writes
+the dead letters to the dead-letter sink and every sink's results, all keyed by the batch id, so
+a batch replayed after a crash overwrites what it wrote before: exactly once with the checkpoint.
 """
 
 from __future__ import annotations
@@ -150,26 +149,3 @@ def write_dead_letters(frame: DataFrame, batch_id: int, log: DeadLetterLog, sink
             sink.write(dead.select(F.col(DEAD_OPERATOR).alias("operator"), F.col(DEAD_ERROR).alias("error"),
                                    F.col(DEAD_RECORD).alias("record"), F.col(SEQ).alias("seq")), batch_id)
     return dead_count
-
-
-class BatchWriter:
-    """The foreachBatch function: split each micro-batch into results and dead letters."""
-
-    def __init__(self, sink, dead_letter_sink, dead_letter_log: DeadLetterLog, result_columns: list[str],
-                 on_batch: Callable[[int, int], None] | None = None) -> None:
-        self.sink = sink
-        self.dead_letter_sink = dead_letter_sink
-        self.dead_letter_log = dead_letter_log
-        self.result_columns = result_columns
-        self.on_batch = on_batch
-
-    def __call__(self, frame: DataFrame, batch_id: int) -> None:
-        frame = frame.persist()
-        try:
-            is_dead = F.col(DEAD_OPERATOR).isNotNull()
-            dead_count = write_dead_letters(frame, batch_id, self.dead_letter_log, self.dead_letter_sink)
-            self.sink.write(frame.filter(~is_dead).select(*self.result_columns), batch_id)
-            if self.on_batch is not None:
-                self.on_batch(batch_id, dead_count)
-        finally:
-            frame.unpersist()

@@ -1,59 +1,51 @@
-"""The functions Spark ships to its Python workers: a region's PE and a stateful operator's handler.
+"""The functions Spark ships to its Python workers: a pe stage's processing element, a keyed
+node's state handler and the source's envelopes (fissure.spark.compile_graph builds the query
+around them).
 
-These run inside the workers; they are the Spark layer's (they read the task's partition id and
-implement Spark's StatefulProcessor) and hand the real work to fissure.worker.
+They are the Spark layer's (they read the task's partition id and local properties and implement
+Spark's StatefulProcessor) and hand the real work to fissure.worker.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+import json
+import uuid
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql.streaming.stateful_processor import StatefulProcessor
 
-from fissure.worker.columns import carried_schema, sequence_numbers
-from fissure.worker.fused import FusedStage
+from fissure.streamgraph import NodeKind, StreamGraph
+from fissure.worker.columns import DEAD_COLUMNS, DEAD_OPERATOR, SEQ, SEQ_PARTITION_SHIFT, carried_schema
+from fissure.worker.elastic_stage import WaitingOperator
+from fissure.worker.fused import assemble
+from fissure.worker.graph_join import LEFT, RIGHT, JoinStep, arrivals_of, joined_batch, run_join_group
+from fissure.worker.graph_local import SOURCE_SHIFT
+from fissure.worker.graph_pe import EnvelopeLayout, GraphStage, StageProfiling, build_pieces
 from fissure.worker.keyed import StatefulStep, run_group
+from fissure.worker.profiling import ProfiledUpdate
 from fissure.worker.region import processing_element
 
-
-def with_sequence_numbers(batches: Iterator[pa.RecordBatch], source_schema: pa.Schema) -> Iterator[pa.RecordBatch]:
-    """Source batches as carried batches: sequence numbers from the task's partition, no dead letters."""
-    from pyspark import TaskContext
-
-    partition_id = TaskContext.get().partitionId()
-    schema = carried_schema(source_schema)
-    first_row = 0
-    for batch in batches:
-        rows = batch.num_rows
-        columns = [batch.column(batch.schema.get_field_index(name)) for name in source_schema.names]
-        columns.append(sequence_numbers(partition_id, first_row, rows))
-        columns += [pa.nulls(rows, pa.string())] * 3
-        first_row += rows
-        yield pa.RecordBatch.from_arrays(columns, schema=schema)
+KEY = "_fissure_key"
+SPREAD_PREFIX = "~"
+KEY_MARK = "="
+BOUNDARIES_PROPERTY = "fissure.graph.boundaries"  # JSON {graph name: [operator, ...]}, per micro-batch
 
 
-class RegionFunction:
-    """The mapInArrow function of a compiled stage: its pipelines in one processing element."""
+@dataclass(frozen=True)
+class WorkerProfiling:
+    """What compiled stages need to profile themselves (fissure.worker.profiling): the run's
+    profile accumulator and how much to time. `token` keeps one query's counters apart from
+    another's in a worker that serves both."""
 
-    def __init__(self, pipelines: Sequence[Sequence[FusedStage]], fingerprint: str,
-                 source_schema: pa.Schema | None, output_schema: pa.Schema) -> None:
-        self.pipelines = [list(pipeline) for pipeline in pipelines]
-        self.fingerprint = fingerprint
-        self.source_schema = source_schema  # set: this stage assigns the sequence numbers
-        self.output_schema = output_schema  # carried
+    accumulator: object
+    timed_every_batches: int = 1
+    timed_every_records: int = 32
+    token: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
 
-    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        if self.source_schema is not None:
-            batches = with_sequence_numbers(batches, self.source_schema)
-        if not self.pipelines:
-            yield from batches
-            return
-        element = processing_element(self.pipelines, self.fingerprint)
-        for batch in element.process(batches):
-            if batch.num_rows:
-                yield batch
 
 
 def carried_batch_from_pandas(frame: pd.DataFrame, carried_input: pa.Schema,
@@ -81,29 +73,162 @@ def pandas_frame(batch: pa.RecordBatch) -> pd.DataFrame:
                          for name, column in zip(batch.schema.names, batch.columns)}, copy=False)
 
 
-class OperatorStateProcessor(StatefulProcessor):
-    """transformWithStateInPandas handler: one fissure stateful operator, its state per key."""
+def task_boundaries(graph_name: str) -> list[str] | None:
+    """The boundaries the driver set for this task's micro-batch (None: unset)."""
+    try:
+        from pyspark import TaskContext
+
+        context = TaskContext.get()
+        text = context.getLocalProperty(BOUNDARIES_PROPERTY) if context is not None else None
+        return json.loads(text).get(graph_name) if text else None
+    except Exception:  # noqa: BLE001 - unreadable: run the compiled boundaries
+        return None
+
+
+class GraphRegionFunction:
+    """A pe stage's mapInArrow function: its pieces in one processing element."""
+
+    def __init__(self, graph: StreamGraph, schemas, layout: EnvelopeLayout, stages, stage: GraphStage,
+                 boundaries: Iterable[str], profile_prefix: str | None, query_token: str,
+                 waiting: Mapping[str, WaitingOperator] | None = None,
+                 output_layout: EnvelopeLayout | None = None, source_envelopes=None,
+                 stage_profiling: StageProfiling | None = None) -> None:
+        self.graph, self.schemas, self.layout, self.stages, self.stage = graph, schemas, layout, stages, stage
+        self.source_envelopes = source_envelopes  # set: the input is the source's rows, not envelopes
+        self.stage_profiling = stage_profiling
+        self.output_layout = output_layout or layout  # `layout`: the pieces', with the streams made here
+        self.waiting = dict(waiting or {})
+        # The worker keeps a PE's processes per region id: one query's pieces never serve another.
+        self.region_id = f"graph/{graph.name}/{query_token}/{stage.label}"
+        self.boundaries = tuple(sorted(set(boundaries) & set(stage.nodes)))
+        self.profile_prefix = profile_prefix
+        self._pieces: dict[tuple[str, ...], list] = {}
+
+    def pieces_for_call(self) -> list:
+        requested = task_boundaries(self.graph.name)
+        boundaries = self.boundaries if requested is None else tuple(sorted(set(requested) & set(self.stage.nodes)))
+        pieces = self._pieces.get(boundaries)
+        if pieces is None:
+            pieces = self._pieces[boundaries] = build_pieces(self.graph, self.schemas, self.layout, self.stages,
+                                                             self.stage, boundaries, self.profile_prefix, self.waiting,
+                                                             self.stage_profiling)
+        return pieces
+
+    def __call__(self, batches: Iterator[pa.RecordBatch], pieces=None) -> Iterator[pa.RecordBatch]:
+        pieces = pieces if pieces is not None else self.pieces_for_call()
+        element = processing_element([[piece] for piece in pieces], self.region_id)
+        if self.source_envelopes is not None:
+            batches = self.source_envelopes(batches)
+        for batch in element.process(batches):
+            if batch.num_rows:
+                yield self.output_layout.conform(batch)
+
+
+class GraphStateProcessor(StatefulProcessor):
+    """transformWithStateInPandas handler of one keyed node over envelopes."""
 
     STATE_NAME = "fissure_state"
 
-    def __init__(self, step: StatefulStep, carried_input: pa.Schema) -> None:
-        self.step = step
-        self.carried_input = carried_input
+    def __init__(self, graph: StreamGraph, schemas, layout: EnvelopeLayout, node_name: str,
+                 forward_inputs: Sequence[str], output_layout: EnvelopeLayout | None = None,
+                 profiling: WorkerProfiling | None = None) -> None:
+        self.graph, self.schemas, self.layout = graph, schemas, layout
+        self.profiling = profiling
+        self.output_layout = output_layout or layout
+        self.node = graph.node(node_name)
+        self.forward_inputs = tuple(forward_inputs)
+        self.input_schema = pa.schema(list(layout.schema) + [pa.field(KEY, pa.string())])
         self._state = None
+        # A key group holds live rows of the node's inputs only (every other row has a spread
+        # key). One input and nothing to forward: the group converts straight to the carried
+        # batch the operator reads, skipping the envelope.
+        self._direct = self.node.kind is not NodeKind.JOIN and not self.forward_inputs
+        stream = self.node.inputs[0]
+        self._direct_positions = [self.input_schema.get_field_index(name)
+                                  for name in (*layout.columns_of(stream), SEQ, *DEAD_COLUMNS)]
+        self._direct_schema = carried_schema(schemas[stream])
+        self._step = self._stateful_step() if self.node.kind is not NodeKind.JOIN else None
 
     def init(self, handle) -> None:
         self._state = handle.getValueState(self.STATE_NAME, "value binary")
 
-    def handleInputRows(self, key, rows, timerValues) -> Iterator[pd.DataFrame]:
+    def handleInputRows(self, key, rows, timerValues) -> Iterator[pd.DataFrame]:  # noqa: N802 - Spark's name
         frames = list(rows)
         frame = frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)
-        batch = carried_batch_from_pandas(frame, self.carried_input)
-        stored = self._state.get()  # None for a new key: one state-server round trip, not two
-        result = run_group(self.step, batch, stored[0] if stored is not None else None)
-        if result.state is not None:
-            self._state.update((result.state,))
-        if result.batch.num_rows:
-            yield pandas_frame(result.batch)
+        spread = str(key[0]).startswith(SPREAD_PREFIX)
+        if self._direct and not spread:
+            carried = carried_batch_from_pandas(frame, self._direct_schema, self._direct_positions)
+            stored = self._state.get()  # None for a new key: one state-server round trip, not two
+            result = run_group(self._step, carried, stored[0] if stored is not None else None)
+            if result.state is not None:
+                self._state.update((result.state,))
+            if result.batch.num_rows:
+                yield pandas_frame(self.output_layout.wrap(result.batch, self.node.name))
+            return
+        batch = carried_batch_from_pandas(frame, self.input_schema)
+        batch = batch.select(self.layout.schema.names)
+        if spread:
+            yield pandas_frame(self.output_layout.conform(batch))  # rows of other nodes: through, no state
+            return
+        stored = self._state.get()
+        output, state = self._run(batch, stored[0] if stored is not None else None)
+        if state is not None:
+            self._state.update((state,))
+        parts = [self.output_layout.wrap(output, self.node.name)]
+        parts += [self.output_layout.conform(self._rows_of(batch, stream)) for stream in self.forward_inputs]
+        result = assemble(parts, self.output_layout.schema)
+        if result.num_rows:
+            yield pandas_frame(result)
+
+    def _rows_of(self, batch: pa.RecordBatch, stream: str) -> pa.RecordBatch:
+        """The live envelopes of `stream` (forwarded to a later consumer)."""
+        return batch.filter(pc.and_(pc.equal(batch.column(0), pa.scalar(self.layout.route_of(stream), pa.int32())),
+                                    batch.column(batch.schema.get_field_index(DEAD_OPERATOR)).is_null()))
+
+    def _run(self, batch: pa.RecordBatch, stored: bytes | None) -> tuple[pa.RecordBatch, bytes | None]:
+        node, schemas = self.node, self.schemas
+        if node.kind is NodeKind.JOIN:
+            spec = node.join
+            step = JoinStep(node.name, spec.fn, spec.window.time_field, spec.window.size, spec.window.lateness,
+                            spec.schema)
+            arrivals = [arrival for side, stream in ((LEFT, node.inputs[0]), (RIGHT, node.inputs[1]))
+                        for arrival in arrivals_of(self.layout.extract(batch, stream), schemas[stream], side)]
+            result = run_join_group(step, arrivals, stored)
+            return joined_batch(step, result.records, result.seqs, result.dead), result.state
+        result = run_group(self._step, self.layout.extract(batch, node.inputs[0]), stored)
+        return result.batch, result.state
+
+    def _stateful_step(self) -> StatefulStep:
+        node, operator = self.node, self.node.operator
+        fn = operator.fn if self.profiling is None else ProfiledUpdate(
+            operator.fn, operator.name, self.profiling.accumulator, self.profiling.timed_every_records)
+        return StatefulStep(name=operator.name, fn=fn, state_factory=operator.state_factory,
+                            input_schema=self.schemas[node.inputs[0]], output_schema=self.schemas[node.name],
+                            key=operator.key, order_by=operator.order_by)
 
     def close(self) -> None:
         pass
+
+
+class SourceEnvelopeFunction:
+    """mapInArrow function turning a source's rows into envelopes routed to the source, with
+    sequence numbers `source index << 56 | task partition << 40 | row in the partition`."""
+
+    def __init__(self, name: str, index: int, layout: EnvelopeLayout, source_schema: pa.Schema) -> None:
+        self.name, self.index, self.layout, self.source_schema = name, index, layout, source_schema
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        from pyspark import TaskContext
+
+        first_seq = (self.index << SOURCE_SHIFT) + (TaskContext.get().partitionId() << SEQ_PARTITION_SHIFT)
+        schema = carried_schema(self.source_schema)
+        for batch in batches:
+            rows = batch.num_rows
+            columns = [batch.column(batch.schema.get_field_index(name)).cast(field.type)
+                       for name, field in zip(self.source_schema.names, self.source_schema)]
+            columns.append(pa.array(range(first_seq, first_seq + rows), pa.int64()))
+            columns += [pa.nulls(rows, pa.string())] * len(DEAD_COLUMNS)
+            first_seq += rows
+            yield self.layout.wrap(pa.RecordBatch.from_arrays(columns, schema=schema), self.name)
+
+

@@ -16,8 +16,6 @@ DEAD_ERROR = "_fissure_dead_error"
 DEAD_RECORD = "_fissure_dead_record"
 DEAD_COLUMNS = (DEAD_OPERATOR, DEAD_ERROR, DEAD_RECORD)
 INTERNAL_COLUMNS = (SEQ, *DEAD_COLUMNS)
-# Constant grouping column of a stateful operator without a key: all records share one state.
-SINGLE_KEY = "_fissure_all"
 
 SEQ_PARTITION_SHIFT = 40  # room for 2**40 rows per source partition and micro-batch
 
@@ -32,14 +30,3 @@ INTERNAL_FIELDS = (
 def carried_schema(data_schema: pa.Schema) -> pa.Schema:
     """The schema a stage emits: the user's fields, then fissure's own columns."""
     return pa.schema(list(data_schema) + list(INTERNAL_FIELDS))
-
-
-def data_schema_of(carried: pa.Schema) -> pa.Schema:
-    """The user's fields of a carried schema."""
-    return pa.schema([field for field in carried if field.name not in INTERNAL_COLUMNS and field.name != SINGLE_KEY])
-
-
-def sequence_numbers(partition_id: int, first_row: int, rows: int) -> pa.Array:
-    """Sequence numbers for `rows` records starting at row `first_row` of a source partition."""
-    start = (partition_id << SEQ_PARTITION_SHIFT) + first_row
-    return pa.array(range(start, start + rows), type=pa.int64())

@@ -182,9 +182,6 @@ class EnvelopeLayout:
         Spark's exchanges and Arrow conversions)."""
         return self.routes[stream]
 
-    def stream_of(self, route: int) -> str:
-        return next(stream for stream, number in self.routes.items() if number == route)
-
     def streams_in(self, batch: pa.RecordBatch) -> set[str]:
         """The streams that have rows in `batch`."""
         present = {route for route in pc.unique(batch.column(0)).to_pylist() if route is not None}
@@ -298,12 +295,6 @@ def _step(node: Node, schemas: Mapping[str, pa.Schema], waiting: WaitingOperator
     operator = node.operator
     return Step(name=operator.name, action=operator.action.value, fn=operator.fn, output_schema=schemas[node.name],
                 batch_format=operator.batch_format.value if operator.batch_format else None, waiting=waiting)
-
-
-def stateless_node(node: Node, schemas: Mapping[str, pa.Schema], waiting: WaitingOperator | None = None
-                   ) -> StatelessNode:
-    """The node as a piece runs it; `waiting`: its elastic threads (a waiting per-record operator)."""
-    return fused_nodes([node], schemas, {node.name: waiting} if waiting is not None else {})
 
 
 @dataclass(frozen=True)

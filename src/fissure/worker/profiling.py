@@ -1,7 +1,7 @@
 """The in-worker profiler: exact counts, sampled timings, shipped to the driver with each task.
 
-Channel: a Spark accumulator. Every profiled Python function Spark ships (a region's PE function,
-a stateful operator's update) holds the query's accumulator; in a task it attaches one live
+Channel: a Spark accumulator. Every profiled Python function Spark ships (a pe stage's function,
+fissure.worker.graph_profiling.ProfiledGraphRegion; a stateful operator's update) holds the query's accumulator; in a task it attaches one live
 `ProfileTally` to it and the hot path mutates plain lists in that tally. PySpark sends every
 accumulator's value back with the task's result and merges it into the driver's copy before the
 task counts as done, so the driver reads a micro-batch's statistics right after the batch's
@@ -10,10 +10,10 @@ lost on empty outputs, and only successful tasks count (Spark drops failed attem
 
 Forked PE children: a PE pipeline other than the first runs in a child process forked by the
 worker, whose memory is a copy. Fused stages therefore keep their counters in an anonymous
-*shared* memory map, allocated in the worker before the PE forks (`ProfiledRegion` binds every
-stage first) and registered per stage id, so later tasks' fresh copies of a stage find the same
-counters; at the end of each call `ProfiledRegion` adds what changed since the last report to the
-task's tally. The children have finished every batch of the call by then (the PE's end-of-call
+*shared* memory map, allocated in the worker before the PE forks (`ProfiledGraphRegion` binds
+every stage first) and registered per stage id, so later tasks' fresh copies of a stage find the
+same counters; at the end of each call `ProfiledGraphRegion` adds what changed since the last
+report to the task's tally. The children have finished every batch of the call by then (the PE's end-of-call
 marker came back), so the counts are complete.
 
 Cost: counting is per Arrow batch (len of lists), never per record, for fused operators; timing
@@ -27,7 +27,7 @@ from __future__ import annotations
 import mmap
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from fissure.profile.records import OperatorCounts, PipelineCounts, RegionCallCounts
@@ -260,31 +260,6 @@ class StageProfile:
         pipeline = delta[self.pipeline_base:]
         if pipeline[P_BATCHES]:
             tally.add_pipeline(self.label, self.operators, pipeline)
-
-
-class ProfiledRegion:
-    """Wraps a region's mapInArrow function: binds its fused stages' counters before the PE
-    forks, times the call, and reports the stages' counts to the task's tally at its end."""
-
-    def __init__(self, function: Callable[[Iterator], Iterator], stages: Sequence[Any], region_id: str,
-                 accumulator) -> None:
-        self.function = function
-        self.stages = list(stages)  # FusedStage objects with a profile id (shared with `function`)
-        self.region_id = region_id
-        self.accumulator = accumulator
-
-    def __call__(self, batches: Iterator) -> Iterator:
-        profiles = [stage.bind_profile() for stage in self.stages]
-        started_s = wall_clock()
-        yield from self.function(batches)
-        try:
-            tally = attach_tally(self.accumulator)
-            tally.add_region_call(self.region_id, wall_clock() - started_s)
-            for profile in profiles:
-                if profile is not None:
-                    profile.report(tally)
-        except Exception:  # noqa: BLE001 - profiling must never fail a task
-            pass
 
 
 class ProfiledUpdate:
