@@ -121,7 +121,7 @@ def test_profiled_region_reports_each_call_once_into_the_task_tally():
         def __call__(self, batches, pieces):
             return region(batches)
 
-    function = ProfiledGraphRegion(Region(), stage_accumulator=accumulator, region_id="s1")
+    function = ProfiledGraphRegion(Region(), accumulator, region_id="s1")
     for _ in range(2):
         outputs = list(function(iter([carried(range(1, 51)), carried(range(51, 101))])))
         assert sum(batch.num_rows for batch in outputs) == sum(1 for n in range(1, 101) if (1000 // n) % 2 == 1)

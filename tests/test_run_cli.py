@@ -79,14 +79,61 @@ def test_fissure_run_runs_a_graph_with_a_sink_directory_per_sink(tmp_path):
     finished = subprocess.run(
         [sys.executable, "-m", "fissure", "run", f"{tmp_path / 'graph.py'}:build", "--source", str(tmp_path / "in"),
          "--format", "json", "--schema", "user:str,i:int", "--sink", str(out), "--run-dir", str(tmp_path / "run"),
-         "--master", "local[1]", "--plan", "planner", "--no-adapt"],
+         "--master", "local[1]", "--plan", "planner", "--no-adapt", "--json"],
         capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     assert finished.returncode == 0, finished.stderr
-    assert "6 records in 1 batch" in finished.stdout
+    assert "6 records in 1 batch" in finished.stderr  # --json: the human lines go to stderr
+    summary = json.loads(finished.stdout.strip().splitlines()[-1])
+    assert {key: summary[key] for key in ("batches", "input_records", "output_records", "dead_letters",
+                                          "steady_records_per_s")} == {
+        "batches": 1, "input_records": 6, "output_records": 6 + 3, "dead_letters": 0, "steady_records_per_s": None}
+    assert 0 < summary["first_batch_s"] <= summary["elapsed_s"] and summary["plan"].startswith("[")
     counts = pq.read_table(out / "counts").to_pylist()
     assert sorted((row["user"], row["n"]) for row in counts) == [("u0", 1), ("u0", 2), ("u0", 3),
                                                                 ("u1", 1), ("u1", 2), ("u1", 3)]
     assert sorted(row["i"] for row in pq.read_table(out / "evens").to_pylist()) == [0, 2, 4]
+
+
+JSON_FILE = textwrap.dedent("""
+    from fissure import Pipeline
+
+    def checked(record):
+        if record["i"] == 3:
+            raise ValueError("three is refused")
+        return record
+
+    def count(state, record):
+        state["n"] = state.get("n", 0) + 1
+        return {"user": record["user"], "n": state["n"]}
+
+    def build():
+        return (Pipeline("cli_json").map("checked", checked)
+                .partitioned("count", count, key="user", schema={"user": str, "n": int}))
+""")
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_fissure_run_json_summary_counts_what_the_adaptive_run_read_wrote_and_refused(tmp_path):
+    (tmp_path / "pipeline.py").write_text(JSON_FILE)
+    (tmp_path / "in").mkdir()
+    for part in range(3):  # three files, one per batch: a first batch and two steady ones
+        (tmp_path / "in" / f"part-{part}.json").write_text(
+            "".join(json.dumps({"user": f"u{i % 2}", "i": i}) + "\n" for i in range(part * 4, part * 4 + 4)))
+    finished = subprocess.run(
+        [sys.executable, "-m", "fissure", "run", f"{tmp_path / 'pipeline.py'}:build", "--source", str(tmp_path / "in"),
+         "--format", "json", "--schema", "user:str,i:int", "--files-per-batch", "1",
+         "--dead-letters", str(tmp_path / "dead"), "--sink", str(tmp_path / "out"), "--run-dir", str(tmp_path / "run"),
+         "--master", "local[1]", "--json"],
+        capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    assert finished.returncode == 0, finished.stderr
+    summary = json.loads(finished.stdout.strip().splitlines()[-1])
+    assert {key: summary[key] for key in ("batches", "input_records", "output_records", "dead_letters")} == {
+        "batches": 3, "input_records": 12, "output_records": 11, "dead_letters": 1}
+    assert summary["steady_records_per_s"] > 0 and 0 < summary["first_batch_s"] <= summary["elapsed_s"]
+    assert len(pq.read_table(tmp_path / "out").to_pylist()) == 11
+    dead = [json.loads(line) for path in (tmp_path / "dead").rglob("*.json") for line in path.read_text().splitlines()]
+    assert [(row["operator"], json.loads(row["record"])["i"]) for row in dead] == [("checked", 3)]
 
 
 @pytest.mark.parametrize("reference, message", [

@@ -357,9 +357,9 @@ def test_run_local_binding_errors():
 # --- graph profiles and the autopipelining loop, with a recording fake runner (no Spark) ---------
 
 from fissure.control.autopipeline_control import ControlAction  # noqa: E402
-from fissure.profile.graph_profile import autopipeline_profile, piece_measurements, tally_delta  # noqa: E402
+from fissure.profile.graph_profile import autopipeline_profile, piece_measurements  # noqa: E402
 from fissure.spark.graph_autopipeline import GraphAutopipelineConfig, GraphAutopipeliner  # noqa: E402
-from fissure.worker.graph_profiling import GraphProfileTally  # noqa: E402
+from fissure.worker.profiling import ProfileTally  # noqa: E402
 
 ONE_PIECE = "example/pe0/parsed,big,small,both/p0"
 
@@ -377,9 +377,12 @@ def test_profile_is_mu_of_threads_and_ports_downstream_within_the_piece():
     assert thread.utilization == pytest.approx(0.9)
     # big feeds both: mu(big) = big + both; parsed, the stage's first node, offers no port
     assert thread.port_utilization == pytest.approx({"big": 0.6, "small": 0.3, "both": 0.2})
-    later = {ONE_PIECE: piece_counts(1.9, 3.0, {"parsed": 0.3, "big": 0.4, "small": 0.1, "both": 0.2}, {"big": 5})}
-    assert tally_delta(later, pieces)[ONE_PIECE][:2] == pytest.approx([1.0, 2.0])
-    assert tally_delta(later, pieces)[ONE_PIECE][2]["big"] == pytest.approx([5, 0, 0.0])
+    before, later = ProfileTally(), ProfileTally()
+    before.add_piece(ONE_PIECE, *pieces[ONE_PIECE])
+    later.add_piece(ONE_PIECE, *piece_counts(1.9, 3.0, {"parsed": 0.3, "big": 0.4, "small": 0.1, "both": 0.2}, {"big": 5}))
+    gained = later.minus(before).pieces[ONE_PIECE]
+    assert gained[:2] == pytest.approx([1.0, 2.0]) and gained[2]["big"] == pytest.approx([5, 0, 0.0])
+    assert later.minus(later).pieces == {}  # nothing new: no piece
 
 
 class RecordingRunner:
@@ -394,7 +397,7 @@ class RecordingRunner:
         self.boundaries = ()
         self.listeners = SimpleNamespace(on_batch=[])
         self.applied: list[tuple[str, ...]] = []
-        self.tally = GraphProfileTally()
+        self.tally = ProfileTally()
 
     def set_boundaries(self, boundaries):
         self.boundaries = tuple(sorted(boundaries))

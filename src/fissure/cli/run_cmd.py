@@ -8,12 +8,17 @@ subdirectories of --sink named after them.
 The terminal shows the progress line and the results; everything Spark prints goes to
 `spark.log` in the run directory (--run-dir, default a new temporary directory), which the last
 line names. A failed run prints a short reason and points to that log.
+
+With --json the last line of standard output is the run's summary as one JSON object (plan,
+batches, input_records, output_records, dead_letters, elapsed_s, first_batch_s,
+steady_records_per_s); everything else goes to standard error.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import importlib.util
 import os
 import sys
@@ -45,6 +50,8 @@ def register(subparsers) -> None:
                                           "(default: a new temporary directory)")
     parser.add_argument("--follow", action="store_true", help="keep running for new files (default: stop when done)")
     parser.add_argument("--timeout", type=float, default=None, help="with --follow: stop after this many seconds")
+    parser.add_argument("--json", action="store_true",
+                        help="print the run's summary as one JSON object on the last line of standard output")
     parser.add_argument("--no-adapt", dest="adapt", action="store_false",
                         help="keep the starting plan (default: re-plan while running, keep what helps, roll back "
                              "what does not; the timeline goes to the run directory)")
@@ -145,12 +152,16 @@ def handle(args) -> int:
     except Exception as error:  # noqa: BLE001 - shown to people, the traceback goes to the log
         print(f"\nfissure run: the run failed: {describe_failure(error, spark_log)}", file=sys.stderr)
         return 1
+    out = sys.stderr if args.json else sys.stdout  # with --json, stdout's last line is the summary
     print(f"{report.input_records:,} records in {report.batches} batch{'' if report.batches == 1 else 'es'}, "
           f"{report.records_per_s:,.0f} records/s, {report.dead_letters} dead letters; "
-          f"plan {describe_plan(report.plan, pipeline)}")
+          f"plan {describe_plan(report.plan, pipeline)}", file=out)
     if args.sink:
-        print(f"results: {args.sink}")
+        print(f"results: {args.sink}", file=out)
     if getattr(report, "timeline_json", None):
-        print(f"timeline: {report.timeline_json}" + (f", {report.timeline_png}" if report.timeline_png else ""))
-    print(f"Spark's output: {spark_log}")
+        print(f"timeline: {report.timeline_json}" + (f", {report.timeline_png}" if report.timeline_png else ""),
+              file=out)
+    print(f"Spark's output: {spark_log}", file=out)
+    if args.json:
+        print(json.dumps(report.summary(describe_plan(report.plan, pipeline))), flush=True)
     return 0

@@ -22,7 +22,7 @@ from fissure.streamgraph import StreamGraph
 
 @dataclass(frozen=True)
 class PieceMeasurement:
-    """One piece's counts over a window (from a GraphProfileTally's `pieces` entry)."""
+    """One piece's counts over a window (from a ProfileTally's `pieces` entry)."""
 
     piece_id: str
     cpu_s: float
@@ -41,18 +41,6 @@ def piece_measurements(pieces: Mapping[str, list]) -> list[PieceMeasurement]:
                              {node: float(values[2]) for node, values in nodes.items()},
                              {node: float(values[0]) for node, values in nodes.items()})
             for piece_id, (cpu_s, wall_s, nodes) in sorted(pieces.items())]
-
-
-def tally_delta(now: Mapping[str, list], before: Mapping[str, list]) -> dict[str, list]:
-    """What a tally's pieces gained since an earlier copy."""
-    delta = {}
-    for piece_id, (cpu_s, wall_s, nodes) in now.items():
-        then = before.get(piece_id, [0.0, 0.0, {}])
-        gained_nodes = {name: [value - then_value for value, then_value in zip(values, then[2].get(name, [0.0] * len(values)))]
-                        for name, values in nodes.items()}
-        if cpu_s - then[0] > 0 or wall_s - then[1] > 0:
-            delta[piece_id] = [cpu_s - then[0], wall_s - then[1], gained_nodes]
-    return delta
 
 
 def _downstream_in_piece(graph: StreamGraph, node: str, members: set[str]) -> set[str]:

@@ -18,7 +18,7 @@ from fissure.model.types import OperatorStats
 from fissure.profile.window import summarize
 from fissure.spark.adaptive_queries import LiveQuery, QueryManager
 from fissure.spark.batch_gate import POLL_S
-from fissure.spark.runner import Runner
+from fissure.spark.runner import BatchTime, Runner
 from fissure.spark.spark_model_search import SparkModelSearch
 
 log = logging.getLogger(__name__)
@@ -87,6 +87,7 @@ class SparkObservations:
         self.clock = clock
         self.batches = 0
         self.input_records = 0
+        self.times: list[BatchTime] = []  # every batch observed, over the run's queries
 
     def next_batch(self) -> BatchObservation | None:
         while True:
@@ -125,6 +126,7 @@ class SparkObservations:
         throughput = float(update["processedRowsPerSecond"] or 0.0) if records > 0 else None
         self.batches += 1
         self.input_records += records
+        self.times.append(BatchTime(batch_id, records, duration_s))
         operators = self.profiles.for_batch(live.runner, update, records)
         if self.search is not None:
             self.search.observe_batch(records, self.profiles.last_keys_per_batch)

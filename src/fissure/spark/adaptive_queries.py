@@ -78,6 +78,7 @@ class QueryManager:
         self.checkpoint = checkpoint
         self.dead_letters = dead_letters
         self.dead_letter_log = DeadLetterLog(kept=config.dead_letters_kept)
+        self.batch_log: list = []  # every query's GraphBatch records, in order
         self.config = config
         self.available_now = available_now
         self.clock = clock
@@ -92,6 +93,7 @@ class QueryManager:
                         spark=self.spark, dead_letters=self.dead_letters, config=self.config, progress=False,
                         **self.runner_options)
         runner.dead_letter_log = self.dead_letter_log  # one count over the run's queries
+        runner.batch_log = self.batch_log
         gate = BatchGate(plan, self.clock)
         runner.wrap_batch = gate.wrap
         runner.start(available_now=self.available_now)

@@ -96,8 +96,7 @@ def _key_column(node, layout: EnvelopeLayout, spread: int):
 
 def compile_graph(graph: StreamGraph, source_frames: Mapping[str, DataFrame], *, plan: Plan | None = None,
                   boundaries: Iterable[str] | None = None, state_partitions: int | None = None,
-                  profile_accumulator=None, threads: WorkerThreads | None = None,
-                  profiling: WorkerProfiling | None = None,
+                  threads: WorkerThreads | None = None, profiling: WorkerProfiling | None = None,
                   resource_profile_for=lambda processes: None) -> CompiledGraph:
     """The query of `graph` under `plan` (default: sequential) over the streaming DataFrames of its
     sources (by source name).
@@ -105,15 +104,14 @@ def compile_graph(graph: StreamGraph, source_frames: Mapping[str, DataFrame], *,
     `boundaries`: stateless operators whose input port starts a new process of their graph PE,
     instead of the plan's pipeline starts (a task may override them per micro-batch:
     BOUNDARIES_PROPERTY). `state_partitions`: instead of the plan's (the most replicas of a keyed
-    region, 1 without). `profile_accumulator`: a Spark accumulator of GraphProfileTally the graph
-    PEs report into, node by node, for autopipelining (None: not profiled). `profiling`: every
-    operator counts and times itself into that ProfileTally accumulator, as a chain's do (None:
-    not profiled). `threads`: how waiting operators run on elastic threads and report their levels
+    region, 1 without). `profiling`: what the stages count into the run's profile accumulator
+    (None: not profiled). `threads`: how waiting operators run on elastic threads and report their levels
     (None: declared ones still do, with the default policy, unreported). `resource_profile_for(n)`
     may return a ResourceProfile for a pe stage of n processes (None: Spark's default)."""
     threads = threads or WorkerThreads()
     query_token = uuid.uuid4().hex[:12]
-    profile_prefix = f"{graph.name}.{query_token}"
+    piece_prefix = f"{graph.name}.{query_token}" if profiling is not None and profiling.pieces else None
+    operator_profiling = profiling if profiling is not None and profiling.operators else None
     bound = {name: arrow_schema_of(frame) for name, frame in source_frames.items()}
     checked = graph.check(bound)
     missing = [name for name in graph.sources if name not in source_frames]
@@ -167,14 +165,13 @@ def compile_graph(graph: StreamGraph, source_frames: Mapping[str, DataFrame], *,
             working = every_stream.restricted(set(layouts[stage.position].stream_names) | set(stage.nodes))
             function = GraphRegionFunction(graph, schemas, working, stages, stage,
                                            stage.boundaries if boundaries is None else boundaries,
-                                           profile_prefix if profile_accumulator is not None else None, query_token,
-                                           waiting, layouts[stage.position + 1],
+                                           piece_prefix, query_token, waiting, layouts[stage.position + 1],
                                            source_envelopes if stage.position == 0 else None,
-                                           StageProfiling(f"{profiling.token}", profiling.timed_every_batches)
-                                           if profiling is not None else None)
-            if profile_accumulator is not None or profiling is not None:
-                function = ProfiledGraphRegion(function, profile_accumulator,
-                                               profiling.accumulator if profiling is not None else None, stage.label)
+                                           StageProfiling(operator_profiling.token, operator_profiling.timed_every_batches)
+                                           if operator_profiling is not None else None)
+            if profiling is not None:
+                function = ProfiledGraphRegion(function, profiling.accumulator, stage.label,
+                                               operators=profiling.operators, pieces=profiling.pieces)
             function = threads.wrap_waiting(function, list(waiting.values()))
             processes = pieces_for(graph, stage.nodes, stage.boundaries if boundaries is None else boundaries)
             steps.append(CompiledStep("pe", processes, exchange, spread))
@@ -186,7 +183,7 @@ def compile_graph(graph: StreamGraph, source_frames: Mapping[str, DataFrame], *,
         node = graph.node(stage.nodes[0])
         forward = [stream for stream in dict.fromkeys(node.inputs) if consumers_after(graph, stream, done)]
         entering, leaving = layouts[stage.position], layouts[stage.position + 1]
-        processor = GraphStateProcessor(graph, schemas, entering, node.name, forward, leaving, profiling)
+        processor = GraphStateProcessor(graph, schemas, entering, node.name, forward, leaving, operator_profiling)
         frame = (frame.withColumn(KEY, _key_column(node, entering, state_partitions))
                  .groupBy(KEY).transformWithStateInPandas(processor, spark_schema_of(leaving.schema), "Append", "None"))
         partitions = state_partitions

@@ -24,8 +24,9 @@ from fissure.control.autopipeline_control import (
     decide_after_optimization, evaluate_round,
 )
 from fissure.optimize.autopipeline import DEFAULT_BETA, plan_autopipelining
-from fissure.profile.graph_profile import autopipeline_profile, piece_measurements, port_throughput_per_s, tally_delta
+from fissure.profile.graph_profile import autopipeline_profile, piece_measurements, port_throughput_per_s
 from fissure.streamgraph import NodeKind
+from fissure.worker.profiling import ProfileTally
 
 
 @dataclass(frozen=True)
@@ -63,7 +64,7 @@ class GraphAutopipeliner:
         self.phase = "profiling"  # "evaluating", "halted"
         self._round: InsertionRound | None = None
         self._window: list = []
-        self._snapshot: dict = {}
+        self._snapshot = ProfileTally()
         self.last_profile = None
 
     def attach(self) -> GraphAutopipeliner:
@@ -80,11 +81,10 @@ class GraphAutopipeliner:
         self._window.append(batch)
         if len(self._window) < self.config.profile_batches:
             return
-        now_pieces = self.runner.profile_tally().pieces
-        measurements = piece_measurements(tally_delta(now_pieces, self._snapshot))
+        now = self.runner.profile_tally()
+        measurements = piece_measurements(now.minus(self._snapshot).pieces)
         wall_s = sum(item.wall_s for item in self._window)
-        self._snapshot = {key: [value[0], value[1], {n: list(v) for n, v in value[2].items()}]
-                          for key, value in now_pieces.items()}
+        self._snapshot = now
         self._window = []
         throughput = port_throughput_per_s(measurements, wall_s)
         if not measurements:

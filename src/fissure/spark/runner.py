@@ -29,7 +29,8 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
-from pyspark.sql import SparkSession
+from pyspark.sql import Observation, SparkSession
+from pyspark.sql import functions as F
 
 from fissure.graph import OperatorEstimate, Pipeline, PipelineError
 from fissure.model.types import Plan
@@ -47,8 +48,8 @@ from fissure.spark.sinks import DeadLetterLog, write_dead_letters
 from fissure.spark.sources import open_source
 from fissure.streamgraph import StreamGraph, as_graph
 from fissure.worker.elastic_stage import BatchThreadLevels
-from fissure.worker.graph_pe import plan_graph_stages, state_partitions_of
-from fissure.worker.graph_profiling import GraphProfileTally, GraphProfileTallyParam
+from fissure.worker.columns import DEAD_OPERATOR
+from fissure.worker.graph_pe import ROUTE, plan_graph_stages, state_partitions_of
 from fissure.worker.profiling import ProfileTally, ProfileTallyParam
 
 
@@ -81,13 +82,23 @@ def terminal_columns() -> int | None:
 
 @dataclass(frozen=True)
 class GraphBatch:
-    """One micro-batch of a graph as the driver saw it: how long its writes took, under which
-    pipeline boundaries it ran, its dead letters."""
+    """One micro-batch as the driver saw it: how long its writes took, under which pipeline
+    boundaries it ran, its dead letters and the records it wrote to the sinks."""
 
     batch_id: int
     wall_s: float
     boundaries: tuple[str, ...]
     dead_letters: int
+    output_records: int = 0
+
+
+@dataclass(frozen=True)
+class BatchTime:
+    """One micro-batch as Spark reported it: records taken from the sources, seconds it took."""
+
+    batch_id: int
+    input_records: int
+    duration_s: float
 
 
 @dataclass
@@ -115,6 +126,24 @@ class RunReport:
     batch_log: tuple[GraphBatch, ...] = ()
     boundaries: tuple[str, ...] = ()
     decisions: tuple = ()
+    batch_times: tuple[BatchTime, ...] = ()  # every batch Spark reported, in batch order
+
+    @property
+    def output_records(self) -> int:
+        """Records written to the sinks (every sink's, summed; a replayed batch's once per write)."""
+        return sum(batch.output_records for batch in self.batch_log)
+
+    def summary(self, plan: str) -> dict:
+        """The run as `fissure run --json` prints it (docs/commands.md); `plan` as described."""
+        times = sorted(self.batch_times, key=lambda time: time.batch_id)
+        later = times[1:]
+        later_s = sum(time.duration_s for time in later)
+        return {"plan": plan, "batches": self.batches, "input_records": self.input_records,
+                "output_records": self.output_records, "dead_letters": self.dead_letters,
+                "elapsed_s": round(self.elapsed_s, 3),
+                "first_batch_s": round(times[0].duration_s, 3) if times else None,
+                "steady_records_per_s": round(sum(time.input_records for time in later) / later_s, 1)
+                if later and later_s > 0 else None}
 
     @property
     def records_per_s(self) -> float:
@@ -229,7 +258,7 @@ class Runner:
         self.state_partitions = state_partitions or state_partitions_of(
             self.graph, self.plan, max(1, config.default_state_partitions))
         self.profile_pieces = profile_pieces  # count node by node for the autopipelining loop
-        self.accumulator = None  # the pieces' GraphProfileTally accumulator (profile_pieces)
+        self.accumulator = None  # the run's profile accumulator (a ProfileTally), when anything is counted
         self.listeners = BatchListeners()
         self.batch_log: list[GraphBatch] = []
         self._lock = threading.Lock()
@@ -242,6 +271,7 @@ class Runner:
         self.query = None
         self.compiled: CompiledGraph | None = None
         self._seen_batches: dict[int, int] = {}
+        self._batch_seconds: dict[int, float] = {}
         self._last_progress: Progress | None = None
         self._started_at = 0.0
         self._watcher: threading.Thread | None = None
@@ -264,22 +294,21 @@ class Runner:
                             "spark.sql.shuffle.partitions": str(state_partitions)}.items():
             self.spark.conf.set(name, value)
         profiling = None
+        if self.profile_settings is not None or self.profile_pieces:
+            self.accumulator = self.spark.sparkContext.accumulator(ProfileTally(), ProfileTallyParam())
+            settings = self.profile_settings or ProfileSettings()
+            profiling = WorkerProfiling(self.accumulator, settings.timed_every_batches, settings.timed_every_records,
+                                        operators=self.profile_settings is not None, pieces=self.profile_pieces)
         if self.profile_settings is not None:
-            accumulator = self.spark.sparkContext.accumulator(ProfileTally(), ProfileTallyParam())
-            self.profiler = ProfileCollector(accumulator, describe_plan(self.plan, self.pipeline),
+            self.profiler = ProfileCollector(self.accumulator, describe_plan(self.plan, self.pipeline),
                                              self.profile_settings, self.profile_log)
-            profiling = WorkerProfiling(accumulator, self.profile_settings.timed_every_batches,
-                                        self.profile_settings.timed_every_records)
         self.threads = ThreadLevels(self.spark, self.pipeline, policy=self.config.thread_policy,
                                     config=self.config.thread_elasticity, profile_summary=self.profile_summary,
                                     detect=self.config.detect_waiting_operators and self.profiler is not None)
         frames = {name: open_source(self.sources[name], self.spark) for name in self.graph.sources
                   if name in self.sources}
-        if self.profile_pieces:
-            self.accumulator = self.spark.sparkContext.accumulator(GraphProfileTally(), GraphProfileTallyParam())
         self.compiled = compile_graph(self.graph, frames, plan=self.plan, boundaries=self.boundaries,
-                                      state_partitions=state_partitions, profile_accumulator=self.accumulator,
-                                      threads=self.threads.worker, profiling=profiling,
+                                      state_partitions=state_partitions, threads=self.threads.worker, profiling=profiling,
                                       resource_profile_for=_resource_profiles(self.spark))
         writer = self._write_batch
         if self.profiler is not None:
@@ -340,7 +369,12 @@ class Runner:
                          checkpoint=self.checkpoint,
                          profile=self.profile_summary() if self.profiler is not None else None,
                          thread_levels=self.threads.batches if self.threads is not None else (),
-                         batch_log=tuple(self.batch_log), boundaries=self.boundaries, decisions=self.decisions)
+                         batch_log=tuple(self.batch_log), boundaries=self.boundaries, decisions=self.decisions,
+                         batch_times=self.batch_times())
+
+    def batch_times(self) -> tuple[BatchTime, ...]:
+        return tuple(BatchTime(batch_id, self._seen_batches[batch_id], seconds)
+                     for batch_id, seconds in sorted(self._batch_seconds.items()) if batch_id in self._seen_batches)
 
     # --- a graph's batches and boundaries -----------------------------------------------------
     decisions: tuple = ()  # set by the autopipelining loop when it stops
@@ -356,9 +390,9 @@ class Runner:
         with self._lock:
             self.boundaries = chosen
 
-    def profile_tally(self) -> GraphProfileTally:
-        """Everything a graph's PEs reported node by node so far (empty without `profile_pieces`)."""
-        return self.accumulator.value.copy() if self.accumulator is not None else GraphProfileTally()
+    def profile_tally(self) -> ProfileTally:
+        """Everything the stages reported so far (its `pieces`: node by node, with `profile_pieces`)."""
+        return self.accumulator.value.copy() if self.accumulator is not None else ProfileTally()
 
     def _write_batch(self, frame, batch_id: int) -> None:
         """The foreachBatch function: the boundaries for the batch's tasks, then the micro-batch
@@ -370,18 +404,42 @@ class Runner:
         started_s = time.monotonic()
         frame = frame.persist()
         try:
-            dead_count = write_dead_letters(frame, batch_id, self.dead_letter_log, self.dead_letter_sink)
-            for sink in self.graph.sinks:
-                self.sinks[sink].write(sink_frame(self.compiled, self.graph, sink, frame), batch_id)
+            dead_count, written = self._write_sinks(frame, batch_id)
         finally:
             frame.unpersist()
-        record = GraphBatch(batch_id, time.monotonic() - started_s, boundaries, dead_count)
+        record = GraphBatch(batch_id, time.monotonic() - started_s, boundaries, dead_count, written)
         self.batch_log.append(record)
         for listener in list(self.listeners.on_batch):
             try:
                 listener(record)
             except Exception as error:  # noqa: BLE001 - a listener must not fail the batch
                 print(f"fissure: batch listener failed: {error!r}", file=sys.stderr)
+
+    def _write_sinks(self, frame, batch_id: int) -> tuple[int, int]:
+        """Every sink's rows and the dead letters of a persisted micro-batch; (dead letters,
+        records written). One observation counts both on the first action over the batch: a
+        sink that reads every row (FileSink, MemorySink, NoopSink) when the first sink is one,
+        which makes the dead-letter job unnecessary in a batch without dead letters; else the
+        dead-letter job, which runs every batch."""
+        observation = Observation(f"fissure_batch_{batch_id}")
+        live = F.col(DEAD_OPERATOR).isNull()
+        routes = [self.compiled.layout.route_of(self.graph.node(sink).inputs[0]) for sink in self.graph.sinks]
+        observed = frame.observe(observation, F.count_if(~live).alias("dead"),
+                                 *[F.count_if(live & (F.col(ROUTE) == route)).alias(f"sink{index}")
+                                   for index, route in enumerate(routes)])
+        first, *others = self.graph.sinks
+        if getattr(self.sinks[first], "reads_every_row", False):
+            self.sinks[first].write(sink_frame(self.compiled, self.graph, first, observed), batch_id)
+            counts = observation.get
+            dead_count = write_dead_letters(frame, batch_id, self.dead_letter_log, self.dead_letter_sink,
+                                            count=int(counts["dead"]))
+        else:
+            dead_count = write_dead_letters(observed, batch_id, self.dead_letter_log, self.dead_letter_sink)
+            counts = observation.get
+            self.sinks[first].write(sink_frame(self.compiled, self.graph, first, frame), batch_id)
+        for sink in others:
+            self.sinks[sink].write(sink_frame(self.compiled, self.graph, sink, frame), batch_id)
+        return dead_count, sum(int(counts[f"sink{index}"]) for index in range(len(routes)))
 
     # --- profile -----------------------------------------------------------------------------
     def profile_summary(self) -> ProfileSummary | None:
@@ -413,6 +471,7 @@ class Runner:
         for update in updates:
             batch_id = int(update["batchId"])
             self._seen_batches[batch_id] = int(update.get("numInputRows") or 0)
+            self._batch_seconds[batch_id] = float((update.get("durationMs") or {}).get("triggerExecution") or 0) / 1e3
             if newest is None or batch_id >= int(newest["batchId"]):
                 newest = update
         if newest is not None:

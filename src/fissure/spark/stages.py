@@ -37,15 +37,18 @@ BOUNDARIES_PROPERTY = "fissure.graph.boundaries"  # JSON {graph name: [operator,
 
 @dataclass(frozen=True)
 class WorkerProfiling:
-    """What compiled stages need to profile themselves (fissure.worker.profiling): the run's
-    profile accumulator and how much to time. `token` keeps one query's counters apart from
-    another's in a worker that serves both."""
+    """What compiled stages need to profile themselves (fissure.worker.profiling): the run's one
+    profile accumulator (a ProfileTally), how much to time, and what to count: every operator
+    (`operators`: the statistics a run shows, the adaptive loop's input) and each pe stage's
+    pieces node by node (`pieces`: the autopipelining loop's input). `token` keeps one query's
+    counters apart from another's in a worker that serves both."""
 
     accumulator: object
     timed_every_batches: int = 1
     timed_every_records: int = 32
     token: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
-
+    operators: bool = True
+    pieces: bool = False
 
 
 def carried_batch_from_pandas(frame: pd.DataFrame, carried_input: pa.Schema,

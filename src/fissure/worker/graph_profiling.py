@@ -4,7 +4,8 @@ Each piece (one process of a graph PE) adds, per batch, every node's records and
 seconds and its own thread-CPU seconds into counters in an anonymous shared memory map (so a
 forked child's counts reach the worker, as for fused stages in fissure.worker.profiling). At the
 end of every mapInArrow call `ProfiledGraphRegion` adds what changed, with the call's wall time,
-to the task's `GraphProfileTally`, which a Spark accumulator brings to the driver with the task.
+to the task's `ProfileTally` (its `pieces`), which the run's one profile accumulator brings to
+the driver with the task.
 
 From the tally the driver computes, per thread t (a piece of a pe stage under one cut):
 mu(t) = its CPU seconds / the wall seconds of the calls it ran in, and, per operator o of the
@@ -15,10 +16,9 @@ same wall seconds (fissure.profile.graph_profile).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from collections.abc import Callable, Iterator
 
-from fissure.worker.profiling import attach_tally, shared_counters
+from fissure.worker.profiling import ProfileTally, attach_tally, shared_counters
 
 NODE_FIELDS = ("records_in", "records_out", "cpu_s")
 PIECE_FIELDS = ("batches", "cpu_s")
@@ -44,7 +44,7 @@ class PieceProfile:
         self.values[self.piece_base] += 1
         self.values[self.piece_base + 1] += cpu_s
 
-    def report(self, tally: GraphProfileTally, wall_s: float) -> None:
+    def report(self, tally: ProfileTally, wall_s: float) -> None:
         now = self.counters.snapshot()
         delta = [current - before for current, before in zip(now, self.counters.reported)]
         self.counters.reported = now
@@ -55,96 +55,37 @@ class PieceProfile:
         tally.add_piece(self.profile_id, delta[self.piece_base + 1], wall_s, nodes)
 
 
-class GraphProfileTally:
-    """The accumulator's value: per piece id, [cpu_s, wall_s, {node: [records_in, records_out, cpu_s]}]."""
-
-    def __init__(self, adopt: bool = False) -> None:
-        self.pieces: dict[str, list[Any]] = {}
-        self.adopt = adopt
-
-    def add_piece(self, piece: str, cpu_s: float, wall_s: float, nodes: dict[str, Sequence[float]]) -> None:
-        target = self.pieces.setdefault(piece, [0.0, 0.0, {}])
-        target[0] += cpu_s
-        target[1] += wall_s
-        for name, values in nodes.items():
-            counts = target[2].setdefault(name, [0.0] * len(NODE_FIELDS))
-            for index, value in enumerate(values):
-                counts[index] += value
-
-    def merge(self, other: GraphProfileTally) -> None:
-        for piece, (cpu_s, wall_s, nodes) in other.pieces.items():
-            self.add_piece(piece, cpu_s, wall_s, nodes)
-
-    def copy(self) -> GraphProfileTally:
-        copied = GraphProfileTally()
-        copied.merge(self)
-        return copied
-
-    def __getstate__(self):
-        return {"pieces": self.pieces}
-
-    def __setstate__(self, state) -> None:
-        self.__init__()
-        self.pieces = state["pieces"]
-
-
-class GraphProfileTallyParam:
-    """Spark AccumulatorParam (duck-typed) of a `GraphProfileTally`."""
-
-    def zero(self, value: GraphProfileTally) -> GraphProfileTally:
-        return GraphProfileTally()
-
-    def addInPlace(self, value: GraphProfileTally, term: GraphProfileTally) -> GraphProfileTally:  # noqa: N802
-        if term.adopt:
-            term.adopt = False
-            term.merge(value)
-            return term
-        value.merge(term)
-        return value
-
-
-def attach_graph_tally(accumulator) -> GraphProfileTally:
-    tally = getattr(accumulator, "_fissure_graph_tally", None)
-    if tally is None:
-        tally = GraphProfileTally(adopt=True)
-        accumulator.add(tally)
-        accumulator._fissure_graph_tally = tally
-    return tally
-
-
 class ProfiledGraphRegion:
-    """Wraps a graph pe stage's mapInArrow function: binds its counters before the PE forks, times
-    the call, and reports at its end: the pieces' node-by-node counts to the task's
-    GraphProfileTally (`accumulator`: for the autopipelining optimizer) and the fused operators'
-    counts with the call's wall time to its ProfileTally (`stage_accumulator`: the operators'
-    statistics every run shows, and the adaptive loop's input)."""
+    """Wraps a pe stage's mapInArrow function: binds its counters before the PE forks, times the
+    call, and reports at its end into the task's ProfileTally: the fused operators' counts with
+    the call's wall time (`operators`: the statistics every run shows, and the adaptive loop's
+    input) and the pieces' node-by-node counts (`pieces`: for the autopipelining optimizer)."""
 
-    def __init__(self, function: Callable[[Iterator], Iterator], accumulator=None, stage_accumulator=None,
-                 region_id: str = "") -> None:
+    def __init__(self, function: Callable[[Iterator], Iterator], accumulator, region_id: str = "", *,
+                 operators: bool = True, pieces: bool = False) -> None:
         self.function = function
         self.accumulator = accumulator
-        self.stage_accumulator = stage_accumulator
         self.region_id = region_id
+        self.operators = operators
+        self.pieces = pieces
 
     def __call__(self, batches: Iterator) -> Iterator:
         pieces = self.function.pieces_for_call()
-        profiles = [piece.bind_profile() for piece in pieces] if self.accumulator is not None else []
-        stages = [unit.stage.bind_profile() for piece in pieces for unit in piece.nodes
-                  if unit.stage is not None] if self.stage_accumulator is not None else []
+        piece_profiles = [piece.bind_profile() for piece in pieces] if self.pieces else []
+        stage_profiles = [unit.stage.bind_profile() for piece in pieces for unit in piece.nodes
+                          if unit.stage is not None] if self.operators else []
         started_s = time.perf_counter()
         yield from self.function(batches, pieces)
         try:
             wall_s = time.perf_counter() - started_s
-            if self.accumulator is not None:
-                tally = attach_graph_tally(self.accumulator)
-                for profile in profiles:
+            tally = attach_tally(self.accumulator)
+            for profile in piece_profiles:
+                if profile is not None:
+                    profile.report(tally, wall_s)
+            if self.operators:
+                tally.add_region_call(self.region_id, wall_s)
+                for profile in stage_profiles:
                     if profile is not None:
-                        profile.report(tally, wall_s)
-            if self.stage_accumulator is not None:
-                stage_tally = attach_tally(self.stage_accumulator)
-                stage_tally.add_region_call(self.region_id, wall_s)
-                for profile in stages:
-                    if profile is not None:
-                        profile.report(stage_tally)
+                        profile.report(tally)
         except Exception:  # noqa: BLE001 - profiling must never fail a task
             pass

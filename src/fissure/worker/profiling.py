@@ -51,7 +51,9 @@ cpu_clock = time.thread_time  # this thread only: Spark's worker may run a reade
 
 
 class ProfileTally:
-    """The accumulator's value: per operator, pipeline and region, additive tallies.
+    """The accumulator's value: per operator, pipeline and region, additive tallies; and per
+    piece of a graph PE (fissure.worker.graph_profiling), what autopipelining reads:
+    `pieces[id] = [cpu_s, wall_s, {node: [records_in, records_out, cpu_s]}]`.
 
     `adopt` marks a task's fresh live tally: `ProfileTallyParam.addInPlace` then makes it the
     accumulator's value (merging whatever was there into it), so the hot path's later mutations
@@ -62,6 +64,7 @@ class ProfileTally:
         self.operators: dict[str, list[float]] = {}
         self.pipelines: dict[str, list[Any]] = {}  # values + [operators tuple] at the end
         self.regions: dict[str, list[float]] = {}  # [calls, wall_s]
+        self.pieces: dict[str, list[Any]] = {}
         self.adopt = adopt
 
     # -- hot path -----------------------------------------------------------------------------
@@ -88,6 +91,15 @@ class ProfileTally:
         target[0] += 1
         target[1] += wall_s
 
+    def add_piece(self, piece: str, cpu_s: float, wall_s: float, nodes: dict[str, Sequence[float]]) -> None:
+        target = self.pieces.setdefault(piece, [0.0, 0.0, {}])
+        target[0] += cpu_s
+        target[1] += wall_s
+        for name, values in nodes.items():
+            counts = target[2].setdefault(name, [0.0] * len(values))
+            for index, value in enumerate(values):
+                counts[index] += value
+
     # -- merging and reading ------------------------------------------------------------------
     def merge(self, other: ProfileTally) -> None:
         for name, values in other.operators.items():
@@ -98,6 +110,8 @@ class ProfileTally:
             target = self.regions.setdefault(name, [0, 0.0])
             target[0] += calls
             target[1] += wall_s
+        for piece, (cpu_s, wall_s, nodes) in other.pieces.items():
+            self.add_piece(piece, cpu_s, wall_s, nodes)
 
     def copy(self) -> ProfileTally:
         copied = ProfileTally()
@@ -116,11 +130,17 @@ class ProfileTally:
         for name, (calls, wall_s) in self.regions.items():
             then_calls, then_wall_s = earlier.regions.get(name, (0, 0.0))
             delta.regions[name] = [calls - then_calls, wall_s - then_wall_s]
+        for piece, (cpu_s, wall_s, nodes) in self.pieces.items():
+            then = earlier.pieces.get(piece, [0.0, 0.0, {}])
+            if cpu_s - then[0] > 0 or wall_s - then[1] > 0:
+                delta.add_piece(piece, cpu_s - then[0], wall_s - then[1], {
+                    name: [now - before for now, before in zip(values, then[2].get(name, [0.0] * len(values)))]
+                    for name, values in nodes.items()})
         return delta
 
     @property
     def empty(self) -> bool:
-        return not (self.operators or self.pipelines or self.regions)
+        return not (self.operators or self.pipelines or self.regions or self.pieces)
 
     def operator_counts(self) -> tuple[OperatorCounts, ...]:
         return tuple(OperatorCounts(name, **{field: int(value) if field in _INTEGER_OPERATOR_FIELDS else float(value)
@@ -138,11 +158,13 @@ class ProfileTally:
                      for name, (calls, wall_s) in self.regions.items() if calls)
 
     def __getstate__(self):
-        return {"operators": self.operators, "pipelines": self.pipelines, "regions": self.regions}
+        return {"operators": self.operators, "pipelines": self.pipelines, "regions": self.regions,
+                "pieces": self.pieces}
 
     def __setstate__(self, state) -> None:
         self.__init__()
         self.operators, self.pipelines, self.regions = state["operators"], state["pipelines"], state["regions"]
+        self.pieces = state["pieces"]
 
 
 class ProfileTallyParam:

@@ -1,0 +1,163 @@
+"""What a record costs on fissure against one plain Python process running the same functions.
+
+McSherry, Isard and Murray ("Scalability! But at what COST?", HotOS 2015) ask of every parallel
+system how many cores it needs to beat one well-written thread. So every figure here starts with
+that thread: a plain `for` loop in one process calling the program's own operator functions
+record by record (keyed state in dicts), then fissure on Spark (`local[2]`), under the
+sequential plan and the planner's plan, each as a ratio to the loop.
+
+Workloads (the functions of the examples):
+- LogWatch (`examples/logwatch.py`), generated log lines;
+- the word count (`examples/wordcount.py`) over Zipf vocabularies of 10,000 and 100,000 words,
+  12 words a line;
+- the CPU-heavy chain of `benchmarks/spark_chain.py` (four 60 us maps).
+
+Method: the inputs are written once, as files read one per micro-batch. A round runs, per
+workload, the plain loop and both plans, in an order rotated each round; a fissure run's rate is
+its steady rate (the records of the micro-batches after the first over their summed durations).
+Reported: medians over rounds, and the median of the per-round ratios to the plain loop. One
+uncounted warm-up run starts Spark's Python workers first.
+
+    ./dev python benchmarks/cost.py                 # 3 rounds, the default sizes (about 15 minutes)
+    ./dev python benchmarks/cost.py --scale 10      # 10x the records per workload
+    ./dev python benchmarks/cost.py --quick         # tiny inputs, one round: a smoke test
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPOSITORY = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPOSITORY / "examples"))
+sys.path.insert(0, str(REPOSITORY / "benchmarks"))
+
+from fissure import Pipeline  # noqa: E402
+from fissure.graph import Action  # noqa: E402
+from fissure.model.types import Kind  # noqa: E402
+from fissure.spark.plans import describe_plan, planner_plan, sequential_plan  # noqa: E402
+from fissure.testing import text_files  # noqa: E402
+from provenance import load, load_note, machine, now, revision  # noqa: E402
+from spark_chain import cpu_pipeline, cpu_source, logwatch_source, measure_fissure  # noqa: E402
+
+# Records per workload at --scale 1, and files (one micro-batch each).
+SIZES = {"logwatch": 60_000, "wordcount-10k": 10_000, "wordcount-100k": 10_000, "cpu": 20_000}
+FILES = 5
+
+
+def plain_loop_rate(pipeline: Pipeline, records: list[dict]) -> float:
+    """Records per second of one process running the operators' functions record by record."""
+    states: dict[str, dict] = {operator.name: {} for operator in pipeline.operators}
+    started = time.perf_counter()
+    for record in records:
+        current = [record]
+        for operator in pipeline.operators:
+            following = []
+            for item in current:
+                if operator.action is Action.MAP:
+                    following.append(operator.fn(item))
+                elif operator.action is Action.FILTER:
+                    if operator.fn(item):
+                        following.append(item)
+                elif operator.action is Action.FLAT_MAP:
+                    following.extend(operator.fn(item) or ())
+                else:
+                    key = tuple(item[field] for field in operator.key) if operator.kind is Kind.PARTITIONED else ()
+                    state = states[operator.name].get(key)
+                    if state is None:
+                        state = states[operator.name][key] = operator.state_factory()
+                    emitted = operator.fn(state, item)
+                    following.extend([emitted] if isinstance(emitted, dict) else (emitted or ()))
+            current = following
+    return len(records) / (time.perf_counter() - started)
+
+
+def workloads(scale: float, work: Path):
+    """(name, pipeline, fissure source, the same input as records) per workload."""
+    from generators.loglines import generate as log_lines
+    from generators.words import generate as word_lines
+    from logwatch import build_pipeline as logwatch_pipeline
+    from wordcount import build_pipeline as wordcount_pipeline
+
+    size = {name: max(FILES, int(count * scale)) for name, count in SIZES.items()}
+    lines = list(log_lines(size["logwatch"]))
+    yield ("logwatch", logwatch_pipeline(), logwatch_source(work / "logwatch", size["logwatch"], FILES),
+           [{"value": line} for line in lines])
+    for name, vocabulary in (("wordcount-10k", 10_000), ("wordcount-100k", 100_000)):
+        text = word_lines(size[name], vocabulary_size=vocabulary, fixed_length=True)
+        source = text_files(str(work / name), text, lines_per_file=-(-len(text) // FILES), max_files_per_trigger=1)
+        yield name, wordcount_pipeline(), source, [{"value": line} for line in text]
+    rows = [{"x": float(i % 997) + 0.5} for i in range(size["cpu"])]
+    yield "cpu", cpu_pipeline(4), cpu_source(work / "cpu", size["cpu"], FILES), rows
+
+
+def report(document: dict) -> str:
+    lines = ["# What a record costs: fissure against one plain Python process", "",
+             f"Command: `{document['command']}`  ", f"Date: {document['date']}  ",
+             f"Machine: {document['machine']}, Spark local[2]  ", f"Revision: {document['revision']}  ",
+             f"Load average before / after: {document['load_before']} / {document['load_after']}"
+             + load_note(document["load_before"]), ""]
+    for name, workload in document["workloads"].items():
+        rates = workload["rates"]
+        lines += [f"## {name}", "", f"{workload['records']:,} records in {FILES} micro-batches; "
+                  f"planner's plan `{workload['planner_plan']}`", "",
+                  "| run | median records/s | x plain loop (median of rounds) |", "| --- | --- | --- |"]
+        for run in ("plain", "sequential", "planner"):
+            ratio = "1" if run == "plain" else f"{workload['over_plain'][run]:.3f}"
+            lines.append(f"| {run} | {statistics.median(rates[run]):,.0f} | {ratio} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--scale", type=float, default=1.0, help="records per workload, times the defaults")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--quick", action="store_true", help="tiny inputs, one round, results to a temporary folder")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.scale, args.rounds = 0.05, 1
+    from fissure.spark.config import RunnerConfig
+    from fissure.spark.session import create_session
+
+    load_before = load()
+    spark = create_session(RunnerConfig(master="local[2]"))
+    work = Path(tempfile.mkdtemp(prefix="fissure-cost-"))
+    document = {"command": " ".join(["./dev python benchmarks/cost.py", *(argv if argv is not None else sys.argv[1:])]),
+                "date": now(), "machine": machine(), "revision": revision(REPOSITORY), "load_before": load_before,
+                "workloads": {}}
+    prepared = list(workloads(args.scale, work))
+    _, warm_pipeline, warm_source, _ = prepared[-1]
+    measure_fissure(spark, warm_pipeline, warm_source, sequential_plan(warm_pipeline), tempfile.mkdtemp())
+    for name, pipeline, source, records in prepared:
+        plans = {"sequential": sequential_plan(pipeline), "planner": planner_plan(pipeline, 2)}
+        rates: dict[str, list[float]] = {"plain": [], "sequential": [], "planner": []}
+        for round_number in range(args.rounds):
+            order = ["plain", "sequential", "planner"]
+            order = order[round_number % 3:] + order[:round_number % 3]
+            for run in order:
+                if run == "plain":
+                    rates[run].append(plain_loop_rate(pipeline, records))
+                else:
+                    rates[run].append(measure_fissure(spark, pipeline, source, plans[run], tempfile.mkdtemp()))
+            print(f"{name} round {round_number + 1}: " + ", ".join(f"{run} {values[-1]:,.0f}"
+                                                                   for run, values in rates.items()), flush=True)
+        document["workloads"][name] = {
+            "records": len(records), "planner_plan": describe_plan(plans["planner"], pipeline), "rates": rates,
+            "over_plain": {run: statistics.median(rate / plain for rate, plain in zip(rates[run], rates["plain"]))
+                           for run in ("sequential", "planner")}}
+    document["load_after"] = load()
+    out = REPOSITORY / "benchmarks" / "results" if not args.quick else Path(tempfile.mkdtemp())
+    (out / "cost.json").write_text(json.dumps(document, indent=2))
+    (out / "cost.md").write_text(report(document))
+    print(report(document))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
