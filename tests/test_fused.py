@@ -8,7 +8,7 @@ import pyarrow as pa
 
 from fissure.worker.columns import DEAD_ERROR, DEAD_OPERATOR, DEAD_RECORD, SEQ, carried_schema
 from fissure.worker.fused import FusedStage, Step, live_batch
-from fissure.worker.keyed import StatefulStep, run_group
+from fissure.worker.keyed import StatefulStep, key_text, run_group, run_keys
 
 NUMBERS = pa.schema([("n", pa.int64())])
 WORDS = pa.schema([("word", pa.string()), ("n", pa.int64())])
@@ -113,3 +113,26 @@ def test_keyed_group_orders_by_field_and_keeps_dead_letters():
     rows = run_group(step, batch, None).batch.to_pylist()
     assert [(r["n"], r[SEQ]) for r in rows if r[DEAD_OPERATOR] is None] == [(4, 0), (5, 2)]
     assert [r[SEQ] for r in rows if r[DEAD_OPERATOR] == "total"] == [1]
+
+
+def test_a_bucket_of_keys_runs_each_key_in_order_with_its_own_state():
+    schema = pa.schema([("user", pa.string()), ("n", pa.int64())])
+    step = StatefulStep("total", running_total, dict, schema, NUMBERS, key=("user",))
+    rows = [{"user": "a", "n": 1}, {"user": "b", "n": 10}, {"user": None, "n": 7}, {"user": "a", "n": -2},
+            {"user": "b", "n": 20}, {"user": "a", "n": 3}]
+    batch = live_batch(pa.RecordBatch.from_pylist(rows, schema=schema), [5, 4, 3, 2, 1, 0])
+    stored = {key_text({"user": "a"}, ("user",)): pickle.dumps({"total": 100})}
+    loaded = []
+
+    def load(key):
+        loaded.append(key)
+        return stored.get(key)
+
+    output = run_keys(step, batch, load, stored.__setitem__).to_pylist()
+    # each key's records in sequence order (seq 0 first), each key loaded once, states stored
+    assert sorted(loaded) == sorted({'["a"]', '["b"]', "[null]"})
+    live = sorted((r[SEQ], r["n"]) for r in output if r[DEAD_OPERATOR] is None)
+    assert live == [(0, 103), (1, 20), (3, 7), (4, 30), (5, 102)]  # a: 100+3 (seq 0) then +1 (seq 5); -2 dead
+    assert [(r[SEQ], r[DEAD_OPERATOR]) for r in output if r[DEAD_OPERATOR] is not None] == [(2, "total")]
+    assert {key: pickle.loads(value) for key, value in stored.items()} == {
+        '["a"]': {"total": 102}, '["b"]': {"total": 30}, "[null]": {"total": 7}}

@@ -24,7 +24,7 @@ from fissure.model.spark_model import (
     batch_part_terms,
 )
 from fissure.model.spec import load_spec
-from fissure.model.types import Kind, Machine, OperatorStats, Plan, RegionPlan
+from fissure.model.types import STATE_BUCKETS, Kind, Machine, OperatorStats, Plan, RegionPlan
 from fissure.optimize.planners import plan_chain
 from fissure.optimize.spark_chain import SparkChainModel, SparkModelSettings
 
@@ -127,9 +127,16 @@ def test_stages_add_up_where_the_papers_pipelines_overlap():
 def test_keys_per_batch_cost_the_stateful_node_per_key():
     chain = [OperatorStats("count", Kind.PARTITIONED, 1.0, 1.0, key=("k",))]
     plan = plan_of(([["count"]], 1))
-    few = evaluate_spark(chain, plan, 2, workload=SparkWorkload(1000, keys_per_batch={"count": 10}))
-    many = evaluate_spark(chain, plan, 2, workload=SparkWorkload(1000, keys_per_batch={"count": 510}))
-    assert many.batch_time_s - few.batch_time_s == pytest.approx(500 * SparkConstants().state_key_us / 1e6)
+    constants = SparkConstants()
+
+    def batch_time(keys: int) -> float:
+        return evaluate_spark(chain, plan, 2, constants, SparkWorkload(1000, keys_per_batch={"count": keys})).batch_time_s
+
+    # Up to STATE_BUCKETS keys, each key is its own Spark group too; beyond, keys share buckets.
+    assert batch_time(STATE_BUCKETS) - batch_time(10) == pytest.approx(
+        (STATE_BUCKETS - 10) * (constants.state_key_us + constants.state_group_us) / 1e6)
+    assert batch_time(STATE_BUCKETS + 500) - batch_time(STATE_BUCKETS) == pytest.approx(
+        500 * constants.state_key_us / 1e6)
 
 
 ZERO = SparkConstants(**{name: 0.0 for name in SparkConstants.names()})

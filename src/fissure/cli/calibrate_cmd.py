@@ -37,7 +37,7 @@ from fissure.cli import UsageError
 # with stage_fixed_s; boundary_record_us comes from the two-run method).
 FITTED = ("batch_fixed_s", "state_operator_batch_s", "stage_fixed_s", "python_node_fixed_s", "state_partition_fixed_s",
           "state_partition_jvm_s", "io_record_us", "python_record_us", "conversion_record_us", "exchange_record_us",
-          "state_record_us", "state_key_us")
+          "state_record_us", "state_key_us", "state_group_us")
 # Multiplications per record of the busy operator (about 50-80 us): enough that its batches are
 # mostly its work, so that its one and two replicas tell what two busy tasks really get.
 BUSY_LOOPS = 1600

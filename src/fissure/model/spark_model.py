@@ -23,7 +23,8 @@ boundary_record_us (the paper's delta) per record crossing a PE process boundary
 sender and by the receiver (the last pipeline's results travel back to the worker too);
 exchange_record_us per record through a shuffle, half written upstream and half read
 downstream; in a stateful node, state_record_us per record (pandas, sorting, state
-(de)serialization) and state_key_us per key group a micro-batch holds.
+(de)serialization), state_key_us per key a micro-batch holds and state_group_us per Spark group
+(a partitioned operator's keys in min(keys, STATE_BUCKETS) buckets; one for an unkeyed one).
 
 Effective parallelism of a stage of P tasks on C slots whose records split f ways (f = P for
 round-robin; for keys, min(P, max_scale) and how the micro-batch's key groups hash into P
@@ -51,7 +52,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 from fissure.model.throughput import validate_plan
-from fissure.model.types import Kind, OperatorStats, Plan
+from fissure.model.types import STATE_BUCKETS, Kind, OperatorStats, Plan
 
 # Keys a partitioned operator is assumed to see per micro-batch when the workload does not say.
 DEFAULT_KEYS_PER_BATCH = 1000.0
@@ -79,7 +80,10 @@ class SparkConstants:
     exchange_record_us: float = 0.5
     boundary_record_us: float = 1.0  # delta: per record crossing a PE process boundary, each side
     state_record_us: float = 1.2  # per record through a stateful node beyond its function
-    state_key_us: float = 1900.0  # per key group per micro-batch in a stateful node (state server calls)
+    state_key_us: float = 1900.0  # per key per micro-batch in a stateful node (its state read and written)
+    # per Spark group per micro-batch in a stateful node: a bucket of a partitioned operator's keys,
+    # or an unkeyed operator's one group (a Python call, a pandas frame each way)
+    state_group_us: float = 1000.0
 
     def __post_init__(self) -> None:
         for item in fields(self):
@@ -314,8 +318,9 @@ def _node_work(node: NodeShape, chain: _Chain, operators: Sequence[OperatorStats
         operator = operators[index]
         records_in, records_out = records[index], records[index + 1]
         keys = _keys_per_batch(operator, workload, records_in)
+        groups = min(keys, STATE_BUCKETS) if operator.kind is Kind.PARTITIONED else 1.0
         work = (chain.work(index, index + 1) + constants.state_record_us * records_in
-                + constants.state_key_us * keys
+                + constants.state_key_us * keys + constants.state_group_us * groups
                 + (constants.python_record_us + constants.conversion_record_us) * (records_in + records_out))
         return work, work
     delta = constants.boundary_record_us
@@ -370,7 +375,8 @@ def evaluate_spark(operators: Sequence[OperatorStats], plan: Plan, cores: int,
         split = max(1.0, min(shape.split, shape.partitions))
         if shape.key_operator is not None:
             keys = _keys_per_batch(operators[shape.key_operator], workload, chain.records[shape.key_operator])
-            split = min(split, hash_balance(keys, shape.partitions))
+            # Spark hashes the key's bucket, not the key: at most STATE_BUCKETS groups to split.
+            split = min(split, hash_balance(min(keys, STATE_BUCKETS), shape.partitions))
         parallelism = min(split, shape.partitions / waves)
         at_once = min(shape.partitions, cores, split)
         stores = sum(1 for node in shape.nodes if node.kind == "state")

@@ -9,6 +9,12 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 
+# Buckets of keys of a partitioned operator on Spark: its groups, one Python call each per batch
+# (fissure.spark.stages.GraphStateProcessor). Fixed for good, since a key's state lives under its
+# bucket; it bounds the state partitions that still split such an operator's work.
+STATE_BUCKETS = 64
+
+
 class Kind(str, Enum):
     """Operator (and region) kind with respect to state, the paper's k(o) in {s, p, f}."""
 

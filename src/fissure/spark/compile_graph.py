@@ -11,9 +11,11 @@
 - every pe stage is one mapInArrow running a graph processing element (its pieces as a chain of
   processes when pipeline boundaries cut it);
 - every keyed node is one transformWithStateInPandas behind a hash exchange on a key column
-  computed in SQL just before it: the key's text for rows routed into the node, a constant for a
-  stateful node without key, and one of `spread` spread keys (`~seq mod spread`) for every other
-  row, which the handler passes through without touching state;
+  computed in SQL just before it, for rows routed into the node: a partitioned operator's bucket
+  of keys (`hash(key fields) mod STATE_BUCKETS`; the handler runs a bucket's keys in one call,
+  each key's state its own MapState entry), a join's key text, a constant for a stateful node
+  without key; every other row gets one of `spread` spread keys (`~seq mod spread`, or
+  `-1 - seq mod spread` for buckets), which the handler passes through without touching state;
 - the runner's foreachBatch persists each micro-batch once and writes each sink from it.
 A stream used by several nodes is computed once: its rows travel once and each consumer reads
 them where it runs, so nothing upstream is recomputed.
@@ -30,12 +32,13 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from fissure.graph import PipelineError
-from fissure.model.types import Kind, Plan
+from fissure.model.types import STATE_BUCKETS, Kind, Plan
 from fissure.spark.elastic import WorkerThreads
 from fissure.spark.plans import check_plan, sequential_plan
 from fissure.spark.sources import arrow_schema_of, spark_schema_of
 from fissure.spark.stages import (
-    KEY, KEY_MARK, SPREAD_PREFIX, GraphRegionFunction, GraphStateProcessor, SourceEnvelopeFunction, WorkerProfiling,
+    KEY, KEY_MARK, SPREAD_PREFIX, GraphRegionFunction, GraphStateProcessor, SourceEnvelopeFunction,
+    WorkerProfiling,
 )
 from fissure.streamgraph import NodeKind, StreamGraph
 from fissure.worker.columns import DEAD_OPERATOR, SEQ
@@ -79,7 +82,14 @@ def _source_envelopes(name: str, index: int, frame: DataFrame, layout: EnvelopeL
 
 
 def _key_column(node, layout: EnvelopeLayout, spread: int):
+    """The grouping column of a keyed node's stage: see the module docstring."""
     live = F.col(DEAD_OPERATOR).isNull()
+    if node.kind is NodeKind.OPERATOR and node.operator.kind is Kind.PARTITIONED:  # buckets of keys
+        (stream,) = node.inputs
+        columns = [F.col(layout.column(layout.index[stream], field)) for field in node.key]
+        bucket = F.pmod(F.hash(*columns), F.lit(STATE_BUCKETS))
+        spread_bucket = F.lit(-1) - F.pmod(F.col(SEQ), F.lit(max(1, spread))).cast("int")
+        return F.when(live & (F.col(ROUTE) == F.lit(layout.route_of(stream))), bucket).otherwise(spread_bucket)
     spread_key = F.concat(F.lit(SPREAD_PREFIX), F.pmod(F.col(SEQ), F.lit(max(1, spread))).cast("string"))
     expression = None
     for stream in dict.fromkeys(node.inputs):

@@ -18,6 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql.streaming.stateful_processor import StatefulProcessor
 
+from fissure.model.types import Kind
 from fissure.streamgraph import NodeKind, StreamGraph
 from fissure.worker.columns import DEAD_COLUMNS, DEAD_OPERATOR, SEQ, SEQ_PARTITION_SHIFT, carried_schema
 from fissure.worker.elastic_stage import WaitingOperator
@@ -25,7 +26,7 @@ from fissure.worker.fused import assemble
 from fissure.worker.graph_join import LEFT, RIGHT, JoinStep, arrivals_of, joined_batch, run_join_group
 from fissure.worker.graph_local import SOURCE_SHIFT
 from fissure.worker.graph_pe import EnvelopeLayout, GraphStage, StageProfiling, build_pieces
-from fissure.worker.keyed import StatefulStep, run_group
+from fissure.worker.keyed import StatefulStep, run_group, run_keys
 from fissure.worker.profiling import ProfiledUpdate
 from fissure.worker.region import processing_element
 
@@ -128,7 +129,16 @@ class GraphRegionFunction:
 
 
 class GraphStateProcessor(StatefulProcessor):
-    """transformWithStateInPandas handler of one keyed node over envelopes."""
+    """transformWithStateInPandas handler of one keyed node over envelopes.
+
+    A partitioned operator's groups are buckets of keys (`bucketed`: the grouping key is
+    `hash(key) mod STATE_BUCKETS`, fissure.spark.compile_graph): one call runs every key of the
+    bucket in the batch, each key's state in a MapState entry under its key text. Spark's cost
+    per group (a Python call, a pandas frame each way, state-server round trips) is paid per
+    bucket instead of per key; measured in plain PySpark 4.3 on a word count (10,000-word Zipf
+    vocabulary, 120,000 words a batch, local[2]): 15,000 words/s with a group per word, 64,000
+    with 64 buckets. A joined pair's state and an unkeyed operator's stay one ValueState per group.
+    """
 
     STATE_NAME = "fissure_state"
 
@@ -140,8 +150,9 @@ class GraphStateProcessor(StatefulProcessor):
         self.output_layout = output_layout or layout
         self.node = graph.node(node_name)
         self.forward_inputs = tuple(forward_inputs)
-        self.input_schema = pa.schema(list(layout.schema) + [pa.field(KEY, pa.string())])
-        self._state = None
+        self.bucketed = self.node.kind is NodeKind.OPERATOR and self.node.operator.kind is Kind.PARTITIONED
+        self.input_schema = pa.schema(list(layout.schema) + [pa.field(KEY, pa.int32() if self.bucketed else pa.string())])
+        self._state = None  # a ValueState, or the MapState of a bucket's keys
         # A key group holds live rows of the node's inputs only (every other row has a spread
         # key). One input and nothing to forward: the group converts straight to the carried
         # batch the operator reads, skipping the envelope.
@@ -153,30 +164,26 @@ class GraphStateProcessor(StatefulProcessor):
         self._step = self._stateful_step() if self.node.kind is not NodeKind.JOIN else None
 
     def init(self, handle) -> None:
-        self._state = handle.getValueState(self.STATE_NAME, "value binary")
+        if self.bucketed:
+            self._state = handle.getMapState(self.STATE_NAME, "key string", "value binary")
+        else:
+            self._state = handle.getValueState(self.STATE_NAME, "value binary")
 
     def handleInputRows(self, key, rows, timerValues) -> Iterator[pd.DataFrame]:  # noqa: N802 - Spark's name
         frames = list(rows)
         frame = frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)
-        spread = str(key[0]).startswith(SPREAD_PREFIX)
+        spread = key[0] < 0 if self.bucketed else str(key[0]).startswith(SPREAD_PREFIX)
         if self._direct and not spread:
-            carried = carried_batch_from_pandas(frame, self._direct_schema, self._direct_positions)
-            stored = self._state.get()  # None for a new key: one state-server round trip, not two
-            result = run_group(self._step, carried, stored[0] if stored is not None else None)
-            if result.state is not None:
-                self._state.update((result.state,))
-            if result.batch.num_rows:
-                yield pandas_frame(self.output_layout.wrap(result.batch, self.node.name))
+            output = self._run_operator(carried_batch_from_pandas(frame, self._direct_schema, self._direct_positions))
+            if output.num_rows:
+                yield pandas_frame(self.output_layout.wrap(output, self.node.name))
             return
         batch = carried_batch_from_pandas(frame, self.input_schema)
         batch = batch.select(self.layout.schema.names)
         if spread:
             yield pandas_frame(self.output_layout.conform(batch))  # rows of other nodes: through, no state
             return
-        stored = self._state.get()
-        output, state = self._run(batch, stored[0] if stored is not None else None)
-        if state is not None:
-            self._state.update((state,))
+        output = self._run(batch)
         parts = [self.output_layout.wrap(output, self.node.name)]
         parts += [self.output_layout.conform(self._rows_of(batch, stream)) for stream in self.forward_inputs]
         result = assemble(parts, self.output_layout.schema)
@@ -188,18 +195,34 @@ class GraphStateProcessor(StatefulProcessor):
         return batch.filter(pc.and_(pc.equal(batch.column(0), pa.scalar(self.layout.route_of(stream), pa.int32())),
                                     batch.column(batch.schema.get_field_index(DEAD_OPERATOR)).is_null()))
 
-    def _run(self, batch: pa.RecordBatch, stored: bytes | None) -> tuple[pa.RecordBatch, bytes | None]:
+    def _run(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+        """The node's carried output from a group's envelopes (the node's input rows among them)."""
         node, schemas = self.node, self.schemas
-        if node.kind is NodeKind.JOIN:
-            spec = node.join
-            step = JoinStep(node.name, spec.fn, spec.window.time_field, spec.window.size, spec.window.lateness,
-                            spec.schema)
-            arrivals = [arrival for side, stream in ((LEFT, node.inputs[0]), (RIGHT, node.inputs[1]))
-                        for arrival in arrivals_of(self.layout.extract(batch, stream), schemas[stream], side)]
-            result = run_join_group(step, arrivals, stored)
-            return joined_batch(step, result.records, result.seqs, result.dead), result.state
-        result = run_group(self._step, self.layout.extract(batch, node.inputs[0]), stored)
-        return result.batch, result.state
+        if node.kind is not NodeKind.JOIN:
+            return self._run_operator(self.layout.extract(batch, node.inputs[0]))
+        spec = node.join
+        step = JoinStep(node.name, spec.fn, spec.window.time_field, spec.window.size, spec.window.lateness, spec.schema)
+        arrivals = [arrival for side, stream in ((LEFT, node.inputs[0]), (RIGHT, node.inputs[1]))
+                    for arrival in arrivals_of(self.layout.extract(batch, stream), schemas[stream], side)]
+        stored = self._state.get()
+        result = run_join_group(step, arrivals, stored[0] if stored is not None else None)
+        if result.state is not None:
+            self._state.update((result.state,))
+        return joined_batch(step, result.records, result.seqs, result.dead)
+
+    def _run_operator(self, carried: pa.RecordBatch) -> pa.RecordBatch:
+        """A stateful operator over a group's carried input rows: a bucket's keys or the one state."""
+        if self.bucketed:
+            def load(key: str) -> bytes | None:
+                stored = self._state.getValue((key,))  # None for a new key: one round trip, not two
+                return stored[0] if stored is not None else None
+
+            return run_keys(self._step, carried, load, lambda key, state: self._state.updateValue((key,), (state,)))
+        stored = self._state.get()
+        result = run_group(self._step, carried, stored[0] if stored is not None else None)
+        if result.state is not None:
+            self._state.update((result.state,))
+        return result.batch
 
     def _stateful_step(self) -> StatefulStep:
         node, operator = self.node, self.node.operator

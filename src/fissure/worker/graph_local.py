@@ -14,7 +14,6 @@ the state between calls, to run several micro-batches.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -27,7 +26,7 @@ from fissure.streamgraph import NodeKind, PipelineError, StreamGraph, as_graph
 from fissure.worker.columns import DEAD_COLUMNS, DEAD_ERROR, DEAD_OPERATOR, DEAD_RECORD, SEQ, carried_schema
 from fissure.worker.fused import FusedStage, Step, assemble, conform, live_batch, split_dead
 from fissure.worker.graph_join import LEFT, RIGHT, JoinArrival, JoinStep, arrivals_of, joined_batch, run_join_group
-from fissure.worker.keyed import StatefulStep, run_group
+from fissure.worker.keyed import StatefulStep, key_text, run_group, run_keys
 
 SOURCE_SHIFT = 56  # sequence numbers: source index << SOURCE_SHIFT | position
 
@@ -44,10 +43,6 @@ class LocalResults(dict):
     """Sink name -> records (dicts); `dead_letters` holds what operators could not process."""
 
     dead_letters: list[LocalDeadLetter]
-
-
-def key_text(record: Mapping, key: Sequence[str]) -> str:
-    return json.dumps([record[field] for field in key], default=repr)
 
 
 class LocalGraphRun:
@@ -122,17 +117,12 @@ class LocalGraphRun:
                             input_schema=input_schema, output_schema=schemas[node.name], key=operator.key,
                             order_by=operator.order_by)
         states = self.states.setdefault(node.name, {})
-        groups: dict[str, list[int]] = {}
-        for position, record in enumerate(carried.select(input_schema.names).to_pylist()):
-            key = key_text(record, operator.key) if operator.kind is Kind.PARTITIONED else "all"
-            groups.setdefault(key, []).append(position)
-        parts = []
-        for key, positions in groups.items():
-            result = run_group(step, carried.take(pa.array(positions)), states.get(key))
-            if result.state is not None:
-                states[key] = result.state
-            parts.append(result.batch)
-        return assemble(parts, carried_schema(schemas[node.name]))
+        if operator.kind is Kind.PARTITIONED:  # every key's records at once, as a bucket on Spark
+            return run_keys(step, carried, states.get, states.__setitem__)
+        result = run_group(step, carried, states.get("all"))
+        if result.state is not None:
+            states["all"] = result.state
+        return result.batch
 
     def _join(self, node, streams, schemas) -> pa.RecordBatch:
         spec = node.join

@@ -1,14 +1,17 @@
-"""One stateful operator over the records of one key in one micro-batch (no pyspark here).
+"""One stateful operator over the records of a micro-batch (no pyspark here).
 
-The Spark layer's state processor calls `run_group` once per key and batch with the key's stored
-state (pickled bytes, or None for a key seen for the first time) and stores the state it returns.
-Records reach the operator in sequence-number order, whatever order the exchange delivered them in.
+The Spark layer's state processor calls `run_keys` once per bucket of keys of a partitioned
+operator (each key's stored state, pickled bytes or None for a key seen for the first time, is
+loaded and its new state stored through callbacks), and `run_group` once per batch for an
+operator without key. A key's records reach the operator in sequence-number order (or by
+`order_by` first), whatever order the exchange delivered them in.
 """
 
 from __future__ import annotations
 
+import json
 import pickle
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,34 +48,67 @@ def load_state(step: StatefulStep, stored: bytes | None) -> Any:
     return step.state_factory() if stored is None else pickle.loads(stored)
 
 
+def key_text(record: Mapping, fields: Sequence[str]) -> str:
+    """A record's key as text (JSON of its key fields' values): one state per distinct text."""
+    return json.dumps([record[field] for field in fields], default=repr)
+
+
 def run_group(step: StatefulStep, batch: pa.RecordBatch, stored_state: bytes | None) -> GroupResult:
     """Run `step` over one key's carried rows in sequence order; dead letters pass through."""
+    stored = {}
+
+    def store(key: str, state: bytes) -> None:
+        stored["state"] = state
+
+    output = _run(step, batch, lambda records: {"": list(range(len(records)))}, lambda key: stored_state, store)
+    return GroupResult(output, stored.get("state"))
+
+
+def run_keys(step: StatefulStep, batch: pa.RecordBatch, load: Callable[[str], bytes | None],
+             store: Callable[[str, bytes], None]) -> pa.RecordBatch:
+    """Run the partitioned `step` over the carried rows of many keys at once (a bucket of keys, one
+    Spark call): each key's records in (order_by, sequence) order with the state `load(key)`
+    returns (None: a key seen for the first time), its new state handed to `store(key, state)`;
+    keys are `key_text`. Dead letters pass through. Returns the carried output."""
+    fields = step.key
+
+    def by_key(records: list[dict]) -> dict[str, list[int]]:
+        positions: dict[str, list[int]] = {}
+        for position, record in enumerate(records):
+            positions.setdefault(key_text(record, fields), []).append(position)
+        return positions
+
+    return _run(step, batch, by_key, load, store)
+
+
+def _run(step: StatefulStep, batch: pa.RecordBatch, group: Callable[[list[dict]], dict[str, list[int]]],
+         load: Callable[[str], bytes | None], store: Callable[[str, bytes], None]) -> pa.RecordBatch:
     live, upstream_dead = split_dead(batch)
     dead: list[DeadLetter] = []
     records: list = []
     seqs: list[int] = []
-    state_blob = None
     if live.num_rows:
         sort_keys = ([(step.order_by, "ascending")] if step.order_by else []) + [(SEQ, "ascending")]
         ordered = live.take(pc.sort_indices(live, sort_keys=sort_keys))
         inputs = ordered.select(step.input_schema.names).to_pylist()
         input_seqs = ordered.column(ordered.schema.get_field_index(SEQ)).to_pylist()
-        state = load_state(step, stored_state)
-        for record, seq in zip(inputs, input_seqs):
-            try:
-                emitted = normalize_emitted(step.fn(state, record))
-            except Exception as error:  # noqa: BLE001 - a bad record becomes a dead letter
-                dead.append(DeadLetter(step.name, describe_error(error), record_text(record), seq))
-                continue
-            records.extend(emitted)
-            seqs.extend([seq] * len(emitted))
-        state_blob = pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL)
+        for key, positions in group(inputs).items():
+            state = load_state(step, load(key))
+            for position in positions:
+                record, seq = inputs[position], input_seqs[position]
+                try:
+                    emitted = normalize_emitted(step.fn(state, record))
+                except Exception as error:  # noqa: BLE001 - a bad record becomes a dead letter
+                    dead.append(DeadLetter(step.name, describe_error(error), record_text(record), seq))
+                    continue
+                records.extend(emitted)
+                seqs.extend([seq] * len(emitted))
+            store(key, pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL))
     data, seqs = records_to_batch(records, seqs, step.output_schema, step.name, dead)
     emitted_batch = live_batch(data, seqs)
-    output = assemble(
+    return assemble(
         [emitted_batch,
          reshape_dead(upstream_dead, step.output_schema) if upstream_dead is not None else None,
          dead_letter_batch(dead, step.output_schema) if dead else None],
         emitted_batch.schema,
     )
-    return GroupResult(output, state_blob)
