@@ -136,3 +136,22 @@ def test_a_bucket_of_keys_runs_each_key_in_order_with_its_own_state():
     assert [(r[SEQ], r[DEAD_OPERATOR]) for r in output if r[DEAD_OPERATOR] is not None] == [(2, "total")]
     assert {key: pickle.loads(value) for key, value in stored.items()} == {
         '["a"]': {"total": 102}, '["b"]': {"total": 30}, "[null]": {"total": 7}}
+
+
+def test_keys_equal_in_python_but_not_as_text_keep_their_own_state():
+    schema = pa.schema([("k", pa.float64()), ("n", pa.int64())])
+    step = StatefulStep("total", running_total, dict, schema, NUMBERS, key=("k",))
+    nan = float("nan")
+    rows = [{"k": nan, "n": 1}, {"k": 2.0, "n": 10}, {"k": nan, "n": 5}]
+    stored = {}
+    run_keys(step, live_batch(pa.RecordBatch.from_pylist(rows, schema=schema), [0, 1, 2]), stored.get,
+             stored.__setitem__)
+    # NaN is not equal to itself, yet its records are one key: one state, both records counted
+    assert {key: pickle.loads(value) for key, value in stored.items()} == {"[NaN]": {"total": 6}, "[2.0]": {"total": 10}}
+    step = StatefulStep("total", running_total, dict, pa.schema([("k", pa.list_(pa.int64())), ("n", pa.int64())]),
+                        NUMBERS, key=("k",))
+    rows = [{"k": [1, 2], "n": 1}, {"k": [1, 2], "n": 2}, {"k": [3], "n": 4}]
+    stored = {}
+    run_keys(step, live_batch(pa.RecordBatch.from_pylist(rows, schema=step.input_schema), [0, 1, 2]), stored.get,
+             stored.__setitem__)
+    assert {key: pickle.loads(value) for key, value in stored.items()} == {"[[1, 2]]": {"total": 3}, "[[3]]": {"total": 4}}

@@ -185,3 +185,34 @@ def test_a_keyed_operator_groups_its_records_by_bucket_of_keys(spark):
         assert bucket_of.setdefault(users[seq % 500], key) == key  # one bucket per key
     assert keys[0][1] in (-1, -2)  # the dead letter: a spread key
     assert len(set(bucket_of.values())) > STATE_BUCKETS // 2  # 500 keys spread over the buckets
+
+
+def shout(record):
+    return {"value": record["value"].upper()}
+
+
+def test_a_file_source_without_a_size_is_admitted_in_batches_the_policy_sizes(spark, tmp_path):
+    """A latency bound below any batch's time sizes batches at the policy's minimum (1,000
+    records of 7 bytes: 7,000 bytes). Spark admits whole files up to that many bytes: 2,400 lines
+    in six files of 400 (2,800 bytes each) arrive two files a batch, each line once."""
+    from fissure.control.batch_size import MIN_RECORDS
+    from fissure.spark.config import RunnerConfig
+    from fissure.testing import text_files
+
+    lines = [f"a{i:05d}" for i in range(2400)]
+
+    def run(config, name):
+        source = text_files(tmp_path / name, lines, lines_per_file=400)
+        sink = MemorySink()
+        report = fissure.run(Pipeline("admitted").map("shout", shout), source, sink, spark=spark, config=config,
+                             checkpoint=str(tmp_path / f"{name}-ckpt"), progress=False, profile=None)
+        return report, sorted(record["value"] for record in sink.records())
+
+    expected = sorted(line.upper() for line in lines)
+    sized, records = run(RunnerConfig(batch_latency_bound_s=0.01), "sized")
+    (admission,) = sized.admissions
+    assert admission.decision.records == MIN_RECORDS and "latency bound 0.01 s" in admission.decision.reason
+    assert admission.max_bytes_per_trigger == 7 * MIN_RECORDS
+    assert records == expected and sized.batches == 3
+    whole, records = run(RunnerConfig(batch_size="all"), "whole")
+    assert records == expected and whole.batches == 1 and whole.admissions == ()

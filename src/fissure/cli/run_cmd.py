@@ -17,6 +17,7 @@ steady_records_per_s); everything else goes to standard error.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import json
 import importlib.util
@@ -40,7 +41,11 @@ def register(subparsers) -> None:
     batch = parser.add_mutually_exclusive_group()
     batch.add_argument("--files-per-batch", type=int, default=None, help="at most this many files per micro-batch")
     batch.add_argument("--kb-per-batch", type=int, default=None,
-                       help="at most this many KiB of files per micro-batch (default: all new files)")
+                       help="at most this many KiB of files per micro-batch")
+    batch.add_argument("--all-per-batch", action="store_true",
+                       help="every new file in one micro-batch (default: a size chosen from the Spark model)")
+    parser.add_argument("--latency-bound", type=float, default=None, metavar="SECONDS",
+                        help="with the chosen batch size: keep a micro-batch under this many seconds")
     parser.add_argument("--sink", help="output directory (Parquet, one folder per batch); default: print results")
     parser.add_argument("--dead-letters", help="directory for dead letters (JSON); default: counted and kept in memory")
     parser.add_argument("--plan", default="planner", help="planner (default), sequential, or a JSON plan file")
@@ -123,6 +128,8 @@ def handle(args) -> int:
         source = fissure.FileSource(args.source, format=args.format, schema=parse_schema(args.schema),
                                     max_files_per_trigger=args.files_per_batch,
                                     max_bytes_per_trigger=args.kb_per_batch * 1024 if args.kb_per_batch else None)
+        config = fissure.RunnerConfig(master=args.master, batch_size="all" if args.all_per_batch else "auto",
+                                      batch_latency_bound_s=args.latency_bound)
     except ValueError as error:
         raise UsageError(str(error)) from None
     run_dir = args.run_dir or tempfile.mkdtemp(prefix="fissure-run-")
@@ -141,7 +148,7 @@ def handle(args) -> int:
         report = fissure.run(pipeline, source, sink, plan=args.plan,
                              checkpoint=args.checkpoint or os.path.join(run_dir, "checkpoint"),
                              dead_letters=dead_letters,
-                             config=fissure.RunnerConfig(master=args.master, spark_log=spark_log),
+                             config=dataclasses.replace(config, spark_log=spark_log),
                              available_now=not args.follow, timeout_s=args.timeout, progress=True,
                              adaptive=args.adapt, run_dir=run_dir)
     except PipelineError as error:
@@ -156,6 +163,8 @@ def handle(args) -> int:
     print(f"{report.input_records:,} records in {report.batches} batch{'' if report.batches == 1 else 'es'}, "
           f"{report.records_per_s:,.0f} records/s, {report.dead_letters} dead letters; "
           f"plan {describe_plan(report.plan, pipeline)}", file=out)
+    for admission in report.admissions:
+        print(admission.describe(), file=out)
     if args.sink:
         print(f"results: {args.sink}", file=out)
     if getattr(report, "timeline_json", None):

@@ -156,7 +156,7 @@ def run_adaptive_on_spark(
         dead_letters=queries.dead_letter_log.count, elapsed_s=run_clock() - started, checkpoint=checkpoint,
         timeline=timeline, switches=tuple(realizer.switches), timeline_json=paths[0], timeline_png=paths[1],
         queries=queries.queries_started, correction=correction.describe() if correction is not None else None,
-        batch_log=tuple(queries.batch_log), batch_times=tuple(observations.times))
+        batch_log=tuple(queries.batch_log), batch_times=tuple(observations.times), admissions=queries.admissions)
     if owned_checkpoint:
         shutil.rmtree(checkpoint, ignore_errors=True)
     return report

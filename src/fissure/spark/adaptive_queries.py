@@ -85,6 +85,7 @@ class QueryManager:
         self.runner_options = dict(runner_options or {})
         self.current: LiveQuery | None = None
         self.queries_started = 0
+        self.admissions: tuple = ()  # the batch sizes the latest query's runner chose
         self.fatal: str | None = None  # why no query runs after a failed switch
 
     def start(self, plan: Plan) -> LiveQuery:
@@ -97,6 +98,7 @@ class QueryManager:
         gate = BatchGate(plan, self.clock)
         runner.wrap_batch = gate.wrap
         runner.start(available_now=self.available_now)
+        self.admissions = runner.admissions
         self.queries_started += 1
         self.current = LiveQuery(plan, runner, gate)
         return self.current

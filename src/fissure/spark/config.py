@@ -31,6 +31,14 @@ class RunnerConfig:
     app_name: str = "fissure"
     # Time between micro-batch starts; 0 starts the next batch as soon as the last one ends.
     trigger_interval_s: float = 0.0
+    # Micro-batch size of a file source given none (FileSource's max_*_per_trigger; fissure run's
+    # --kb-per-batch / --files-per-batch). "auto": from the Spark model of the plan in force, the
+    # smallest batch whose fixed cost is at most `batch_fixed_share` of it, capped so a batch
+    # takes at most `batch_latency_bound_s` (fissure.control.batch_size); "all": every new file in
+    # one batch, as Spark does.
+    batch_size: str = "auto"
+    batch_fixed_share: float = 0.1
+    batch_latency_bound_s: float | None = None
     # How often the live progress line is refreshed.
     progress_interval_s: float = 1.0
     # Dead letters kept in the driver's memory when no dead-letter path is given (the count is
@@ -67,6 +75,12 @@ class RunnerConfig:
     def __post_init__(self) -> None:
         if self.thread_policy not in POLICY_NAMES:
             raise ValueError(f"thread_policy must be one of {', '.join(POLICY_NAMES)}, got {self.thread_policy!r}")
+        if self.batch_size not in ("auto", "all"):
+            raise ValueError(f"batch_size must be 'auto' or 'all', got {self.batch_size!r}")
+        if not 0 < self.batch_fixed_share < 1:
+            raise ValueError(f"batch_fixed_share must be between 0 and 1, got {self.batch_fixed_share!r}")
+        if self.batch_latency_bound_s is not None and self.batch_latency_bound_s <= 0:
+            raise ValueError(f"batch_latency_bound_s must be positive, got {self.batch_latency_bound_s!r}")
         if self.trigger_interval_s < 0 or self.progress_interval_s <= 0:
             raise ValueError("trigger_interval_s must be >= 0 and progress_interval_s > 0")
         if self.dead_letters_kept < 0 or self.default_state_partitions < 1:

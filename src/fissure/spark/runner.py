@@ -20,6 +20,7 @@ property the next batch's tasks read: no restart).
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import sys
@@ -34,10 +35,12 @@ from pyspark.sql import functions as F
 
 from fissure.graph import OperatorEstimate, Pipeline, PipelineError
 from fissure.model.types import Plan
+from fissure.profile.calibration import stored_spark_model
 from fissure.profile.collector import ProfileCollector
 from fissure.profile.log import profile_log_path
 from fissure.profile.settings import ProfileSettings
 from fissure.profile.window import BatchProfile, ProfileSummary, render_table
+from fissure.spark.batch_admission import SourceAdmission, admit_file_sources, model_batch_cost
 from fissure.spark.compile_graph import CompiledGraph, compile_graph, sink_frame
 from fissure.spark.stages import BOUNDARIES_PROPERTY, WorkerProfiling
 from fissure.spark.config import RunnerConfig
@@ -51,6 +54,8 @@ from fissure.worker.elastic_stage import BatchThreadLevels
 from fissure.worker.columns import DEAD_OPERATOR
 from fissure.worker.graph_pe import ROUTE, plan_graph_stages, state_partitions_of
 from fissure.worker.profiling import ProfileTally, ProfileTallyParam
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -127,6 +132,7 @@ class RunReport:
     boundaries: tuple[str, ...] = ()
     decisions: tuple = ()
     batch_times: tuple[BatchTime, ...] = ()  # every batch Spark reported, in batch order
+    admissions: tuple[SourceAdmission, ...] = ()  # batch sizes fissure chose for file sources
 
     @property
     def output_records(self) -> int:
@@ -251,7 +257,9 @@ class Runner:
         self.sinks = _bound(self.graph, sink, "sink", self.graph.sinks)
         self.config = config
         self.spark = spark if spark is not None else create_session(config)
+        self.estimates = estimates
         self.plan = resolve_plan(plan, self.pipeline, default_parallelism(self.spark), estimates)
+        self.admissions: tuple[SourceAdmission, ...] = ()  # batch sizes chosen at start()
         if boundaries is None:
             boundaries = [node for stage in plan_graph_stages(self.graph, self.plan) for node in stage.boundaries]
         self.boundaries = tuple(sorted(set(boundaries)))
@@ -305,8 +313,10 @@ class Runner:
         self.threads = ThreadLevels(self.spark, self.pipeline, policy=self.config.thread_policy,
                                     config=self.config.thread_elasticity, profile_summary=self.profile_summary,
                                     detect=self.config.detect_waiting_operators and self.profiler is not None)
-        frames = {name: open_source(self.sources[name], self.spark) for name in self.graph.sources
-                  if name in self.sources}
+        sources = self.sources
+        if self.config.batch_size == "auto":
+            sources, self.admissions = self._sized_sources()
+        frames = {name: open_source(sources[name], self.spark) for name in self.graph.sources if name in sources}
         self.compiled = compile_graph(self.graph, frames, plan=self.plan, boundaries=self.boundaries,
                                       state_partitions=state_partitions, threads=self.threads.worker, profiling=profiling,
                                       resource_profile_for=_resource_profiles(self.spark))
@@ -328,6 +338,17 @@ class Runner:
         self._watcher = threading.Thread(target=self._watch, name="fissure-progress", daemon=True)
         self._watcher.start()
         return self.query
+
+    def _sized_sources(self):
+        """The sources with a batch size on each file source given none (fissure.spark.batch_admission)."""
+        settings, _ = stored_spark_model()
+        cost = model_batch_cost(self.pipeline.operator_stats(self.estimates), self.plan,
+                                default_parallelism(self.spark), settings)
+        sources, admissions = admit_file_sources(self.sources, cost, fixed_share=self.config.batch_fixed_share,
+                                                 latency_bound_s=self.config.batch_latency_bound_s)
+        for admission in admissions:
+            log.info("%s", admission.describe())
+        return sources, admissions
 
     def await_termination(self, timeout_s: float | None = None) -> bool:
         """Wait for the query to end (True) or the timeout to pass (False); raises the query's error."""
@@ -370,7 +391,7 @@ class Runner:
                          profile=self.profile_summary() if self.profiler is not None else None,
                          thread_levels=self.threads.batches if self.threads is not None else (),
                          batch_log=tuple(self.batch_log), boundaries=self.boundaries, decisions=self.decisions,
-                         batch_times=self.batch_times())
+                         batch_times=self.batch_times(), admissions=self.admissions)
 
     def batch_times(self) -> tuple[BatchTime, ...]:
         return tuple(BatchTime(batch_id, self._seen_batches[batch_id], seconds)

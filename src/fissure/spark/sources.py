@@ -23,8 +23,9 @@ FILE_FORMATS = ("text", "json", "csv", "parquet")
 class FileSource:
     """New files in a directory, oldest first. `schema` is needed except for text files.
 
-    Micro-batch size: all new files by default; at most `max_files_per_trigger` files, or files
-    up to `max_bytes_per_trigger` bytes in all (at least one file), per batch. Every batch pays a
+    Micro-batch size: at most `max_files_per_trigger` files, or files up to
+    `max_bytes_per_trigger` bytes in all (at least one file), per batch. Given neither, the runner
+    chooses the bytes (RunnerConfig.batch_size, fissure.spark.batch_admission). Every batch pays a
     fixed cost (about 1 s for LogWatch's three stateful operators here): small batches are slow.
     """
 

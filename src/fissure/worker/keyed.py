@@ -73,10 +73,24 @@ def run_keys(step: StatefulStep, batch: pa.RecordBatch, load: Callable[[str], by
     fields = step.key
 
     def by_key(records: list[dict]) -> dict[str, list[int]]:
-        positions: dict[str, list[int]] = {}
-        for position, record in enumerate(records):
-            positions.setdefault(key_text(record, fields), []).append(position)
-        return positions
+        # Grouped on the key's values, its text made once per key: json.dumps per record cost
+        # about 1.5 us of a word count's 5 us per record in the handler.
+        # The value's type is part of the group: 1, 1.0 and True are equal in Python, not as text.
+        positions: dict[tuple, list[int]] = {}
+        try:
+            for position, record in enumerate(records):
+                values = tuple(record[name] for name in fields)
+                positions.setdefault((tuple(map(type, values)), values), []).append(position)
+        except TypeError:  # an unhashable key value (a list): group on the text itself
+            positions = {}
+            for position, record in enumerate(records):
+                positions.setdefault(key_text(record, fields), []).append(position)
+        grouped: dict[str, list[int]] = {}
+        for places in positions.values():
+            text = key_text(records[places[0]], fields)
+            # values unequal to themselves (NaN) make several groups of one text: merged, in order
+            grouped[text] = sorted(grouped[text] + places) if text in grouped else places
+        return grouped
 
     return _run(step, batch, by_key, load, store)
 
