@@ -63,4 +63,6 @@ def print_run_summary(report: fissure.RunReport, pipeline: fissure.Pipeline, dir
           f"{report.records_per_s:,.0f} {what}/s overall (Spark's start included), "
           f"{report.dead_letters} dead letters")
     print(f"plan: {describe_plan(report.plan, pipeline)}")
+    for admission in report.admissions:
+        print(admission.describe())
     print(f"Spark's output: {spark_log_of(directory)}")

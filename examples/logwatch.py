@@ -36,10 +36,6 @@ KLOGIN = re.compile(r"Authentication failed from (\d+\.\d+\.\d+\.\d+)")
 RANGE_S = 600  # failures from one host within this window count together
 CUTOFF_FAILURES = 5  # failures from one host within RANGE_S that make it an attacker
 BREAKIN_FAILURES = 5  # attack failures for a user before a login that flag a break-in
-# Input per micro-batch. Every batch pays a fixed cost (about 1-2 s here with three stateful
-# operators: planning, state store commits, checkpoint logs), and a line costs about 0.1 ms:
-# 1 MiB (about 10,000 lines) keeps the fixed cost near half of a batch or less.
-BATCH_KB = 1024
 
 PARSED = {"ts": int, "process": str, "message": str}
 EVENT = {"ts": int, "host": str, "user": str, "kind": str}
@@ -150,14 +146,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--input", help="a directory of log files (default: the real Loghub sample "
                                         "with two injected break-ins)")
     parser.add_argument("--lines", type=int, default=0, help="generate this many lines instead")
-    parser.add_argument("--batch-kb", type=int, default=BATCH_KB,
-                        help=f"input read per micro-batch, in KiB (default {BATCH_KB}: see BATCH_KB)")
+    parser.add_argument("--batch-kb", type=int, default=None,
+                        help="input read per micro-batch, in KiB (default: fissure chooses it from the Spark model: "
+                             "the smallest batch whose fixed cost is at most a tenth of it)")
     parser.add_argument("--output", help="write results here as Parquet (default: print them)")
     args = parser.parse_args(argv)
 
     directory = run_directory("logwatch")
     inputs = args.input or prepare_input(os.path.join(directory, "input"), args.lines, args.files)
-    source = fissure.FileSource(inputs, format="text", max_bytes_per_trigger=args.batch_kb * 1024)
+    source = fissure.FileSource(inputs, format="text",
+                                max_bytes_per_trigger=args.batch_kb * 1024 if args.batch_kb else None)
     sink = fissure.FileSink(args.output) if args.output else fissure.MemorySink()
     pipeline = build_pipeline()
     report = run_for_people(pipeline, source, sink, args, directory)

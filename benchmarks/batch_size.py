@@ -1,0 +1,133 @@
+"""Micro-batch size: the size fissure chooses against sizes given by hand, on LogWatch.
+
+A backlog of generated LogWatch lines (the functions of `examples/logwatch.py`) in 20 files is
+drained under the planner's plan with micro-batches of fixed sizes (`max_bytes_per_trigger`),
+with every file in one batch (`batch_size="all"`), and with the size fissure chooses from the
+Spark model (`batch_size="auto"`, fissure.control.batch_size). Per run: the drain rate (records
+over the summed batch durations, the first batch included: every variant pays one), the batches
+and the longest batch (what a record may wait). Variants rotate each round; medians of the
+rounds; one uncounted warm-up run starts Spark's Python workers first.
+
+    ./dev python benchmarks/batch_size.py              # 100,000 lines, 3 rounds (about 15 minutes)
+    ./dev python benchmarks/batch_size.py --quick      # tiny input, one round: a smoke test
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+
+REPOSITORY = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPOSITORY / "examples"))
+sys.path.insert(0, str(REPOSITORY / "benchmarks"))
+
+import fissure  # noqa: E402
+from fissure.spark.config import RunnerConfig  # noqa: E402
+from fissure.spark.plans import describe_plan, planner_plan  # noqa: E402
+from provenance import load, load_note, machine, now, revision  # noqa: E402
+
+FILES = 20
+FIXED_KIB = (256, 1024, 4096, 16384)
+
+
+def drain(spark, pipeline, plan, source, config: RunnerConfig) -> dict:
+    runner = fissure.Runner(pipeline, source, fissure.NoopSink(), plan=plan, spark=spark, config=config,
+                            checkpoint=tempfile.mkdtemp(prefix="fissure-batch-size-"), progress=False)
+    runner.start(available_now=True)
+    try:
+        runner.await_termination()
+    finally:
+        report = runner.stop()
+    durations = [time.duration_s for time in report.batch_times if time.input_records]
+    records = sum(time.input_records for time in report.batch_times)
+    chosen = report.admissions[0].decision.records if report.admissions else None
+    return {"rate": records / sum(durations), "batches": len(durations), "longest_batch_s": max(durations),
+            "chosen_records": chosen}
+
+
+def report_text(document: dict) -> str:
+    lines = ["# Micro-batch size: chosen by fissure against sizes given by hand (LogWatch)", "",
+             f"Command: `{document['command']}`  ", f"Date: {document['date']}  ",
+             f"Machine: {document['machine']}  ", f"Revision: {document['revision']}  ",
+             f"Load average before / after: {document['load_before']} / {document['load_after']}"
+             + load_note(document["load_before"]), "",
+             f"{document['lines']:,} lines ({document['input_kib']:,} KiB) in {FILES} files; planner's plan "
+             f"`{document['plan']}`; medians of {document['rounds']} rounds.", "",
+             "| batch size | drain rate, lines/s | x best | batches | longest batch, s |", "| --- | --- | --- | --- | --- |"]
+    medians = document["medians"]
+    best = max(item["rate"] for item in medians.values())
+    for name, item in medians.items():
+        lines.append(f"| {name} | {item['rate']:,.0f} | {item['rate'] / best:.2f} | {item['batches']:.0f} | "
+                     f"{item['longest_batch_s']:.1f} |")
+    lines += ["", f"fissure's choice: {document['auto_reason']}", "",
+              f"auto against the best fixed size (median of the per-round ratios): {document['auto_over_best']:.2f}"]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--lines", type=int, default=100_000)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--quick", action="store_true", help="tiny input, one round, results to a temporary folder")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.lines, args.rounds = 4_000, 1
+    from generators.loglines import generate, split_into_files
+    from logwatch import build_pipeline
+
+    from fissure.spark.session import create_session
+
+    load_before = load()
+    spark = create_session(RunnerConfig(master="local[2]"))
+    work = Path(tempfile.mkdtemp(prefix="fissure-batch-size-"))
+    split_into_files(list(generate(args.lines)), work / "input", FILES)
+    input_kib = sum(item.stat().st_size for item in (work / "input").iterdir()) // 1024
+    pipeline = build_pipeline()
+    plan = planner_plan(pipeline, 2)
+    base = fissure.FileSource(str(work / "input"), format="text")
+    variants = {f"{kib:,} KiB": (replace(base, max_bytes_per_trigger=kib * 1024), RunnerConfig(master="local[2]"))
+                for kib in FIXED_KIB}
+    variants["all files"] = (base, RunnerConfig(master="local[2]", batch_size="all"))
+    variants["auto"] = (base, RunnerConfig(master="local[2]"))
+    drain(spark, pipeline, plan, replace(base, max_bytes_per_trigger=256 * 1024), RunnerConfig())  # warm-up
+    runs: dict[str, list[dict]] = {name: [] for name in variants}
+    names = list(variants)
+    for round_number in range(args.rounds):
+        shift = round_number * 2 % len(names)
+        for name in names[shift:] + names[:shift]:
+            source, config = variants[name]
+            runs[name].append(drain(spark, pipeline, plan, source, config))
+        print(f"round {round_number + 1}: " + ", ".join(f"{name} {items[-1]['rate']:,.0f}"
+                                                        for name, items in runs.items()), flush=True)
+    medians = {name: {key: statistics.median(item[key] for item in items)
+                      for key in ("rate", "batches", "longest_batch_s")} for name, items in runs.items()}
+    fixed = [name for name in names if name != "auto"]
+    auto_over_best = statistics.median(
+        runs["auto"][index]["rate"] / max(runs[name][index]["rate"] for name in fixed) for index in range(args.rounds))
+    auto_source = variants["auto"][0]
+    from fissure.spark.batch_admission import admit_file_sources, model_batch_cost
+    from fissure.profile.calibration import stored_spark_model
+
+    settings, model_source = stored_spark_model()
+    cost = model_batch_cost(pipeline.operator_stats(), plan, 2, settings)
+    _, (admission,) = admit_file_sources({"input": auto_source}, cost, fixed_share=RunnerConfig().batch_fixed_share,
+                                         latency_bound_s=None)
+    document = {"command": " ".join(["./dev python benchmarks/batch_size.py", *(argv if argv is not None else sys.argv[1:])]),
+                "date": now(), "machine": machine(), "revision": revision(REPOSITORY), "load_before": load_before,
+                "load_after": load(), "lines": args.lines, "input_kib": input_kib, "rounds": args.rounds,
+                "plan": describe_plan(plan, pipeline), "model": model_source, "runs": runs, "medians": medians,
+                "auto_over_best": auto_over_best, "auto_reason": admission.describe()}
+    out = REPOSITORY / "benchmarks" / "results" if not args.quick else Path(tempfile.mkdtemp())
+    (out / "batch_size.json").write_text(json.dumps(document, indent=2))
+    (out / "batch_size.md").write_text(report_text(document))
+    print(report_text(document))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
