@@ -1,6 +1,6 @@
 """Micro-batch size: the size fissure chooses against sizes given by hand, on LogWatch.
 
-A backlog of generated LogWatch lines (the functions of `examples/logwatch.py`) in 20 files is
+A backlog of generated LogWatch lines (the functions of `examples/logwatch.py`) in 200 files is
 drained under the planner's plan with micro-batches of fixed sizes (`max_bytes_per_trigger`),
 with every file in one batch (`batch_size="all"`), and with the size fissure chooses from the
 Spark model (`batch_size="auto"`, fissure.control.batch_size). Per run: the drain rate (records
@@ -8,7 +8,7 @@ over the summed batch durations, the first batch included: every variant pays on
 and the longest batch (what a record may wait). Variants rotate each round; medians of the
 rounds; one uncounted warm-up run starts Spark's Python workers first.
 
-    ./dev python benchmarks/batch_size.py              # 100,000 lines, 3 rounds (about 15 minutes)
+    ./dev python benchmarks/batch_size.py              # 1,000,000 lines, 3 rounds (about 15 minutes)
     ./dev python benchmarks/batch_size.py --quick      # tiny input, one round: a smoke test
 """
 
@@ -31,8 +31,8 @@ from fissure.spark.config import RunnerConfig  # noqa: E402
 from fissure.spark.plans import describe_plan, planner_plan  # noqa: E402
 from provenance import load, load_note, machine, now, revision  # noqa: E402
 
-FILES = 20
-FIXED_KIB = (256, 1024, 4096, 16384)
+FILES = 200  # small files: Spark admits whole files, so sizes are met to a file (about 0.5 MiB)
+FIXED_KIB = (2048, 8192, 32768)
 
 
 def drain(spark, pipeline, plan, source, config: RunnerConfig) -> dict:
@@ -47,7 +47,19 @@ def drain(spark, pipeline, plan, source, config: RunnerConfig) -> dict:
     records = sum(time.input_records for time in report.batch_times)
     chosen = report.admissions[0].decision.records if report.admissions else None
     return {"rate": records / sum(durations), "batches": len(durations), "longest_batch_s": max(durations),
-            "chosen_records": chosen}
+            "chosen_records": chosen,
+            "batch_times": [[time.input_records, round(time.duration_s, 3)] for time in report.batch_times]}
+
+
+def fixed_cost_fit(runs: dict[str, list[dict]]) -> tuple[float, float]:
+    """(F seconds, c microseconds) by least squares over every batch but each run's first (it
+    also starts the query): a LogWatch micro-batch's measured fixed cost and cost per line."""
+    points = [(records, seconds) for items in runs.values() for item in items
+              for records, seconds in item["batch_times"][1:] if records]
+    mean_r = statistics.fmean(r for r, _ in points)
+    mean_t = statistics.fmean(t for _, t in points)
+    slope = (sum((r - mean_r) * (t - mean_t) for r, t in points) / sum((r - mean_r) ** 2 for r, _ in points))
+    return mean_t - slope * mean_r, slope * 1e6
 
 
 def report_text(document: dict) -> str:
@@ -65,18 +77,20 @@ def report_text(document: dict) -> str:
         lines.append(f"| {name} | {item['rate']:,.0f} | {item['rate'] / best:.2f} | {item['batches']:.0f} | "
                      f"{item['longest_batch_s']:.1f} |")
     lines += ["", f"fissure's choice: {document['auto_reason']}", "",
+              f"Measured fixed cost per batch (least squares over every batch after each run's first): "
+              f"{document['fixed_s']:.2f} s, and {document['per_line_us']:.1f} us a line.", "",
               f"auto against the best fixed size (median of the per-round ratios): {document['auto_over_best']:.2f}"]
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--lines", type=int, default=100_000)
+    parser.add_argument("--lines", type=int, default=1_000_000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="tiny input, one round, results to a temporary folder")
     args = parser.parse_args(argv)
     if args.quick:
-        args.lines, args.rounds = 4_000, 1
+        args.lines, args.rounds = 20_000, 1
     from generators.loglines import generate, split_into_files
     from logwatch import build_pipeline
 
@@ -94,7 +108,9 @@ def main(argv: list[str] | None = None) -> int:
                 for kib in FIXED_KIB}
     variants["all files"] = (base, RunnerConfig(master="local[2]", batch_size="all"))
     variants["auto"] = (base, RunnerConfig(master="local[2]"))
-    drain(spark, pipeline, plan, replace(base, max_bytes_per_trigger=256 * 1024), RunnerConfig())  # warm-up
+    split_into_files(list(generate(5_000)), work / "warm-up", 2)  # starts the Python workers, not counted
+    drain(spark, pipeline, plan, fissure.FileSource(str(work / "warm-up"), format="text", max_files_per_trigger=1),
+          RunnerConfig())
     runs: dict[str, list[dict]] = {name: [] for name in variants}
     names = list(variants)
     for round_number in range(args.rounds):
@@ -122,6 +138,7 @@ def main(argv: list[str] | None = None) -> int:
                 "load_after": load(), "lines": args.lines, "input_kib": input_kib, "rounds": args.rounds,
                 "plan": describe_plan(plan, pipeline), "model": model_source, "runs": runs, "medians": medians,
                 "auto_over_best": auto_over_best, "auto_reason": admission.describe()}
+    document["fixed_s"], document["per_line_us"] = fixed_cost_fit(runs)
     out = REPOSITORY / "benchmarks" / "results" if not args.quick else Path(tempfile.mkdtemp())
     (out / "batch_size.json").write_text(json.dumps(document, indent=2))
     (out / "batch_size.md").write_text(report_text(document))

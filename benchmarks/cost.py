@@ -21,6 +21,8 @@ uncounted warm-up run starts Spark's Python workers first.
     ./dev python benchmarks/cost.py                 # 3 rounds, the default sizes (about 15 minutes)
     ./dev python benchmarks/cost.py --scale 10      # 10x the records per workload
     ./dev python benchmarks/cost.py --quick         # tiny inputs, one round: a smoke test
+    ./dev python benchmarks/cost.py --goal          # 1,000,000 records in 20 files, 5 files a batch,
+                                                    # plain loop and planner (results: cost_1m.md)
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import statistics
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 REPOSITORY = Path(__file__).resolve().parents[1]
@@ -77,37 +80,45 @@ def plain_loop_rate(pipeline: Pipeline, records: list[dict]) -> float:
     return len(records) / (time.perf_counter() - started)
 
 
-def workloads(scale: float, work: Path):
-    """(name, pipeline, fissure source, the same input as records) per workload."""
+def workloads(scale: float, work: Path, files: int = FILES, files_per_batch: int = 1,
+              records: int | None = None, names: tuple[str, ...] = tuple(SIZES)):
+    """(name, pipeline, fissure source, the same input as records) per workload: `records` each (or
+    the defaults times `scale`) in `files` files, `files_per_batch` files a micro-batch."""
     from generators.loglines import generate as log_lines
     from generators.words import generate as word_lines
     from logwatch import build_pipeline as logwatch_pipeline
     from wordcount import build_pipeline as wordcount_pipeline
 
-    size = {name: max(FILES, int(count * scale)) for name, count in SIZES.items()}
-    lines = list(log_lines(size["logwatch"]))
-    yield ("logwatch", logwatch_pipeline(), logwatch_source(work / "logwatch", size["logwatch"], FILES),
-           [{"value": line} for line in lines])
+    size = {name: records or max(files, int(count * scale)) for name, count in SIZES.items()}
+    if "logwatch" in names:
+        lines = list(log_lines(size["logwatch"]))
+        source = logwatch_source(work / "logwatch", size["logwatch"], files)
+        yield ("logwatch", logwatch_pipeline(), replace(source, max_files_per_trigger=files_per_batch),
+               [{"value": line} for line in lines])
     for name, vocabulary in (("wordcount-10k", 10_000), ("wordcount-100k", 100_000)):
-        text = word_lines(size[name], vocabulary_size=vocabulary, fixed_length=True)
-        source = text_files(str(work / name), text, lines_per_file=-(-len(text) // FILES), max_files_per_trigger=1)
-        yield name, wordcount_pipeline(), source, [{"value": line} for line in text]
-    rows = [{"x": float(i % 997) + 0.5} for i in range(size["cpu"])]
-    yield "cpu", cpu_pipeline(4), cpu_source(work / "cpu", size["cpu"], FILES), rows
+        if name in names:
+            text = word_lines(size[name], vocabulary_size=vocabulary, fixed_length=True)
+            source = text_files(str(work / name), text, lines_per_file=-(-len(text) // files),
+                                max_files_per_trigger=files_per_batch)
+            yield name, wordcount_pipeline(), source, [{"value": line} for line in text]
+    if "cpu" in names:
+        rows = [{"x": float(i % 997) + 0.5} for i in range(size["cpu"])]
+        source = cpu_source(work / "cpu", size["cpu"], files)
+        yield "cpu", cpu_pipeline(4), replace(source, max_files_per_trigger=files_per_batch), rows
 
 
 def report(document: dict) -> str:
     lines = ["# What a record costs: fissure against one plain Python process", "",
              f"Command: `{document['command']}`  ", f"Date: {document['date']}  ",
-             f"Machine: {document['machine']}, Spark local[2]  ", f"Revision: {document['revision']}  ",
+             f"Machine: {document['machine']}  ", f"Revision: {document['revision']}  ",
              f"Load average before / after: {document['load_before']} / {document['load_after']}"
              + load_note(document["load_before"]), ""]
     for name, workload in document["workloads"].items():
         rates = workload["rates"]
-        lines += [f"## {name}", "", f"{workload['records']:,} records in {FILES} micro-batches; "
-                  f"planner's plan `{workload['planner_plan']}`", "",
+        lines += [f"## {name}", "", f"{workload['records']:,} records in {document['files']} files, "
+                  f"{document['files_per_batch']} a micro-batch; planner's plan `{workload['planner_plan']}`", "",
                   "| run | median records/s | x plain loop (median of rounds) |", "| --- | --- | --- |"]
-        for run in ("plain", "sequential", "planner"):
+        for run in rates:
             ratio = "1" if run == "plain" else f"{workload['over_plain'][run]:.3f}"
             lines.append(f"| {run} | {statistics.median(rates[run]):,.0f} | {ratio} |")
         lines.append("")
@@ -119,9 +130,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scale", type=float, default=1.0, help="records per workload, times the defaults")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="tiny inputs, one round, results to a temporary folder")
+    parser.add_argument("--goal", action="store_true",
+                        help="the efficiency goals' shape: 1,000,000 records in 20 files, 5 files (250,000 records) "
+                             "a micro-batch, LogWatch and the word counts, plain loop and planner only")
     args = parser.parse_args(argv)
     if args.quick:
         args.scale, args.rounds = 0.05, 1
+    shape = {"files": FILES, "files_per_batch": 1, "records": None, "names": tuple(SIZES)}
+    runs = ("plain", "sequential", "planner")
+    if args.goal:
+        shape = {"files": 20, "files_per_batch": 5, "records": 1_000_000,
+                 "names": ("logwatch", "wordcount-10k", "wordcount-100k")}
+        runs = ("plain", "planner")
     from fissure.spark.config import RunnerConfig
     from fissure.spark.session import create_session
 
@@ -130,16 +150,17 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="fissure-cost-"))
     document = {"command": " ".join(["./dev python benchmarks/cost.py", *(argv if argv is not None else sys.argv[1:])]),
                 "date": now(), "machine": machine(), "revision": revision(REPOSITORY), "load_before": load_before,
-                "workloads": {}}
-    prepared = list(workloads(args.scale, work))
-    _, warm_pipeline, warm_source, _ = prepared[-1]
-    measure_fissure(spark, warm_pipeline, warm_source, sequential_plan(warm_pipeline), tempfile.mkdtemp())
+                "files": shape["files"], "files_per_batch": shape["files_per_batch"], "workloads": {}}
+    prepared = list(workloads(args.scale, work, **shape))
+    warm_pipeline = cpu_pipeline(4)  # small: starts the Python workers, whatever the workloads' size
+    measure_fissure(spark, warm_pipeline, cpu_source(work / "warm-up", 2_000, 2), sequential_plan(warm_pipeline),
+                    tempfile.mkdtemp())
     for name, pipeline, source, records in prepared:
         plans = {"sequential": sequential_plan(pipeline), "planner": planner_plan(pipeline, 2)}
-        rates: dict[str, list[float]] = {"plain": [], "sequential": [], "planner": []}
+        rates: dict[str, list[float]] = {run: [] for run in runs}
         for round_number in range(args.rounds):
-            order = ["plain", "sequential", "planner"]
-            order = order[round_number % 3:] + order[:round_number % 3]
+            shift = round_number % len(runs)
+            order = list(runs[shift:] + runs[:shift])
             for run in order:
                 if run == "plain":
                     rates[run].append(plain_loop_rate(pipeline, records))
@@ -150,11 +171,12 @@ def main(argv: list[str] | None = None) -> int:
         document["workloads"][name] = {
             "records": len(records), "planner_plan": describe_plan(plans["planner"], pipeline), "rates": rates,
             "over_plain": {run: statistics.median(rate / plain for rate, plain in zip(rates[run], rates["plain"]))
-                           for run in ("sequential", "planner")}}
+                           for run in runs if run != "plain"}}
     document["load_after"] = load()
     out = REPOSITORY / "benchmarks" / "results" if not args.quick else Path(tempfile.mkdtemp())
-    (out / "cost.json").write_text(json.dumps(document, indent=2))
-    (out / "cost.md").write_text(report(document))
+    name = "cost_1m" if args.goal else "cost"
+    (out / f"{name}.json").write_text(json.dumps(document, indent=2))
+    (out / f"{name}.md").write_text(report(document))
     print(report(document))
     return 0
 
