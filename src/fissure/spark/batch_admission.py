@@ -79,12 +79,17 @@ def model_batch_cost(operators, plan: Plan, cores: int, settings) -> BatchCost:
     return BatchCost(max(0.0, small - per_record * _SMALL), per_record)
 
 
+def needs_size(source: object) -> bool:
+    """A file source the user gave no batch size."""
+    return isinstance(source, FileSource) and not (source.max_bytes_per_trigger or source.max_files_per_trigger)
+
+
 def admit_file_sources(sources: Mapping[str, object], cost: BatchCost, *, fixed_share: float,
                        latency_bound_s: float | None) -> tuple[dict[str, object], tuple[SourceAdmission, ...]]:
     """`sources` with a batch size set on every FileSource that has none, and the admissions made."""
     admitted, admissions = dict(sources), []
     for name, source in sources.items():
-        if not isinstance(source, FileSource) or source.max_bytes_per_trigger or source.max_files_per_trigger:
+        if not needs_size(source):
             continue
         per_record = bytes_per_record(source)
         if per_record is None:

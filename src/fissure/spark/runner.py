@@ -40,7 +40,7 @@ from fissure.profile.collector import ProfileCollector
 from fissure.profile.log import profile_log_path
 from fissure.profile.settings import ProfileSettings
 from fissure.profile.window import BatchProfile, ProfileSummary, render_table
-from fissure.spark.batch_admission import SourceAdmission, admit_file_sources, model_batch_cost
+from fissure.spark.batch_admission import SourceAdmission, admit_file_sources, model_batch_cost, needs_size
 from fissure.spark.compile_graph import CompiledGraph, compile_graph, sink_frame
 from fissure.spark.stages import BOUNDARIES_PROPERTY, WorkerProfiling
 from fissure.spark.config import RunnerConfig
@@ -341,6 +341,8 @@ class Runner:
 
     def _sized_sources(self):
         """The sources with a batch size on each file source given none (fissure.spark.batch_admission)."""
+        if not any(needs_size(source) for source in self.sources.values()):
+            return self.sources, ()  # no model to evaluate, no calibration file to read
         settings, _ = stored_spark_model()
         cost = model_batch_cost(self.pipeline.operator_stats(self.estimates), self.plan,
                                 default_parallelism(self.spark), settings)
