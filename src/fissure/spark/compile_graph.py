@@ -47,6 +47,7 @@ from fissure.worker.graph_pe import (
     ROUTE, EnvelopeLayout, GraphStage, StageProfiling, consumers_after, pieces_for, plan_graph_stages,
     state_partitions_of, stream_lifetimes,
 )
+from fissure.worker.packing import PACKED_SCHEMA, PackSpec
 
 
 @dataclass(frozen=True)
@@ -76,9 +77,24 @@ class CompiledGraph:
     steps: tuple[CompiledStep, ...] = ()
 
 
-def _source_envelopes(name: str, index: int, frame: DataFrame, layout: EnvelopeLayout) -> DataFrame:
-    function = SourceEnvelopeFunction(name, index, layout, layout.stream_schema(name))
-    return frame.mapInArrow(function, spark_schema_of(layout.schema))
+def _source_envelopes(name: str, index: int, frame: DataFrame, layout: EnvelopeLayout,
+                      pack_for: PackSpec | None) -> DataFrame:
+    function = SourceEnvelopeFunction(name, index, layout, layout.stream_schema(name), pack_for)
+    return frame.mapInArrow(function, spark_schema_of(layout.schema if pack_for is None else PACKED_SCHEMA))
+
+
+def _pack_spec(graph: StreamGraph, stage: GraphStage, layout: EnvelopeLayout, spread: int) -> PackSpec | None:
+    """How the stage before a keyed stage packs its output for it (fissure.worker.packing): for a
+    partitioned or an unkeyed stateful operator; a join's groups stay rows (one per key text)."""
+    if stage.kind == "pe":
+        return None
+    node = graph.node(stage.nodes[0])
+    if node.kind is not NodeKind.OPERATOR:
+        return None
+    (stream,) = node.inputs
+    key_columns = (tuple(layout.column(layout.index[stream], field) for field in node.key)
+                   if node.operator.kind is Kind.PARTITIONED else None)
+    return PackSpec(layout.route_of(stream), key_columns, STATE_BUCKETS, max(1, spread))
 
 
 def _key_column(node, layout: EnvelopeLayout, spread: int):
@@ -148,11 +164,13 @@ def compile_graph(graph: StreamGraph, source_frames: Mapping[str, DataFrame], *,
     first = stages[0]
     enveloped_in_first_stage = (len(graph.sources) == 1 and first.kind == "pe"
                                 and ((first.replicas or 1) == 1 or all(stage.kind == "pe" for stage in stages)))
+    # A keyed stage's input comes packed by the stage before it (fissure.worker.packing).
+    packs = [_pack_spec(graph, stage, layouts[stage.position], state_partitions) for stage in stages] + [None]
     if enveloped_in_first_stage:
         frame = source_frames[graph.sources[0]]
         source_envelopes = SourceEnvelopeFunction(graph.sources[0], 0, layouts[0], layouts[0].stream_schema(graph.sources[0]))
     else:
-        frames = [_source_envelopes(name, index, source_frames[name], layouts[0])
+        frames = [_source_envelopes(name, index, source_frames[name], layouts[0], packs[0])
                   for index, name in enumerate(graph.sources)]
         frame = frames[0]
         for other in frames[1:]:
@@ -178,7 +196,7 @@ def compile_graph(graph: StreamGraph, source_frames: Mapping[str, DataFrame], *,
                                            piece_prefix, query_token, waiting, layouts[stage.position + 1],
                                            source_envelopes if stage.position == 0 else None,
                                            StageProfiling(operator_profiling.token, operator_profiling.timed_every_batches)
-                                           if operator_profiling is not None else None)
+                                           if operator_profiling is not None else None, packs[stage.position + 1])
             if profiling is not None:
                 function = ProfiledGraphRegion(function, profiling.accumulator, stage.label,
                                                operators=profiling.operators, pieces=profiling.pieces)
@@ -186,16 +204,21 @@ def compile_graph(graph: StreamGraph, source_frames: Mapping[str, DataFrame], *,
             processes = pieces_for(graph, stage.nodes, stage.boundaries if boundaries is None else boundaries)
             steps.append(CompiledStep("pe", processes, exchange, spread))
             profile = resource_profile_for(len(processes))
-            output_schema = spark_schema_of(layouts[stage.position + 1].schema)
+            output_schema = spark_schema_of(layouts[stage.position + 1].schema if packs[stage.position + 1] is None
+                                            else PACKED_SCHEMA)
             frame = (frame.mapInArrow(function, output_schema, profile=profile) if profile is not None
                      else frame.mapInArrow(function, output_schema))
             continue
         node = graph.node(stage.nodes[0])
         forward = [stream for stream in dict.fromkeys(node.inputs) if consumers_after(graph, stream, done)]
         entering, leaving = layouts[stage.position], layouts[stage.position + 1]
-        processor = GraphStateProcessor(graph, schemas, entering, node.name, forward, leaving, operator_profiling)
-        frame = (frame.withColumn(KEY, _key_column(node, entering, state_partitions))
-                 .groupBy(KEY).transformWithStateInPandas(processor, spark_schema_of(leaving.schema), "Append", "None"))
+        packed, pack_next = packs[stage.position] is not None, packs[stage.position + 1]
+        processor = GraphStateProcessor(graph, schemas, entering, node.name, forward, leaving, operator_profiling,
+                                        packed_input=packed, pack_for=pack_next)
+        if not packed:
+            frame = frame.withColumn(KEY, _key_column(node, entering, state_partitions))
+        output_schema = spark_schema_of(leaving.schema if pack_next is None else PACKED_SCHEMA)
+        frame = frame.groupBy(KEY).transformWithStateInPandas(processor, output_schema, "Append", "None")
         partitions = state_partitions
         partitioned = node.kind is not NodeKind.OPERATOR or node.operator.kind is Kind.PARTITIONED
         steps.append(CompiledStep("state", ((node.name,),), "hash" if partitioned else "single", state_partitions,

@@ -27,10 +27,11 @@ from fissure.worker.graph_join import LEFT, RIGHT, JoinStep, arrivals_of, joined
 from fissure.worker.graph_local import SOURCE_SHIFT
 from fissure.worker.graph_pe import EnvelopeLayout, GraphStage, StageProfiling, build_pieces
 from fissure.worker.keyed import StatefulStep, run_group, run_keys
+from fissure.worker.packing import PACKED_KEY, PackSpec, pack, unpack
 from fissure.worker.profiling import ProfiledUpdate
 from fissure.worker.region import processing_element
 
-KEY = "_fissure_key"
+KEY = PACKED_KEY  # the grouping column of every keyed stage, packed or not
 SPREAD_PREFIX = "~"
 KEY_MARK = "="
 BOUNDARIES_PROPERTY = "fissure.graph.boundaries"  # JSON {graph name: [operator, ...]}, per micro-batch
@@ -96,8 +97,9 @@ class GraphRegionFunction:
                  boundaries: Iterable[str], profile_prefix: str | None, query_token: str,
                  waiting: Mapping[str, WaitingOperator] | None = None,
                  output_layout: EnvelopeLayout | None = None, source_envelopes=None,
-                 stage_profiling: StageProfiling | None = None) -> None:
+                 stage_profiling: StageProfiling | None = None, pack_for: PackSpec | None = None) -> None:
         self.graph, self.schemas, self.layout, self.stages, self.stage = graph, schemas, layout, stages, stage
+        self.pack_for = pack_for  # set: the output is packed for the keyed stage that follows
         self.source_envelopes = source_envelopes  # set: the input is the source's rows, not envelopes
         self.stage_profiling = stage_profiling
         self.output_layout = output_layout or layout  # `layout`: the pieces', with the streams made here
@@ -125,7 +127,8 @@ class GraphRegionFunction:
             batches = self.source_envelopes(batches)
         for batch in element.process(batches):
             if batch.num_rows:
-                yield self.output_layout.conform(batch)
+                batch = self.output_layout.conform(batch)
+                yield batch if self.pack_for is None else pack(batch, self.pack_for)
 
 
 class GraphStateProcessor(StatefulProcessor):
@@ -144,14 +147,18 @@ class GraphStateProcessor(StatefulProcessor):
 
     def __init__(self, graph: StreamGraph, schemas, layout: EnvelopeLayout, node_name: str,
                  forward_inputs: Sequence[str], output_layout: EnvelopeLayout | None = None,
-                 profiling: WorkerProfiling | None = None) -> None:
+                 profiling: WorkerProfiling | None = None, packed_input: bool = False,
+                 pack_for: PackSpec | None = None) -> None:
         self.graph, self.schemas, self.layout = graph, schemas, layout
         self.profiling = profiling
+        self.packed_input = packed_input  # groups arrive packed (fissure.worker.packing)
+        self.pack_for = pack_for  # set: the output is packed for the keyed stage that follows
         self.output_layout = output_layout or layout
         self.node = graph.node(node_name)
         self.forward_inputs = tuple(forward_inputs)
         self.bucketed = self.node.kind is NodeKind.OPERATOR and self.node.operator.kind is Kind.PARTITIONED
         self.input_schema = pa.schema(list(layout.schema) + [pa.field(KEY, pa.int32() if self.bucketed else pa.string())])
+        self._payload = 1  # the payload's position in a packed group's frame (after the key)
         self._state = None  # a ValueState, or the MapState of a bucket's keys
         # A key group holds live rows of the node's inputs only (every other row has a spread
         # key). One input and nothing to forward: the group converts straight to the carried
@@ -170,25 +177,49 @@ class GraphStateProcessor(StatefulProcessor):
             self._state = handle.getValueState(self.STATE_NAME, "value binary")
 
     def handleInputRows(self, key, rows, timerValues) -> Iterator[pd.DataFrame]:  # noqa: N802 - Spark's name
+        if self.packed_input:
+            yield from self._handle_packed(key[0], rows)
+            return
         frames = list(rows)
         frame = frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)
         spread = key[0] < 0 if self.bucketed else str(key[0]).startswith(SPREAD_PREFIX)
         if self._direct and not spread:
             output = self._run_operator(carried_batch_from_pandas(frame, self._direct_schema, self._direct_positions))
             if output.num_rows:
-                yield pandas_frame(self.output_layout.wrap(output, self.node.name))
+                yield self._output(self.output_layout.wrap(output, self.node.name))
             return
         batch = carried_batch_from_pandas(frame, self.input_schema)
         batch = batch.select(self.layout.schema.names)
         if spread:
-            yield pandas_frame(self.output_layout.conform(batch))  # rows of other nodes: through, no state
+            yield self._output(self.output_layout.conform(batch))  # rows of other nodes: through, no state
             return
         output = self._run(batch)
         parts = [self.output_layout.wrap(output, self.node.name)]
         parts += [self.output_layout.conform(self._rows_of(batch, stream)) for stream in self.forward_inputs]
         result = assemble(parts, self.output_layout.schema)
         if result.num_rows:
-            yield pandas_frame(result)
+            yield self._output(result)
+
+    def _output(self, envelopes: pa.RecordBatch) -> pd.DataFrame:
+        return pandas_frame(envelopes if self.pack_for is None else pack(envelopes, self.pack_for))
+
+    def _handle_packed(self, key: int, rows) -> Iterator[pd.DataFrame]:
+        """A packed group (fissure.worker.packing): a negative key passes its envelopes through."""
+        batch = unpack([payload for frame in rows for payload in frame.iloc[:, self._payload]], self.layout.schema)
+        if key < 0:
+            result = self.output_layout.conform(batch)
+        elif self._direct:
+            stream = self.node.inputs[0]
+            columns = [batch.column(batch.schema.get_field_index(name))
+                       for name in (*self.layout.columns_of(stream), SEQ, *DEAD_COLUMNS)]
+            carried = pa.RecordBatch.from_arrays(columns, schema=self._direct_schema)
+            result = self.output_layout.wrap(self._run_operator(carried), self.node.name)
+        else:
+            parts = [self.output_layout.wrap(self._run(batch), self.node.name)]
+            parts += [self.output_layout.conform(self._rows_of(batch, stream)) for stream in self.forward_inputs]
+            result = assemble(parts, self.output_layout.schema)
+        if result.num_rows:
+            yield self._output(result)
 
     def _rows_of(self, batch: pa.RecordBatch, stream: str) -> pa.RecordBatch:
         """The live envelopes of `stream` (forwarded to a later consumer)."""
@@ -240,8 +271,10 @@ class SourceEnvelopeFunction:
     """mapInArrow function turning a source's rows into envelopes routed to the source, with
     sequence numbers `source index << 56 | task partition << 40 | row in the partition`."""
 
-    def __init__(self, name: str, index: int, layout: EnvelopeLayout, source_schema: pa.Schema) -> None:
+    def __init__(self, name: str, index: int, layout: EnvelopeLayout, source_schema: pa.Schema,
+                 pack_for: PackSpec | None = None) -> None:
         self.name, self.index, self.layout, self.source_schema = name, index, layout, source_schema
+        self.pack_for = pack_for  # set: the envelopes are packed for the keyed stage that follows
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         from pyspark import TaskContext
@@ -255,6 +288,7 @@ class SourceEnvelopeFunction:
             columns.append(pa.array(range(first_seq, first_seq + rows), pa.int64()))
             columns += [pa.nulls(rows, pa.string())] * len(DEAD_COLUMNS)
             first_seq += rows
-            yield self.layout.wrap(pa.RecordBatch.from_arrays(columns, schema=schema), self.name)
+            envelopes = self.layout.wrap(pa.RecordBatch.from_arrays(columns, schema=schema), self.name)
+            yield envelopes if self.pack_for is None else pack(envelopes, self.pack_for)
 
 
