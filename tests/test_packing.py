@@ -44,6 +44,13 @@ def test_records_of_one_key_share_a_bucket_and_other_rows_get_spread_keys():
     assert keys[3] == -1 - 3 % 2 and keys[4] == -1 - 4 % 2  # another stream, a dead letter: passed through
 
 
+def test_many_keys_spread_over_the_buckets():
+    batch = envelopes([row(seq, f"u{seq % 500}") for seq in range(1000)])
+    keys = grouping_keys(batch, PackSpec(1, ("word",), 64, 2)).tolist()
+    assert all(0 <= key < 64 for key in keys)
+    assert len(set(keys)) > 32
+
+
 def test_an_unkeyed_operators_records_form_one_group():
     batch = envelopes([row(0, "a"), row(1, "b"), row(2, "c", route=3)])
     assert grouping_keys(batch, PackSpec(1, None, 64, 4)).tolist() == [0, 0, -1 - 2 % 4]

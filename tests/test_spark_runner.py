@@ -155,38 +155,6 @@ def test_plan_that_does_not_fit_the_pipeline_is_refused(spark):
                        plan=Plan((RegionPlan((("scale", "even", "order"),)), RegionPlan((("total",),), 2))))
 
 
-def test_a_keyed_operator_groups_its_records_by_bucket_of_keys(spark):
-    """Spark's groups of a partitioned operator are buckets (one handler call each per batch):
-    a key always lands in the same bucket of STATE_BUCKETS, and rows the operator does not take
-    (dead letters, other streams) get negative spread keys the handler passes through."""
-    import pyarrow as pa
-
-    from fissure.model.types import STATE_BUCKETS
-    from fissure.spark.compile_graph import _key_column
-    from fissure.spark.sources import spark_schema_of
-    from fissure.spark.stages import KEY
-    from fissure.streamgraph import as_graph
-    from fissure.worker.fused import live_batch
-    from fissure.worker.graph_pe import EnvelopeLayout
-
-    graph = as_graph(Pipeline("buckets").partitioned("order", remember_order, key="user", schema=ORDERED))
-    layout = EnvelopeLayout({"source": pa.schema([("user", pa.string()), ("i", pa.int64())])})
-    users = [f"u{number}" for number in range(500)]
-    rows = live_batch(pa.RecordBatch.from_pylist([{"user": user, "i": 1} for user in users * 2],
-                                                 schema=layout.stream_schema("source")), list(range(1000)))
-    envelopes = layout.wrap(rows, "source").to_pandas()
-    envelopes.loc[0, "_fissure_dead_operator"] = "earlier"  # a dead letter travels with the stream
-    frame = (spark.createDataFrame(envelopes, schema=spark_schema_of(layout.schema))
-             .withColumn(KEY, _key_column(graph.node("order"), layout, 2)))
-    keys = [(row["_fissure_seq"], row[KEY]) for row in frame.select("_fissure_seq", KEY).collect()]
-    bucket_of = {}
-    for seq, key in keys[1:]:
-        assert 0 <= key < STATE_BUCKETS
-        assert bucket_of.setdefault(users[seq % 500], key) == key  # one bucket per key
-    assert keys[0][1] in (-1, -2)  # the dead letter: a spread key
-    assert len(set(bucket_of.values())) > STATE_BUCKETS // 2  # 500 keys spread over the buckets
-
-
 def shout(record):
     return {"value": record["value"].upper()}
 

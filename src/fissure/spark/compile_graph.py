@@ -10,12 +10,14 @@
   a replicated region is spread round-robin over its replicas;
 - every pe stage is one mapInArrow running a graph processing element (its pieces as a chain of
   processes when pipeline boundaries cut it);
-- every keyed node is one transformWithStateInPandas behind a hash exchange on a key column
-  computed in SQL just before it, for rows routed into the node: a partitioned operator's bucket
-  of keys (`hash(key fields) mod STATE_BUCKETS`; the handler runs a bucket's keys in one call,
-  each key's state its own MapState entry), a join's key text, a constant for a stateful node
-  without key; every other row gets one of `spread` spread keys (`~seq mod spread`, or
-  `-1 - seq mod spread` for buckets), which the handler passes through without touching state;
+- every keyed node is one transformWithStateInPandas behind a hash exchange on a grouping key.
+  A partitioned or unkeyed stateful operator's input comes packed (fissure.worker.packing): the
+  stage before it (a pe stage, the source's envelopes or another keyed stage) groups its
+  envelopes by grouping key, a bucket of keys (crc32 of the key's text mod STATE_BUCKETS; the
+  handler runs a bucket's keys in one call, each key's state its own MapState entry) or 0
+  without key, and ships each group as one row of Arrow IPC. A join's rows get their key text in
+  SQL just before it. Every other row gets one of `spread` spread keys (`-1 - seq mod spread`
+  packed, `~seq mod spread` for a join), which the handler passes through without touching state;
 - the runner's foreachBatch persists each micro-batch once and writes each sink from it.
 A stream used by several nodes is computed once: its rows travel once and each consumer reads
 them where it runs, so nothing upstream is recomputed.
@@ -97,24 +99,15 @@ def _pack_spec(graph: StreamGraph, stage: GraphStage, layout: EnvelopeLayout, sp
     return PackSpec(layout.route_of(stream), key_columns, STATE_BUCKETS, max(1, spread))
 
 
-def _key_column(node, layout: EnvelopeLayout, spread: int):
-    """The grouping column of a keyed node's stage: see the module docstring."""
+def _join_key_column(node, layout: EnvelopeLayout, spread: int):
+    """The grouping column of a join's stage: see the module docstring."""
     live = F.col(DEAD_OPERATOR).isNull()
-    if node.kind is NodeKind.OPERATOR and node.operator.kind is Kind.PARTITIONED:  # buckets of keys
-        (stream,) = node.inputs
-        columns = [F.col(layout.column(layout.index[stream], field)) for field in node.key]
-        bucket = F.pmod(F.hash(*columns), F.lit(STATE_BUCKETS))
-        spread_bucket = F.lit(-1) - F.pmod(F.col(SEQ), F.lit(max(1, spread))).cast("int")
-        return F.when(live & (F.col(ROUTE) == F.lit(layout.route_of(stream))), bucket).otherwise(spread_bucket)
     spread_key = F.concat(F.lit(SPREAD_PREFIX), F.pmod(F.col(SEQ), F.lit(max(1, spread))).cast("string"))
     expression = None
     for stream in dict.fromkeys(node.inputs):
-        if node.kind is NodeKind.OPERATOR and node.operator.kind is Kind.STATEFUL:
-            value = F.lit("all")
-        else:
-            columns = [F.col(layout.column(layout.index[stream], field)).cast("string") for field in node.key]
-            # One field: its text behind a mark no spread key starts with (cheaper than JSON).
-            value = F.concat(F.lit(KEY_MARK), columns[0]) if len(columns) == 1 else F.to_json(F.array(*columns))
+        columns = [F.col(layout.column(layout.index[stream], field)).cast("string") for field in node.key]
+        # One field: its text behind a mark no spread key starts with (cheaper than JSON).
+        value = F.concat(F.lit(KEY_MARK), columns[0]) if len(columns) == 1 else F.to_json(F.array(*columns))
         condition = live & (F.col(ROUTE) == F.lit(layout.route_of(stream)))
         expression = F.when(condition, value) if expression is None else expression.when(condition, value)
     return expression.otherwise(spread_key)
@@ -216,7 +209,7 @@ def compile_graph(graph: StreamGraph, source_frames: Mapping[str, DataFrame], *,
         processor = GraphStateProcessor(graph, schemas, entering, node.name, forward, leaving, operator_profiling,
                                         packed_input=packed, pack_for=pack_next)
         if not packed:
-            frame = frame.withColumn(KEY, _key_column(node, entering, state_partitions))
+            frame = frame.withColumn(KEY, _join_key_column(node, entering, state_partitions))
         output_schema = spark_schema_of(leaving.schema if pack_next is None else PACKED_SCHEMA)
         frame = frame.groupBy(KEY).transformWithStateInPandas(processor, output_schema, "Append", "None")
         partitions = state_partitions

@@ -53,18 +53,14 @@ class WorkerProfiling:
     pieces: bool = False
 
 
-def carried_batch_from_pandas(frame: pd.DataFrame, carried_input: pa.Schema,
-                              positions: Sequence[int] | None = None) -> pa.RecordBatch:
-    """One key's rows as a carried Arrow batch; `positions`: the frame's columns that make it, in
-    order (default: the first ones).
+def carried_batch_from_pandas(frame: pd.DataFrame, carried_input: pa.Schema) -> pa.RecordBatch:
+    """One key's rows as a carried Arrow batch.
 
     PySpark renames columns that start with "_" on the way in (namedtuple rules): the columns are
     taken by position. Column by column through numpy objects: `RecordBatch.from_pandas` costs
     about 0.8 ms per call, far more than a key's few rows.
     """
     columns = frame.to_numpy(dtype=object).T
-    if positions is not None:
-        columns = [columns[position] for position in positions]
     return pa.RecordBatch.from_arrays(
         [pa.array(values, type=field.type, from_pandas=True) for values, field in zip(columns, carried_input)],
         schema=carried_input)
@@ -134,13 +130,15 @@ class GraphRegionFunction:
 class GraphStateProcessor(StatefulProcessor):
     """transformWithStateInPandas handler of one keyed node over envelopes.
 
-    A partitioned operator's groups are buckets of keys (`bucketed`: the grouping key is
-    `hash(key) mod STATE_BUCKETS`, fissure.spark.compile_graph): one call runs every key of the
-    bucket in the batch, each key's state in a MapState entry under its key text. Spark's cost
-    per group (a Python call, a pandas frame each way, state-server round trips) is paid per
-    bucket instead of per key: calibrated here at 1,700 us a group against 440 us a key's MapState
-    read and write (benchmarks/results/calibrate_defaults.txt). A joined pair's state and an
-    unkeyed operator's stay one ValueState per group.
+    An operator's input arrives packed (`packed_input`, fissure.worker.packing): a group's
+    envelopes in a few rows of Arrow IPC, not a row per record. A partitioned operator's groups
+    are buckets of keys (`bucketed`: crc32 of the key's text mod STATE_BUCKETS): one call runs
+    every key of the bucket in the batch, each key's state in a MapState entry under its key text.
+    Spark's cost per group (a Python call, a pandas frame each way, state-server round trips) is
+    paid per bucket instead of per key: calibrated here at 1,700 us a group against 440 us a key's
+    MapState read and write (benchmarks/results/calibrate_defaults.txt). An unkeyed operator has
+    one group and one ValueState. A join's groups are its key texts, as rows, each pair's state a
+    ValueState.
     """
 
     STATE_NAME = "fissure_state"
@@ -157,16 +155,15 @@ class GraphStateProcessor(StatefulProcessor):
         self.node = graph.node(node_name)
         self.forward_inputs = tuple(forward_inputs)
         self.bucketed = self.node.kind is NodeKind.OPERATOR and self.node.operator.kind is Kind.PARTITIONED
-        self.input_schema = pa.schema(list(layout.schema) + [pa.field(KEY, pa.int32() if self.bucketed else pa.string())])
+        self.input_schema = pa.schema(list(layout.schema) + [pa.field(KEY, pa.string())])  # unpacked: a join's
         self._payload = 1  # the payload's position in a packed group's frame (after the key)
         self._state = None  # a ValueState, or the MapState of a bucket's keys
         # A key group holds live rows of the node's inputs only (every other row has a spread
-        # key). One input and nothing to forward: the group converts straight to the carried
-        # batch the operator reads, skipping the envelope.
+        # key). One input and nothing to forward: the group's columns are the carried batch the
+        # operator reads, without extracting its stream's rows.
         self._direct = self.node.kind is not NodeKind.JOIN and not self.forward_inputs
         stream = self.node.inputs[0]
-        self._direct_positions = [self.input_schema.get_field_index(name)
-                                  for name in (*layout.columns_of(stream), SEQ, *DEAD_COLUMNS)]
+        self._direct_columns = (*layout.columns_of(stream), SEQ, *DEAD_COLUMNS)
         self._direct_schema = carried_schema(schemas[stream])
         self._step = self._stateful_step() if self.node.kind is not NodeKind.JOIN else None
 
@@ -177,41 +174,18 @@ class GraphStateProcessor(StatefulProcessor):
             self._state = handle.getValueState(self.STATE_NAME, "value binary")
 
     def handleInputRows(self, key, rows, timerValues) -> Iterator[pd.DataFrame]:  # noqa: N802 - Spark's name
-        if self.packed_input:
-            yield from self._handle_packed(key[0], rows)
-            return
-        frames = list(rows)
-        frame = frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)
-        spread = key[0] < 0 if self.bucketed else str(key[0]).startswith(SPREAD_PREFIX)
-        if self._direct and not spread:
-            output = self._run_operator(carried_batch_from_pandas(frame, self._direct_schema, self._direct_positions))
-            if output.num_rows:
-                yield self._output(self.output_layout.wrap(output, self.node.name))
-            return
-        batch = carried_batch_from_pandas(frame, self.input_schema)
-        batch = batch.select(self.layout.schema.names)
+        if self.packed_input:  # a few rows, each a part of the group's envelopes (fissure.worker.packing)
+            batch = unpack([payload for frame in rows for payload in frame.iloc[:, self._payload]], self.layout.schema)
+            spread = key[0] < 0
+        else:  # a join's group: its envelopes as rows, the key text last
+            frames = list(rows)
+            frame = frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)
+            batch = carried_batch_from_pandas(frame, self.input_schema).select(self.layout.schema.names)
+            spread = str(key[0]).startswith(SPREAD_PREFIX)
         if spread:
-            yield self._output(self.output_layout.conform(batch))  # rows of other nodes: through, no state
-            return
-        output = self._run(batch)
-        parts = [self.output_layout.wrap(output, self.node.name)]
-        parts += [self.output_layout.conform(self._rows_of(batch, stream)) for stream in self.forward_inputs]
-        result = assemble(parts, self.output_layout.schema)
-        if result.num_rows:
-            yield self._output(result)
-
-    def _output(self, envelopes: pa.RecordBatch) -> pd.DataFrame:
-        return pandas_frame(envelopes if self.pack_for is None else pack(envelopes, self.pack_for))
-
-    def _handle_packed(self, key: int, rows) -> Iterator[pd.DataFrame]:
-        """A packed group (fissure.worker.packing): a negative key passes its envelopes through."""
-        batch = unpack([payload for frame in rows for payload in frame.iloc[:, self._payload]], self.layout.schema)
-        if key < 0:
-            result = self.output_layout.conform(batch)
+            result = self.output_layout.conform(batch)  # rows of other nodes: through, no state
         elif self._direct:
-            stream = self.node.inputs[0]
-            columns = [batch.column(batch.schema.get_field_index(name))
-                       for name in (*self.layout.columns_of(stream), SEQ, *DEAD_COLUMNS)]
+            columns = [batch.column(batch.schema.get_field_index(name)) for name in self._direct_columns]
             carried = pa.RecordBatch.from_arrays(columns, schema=self._direct_schema)
             result = self.output_layout.wrap(self._run_operator(carried), self.node.name)
         else:
@@ -219,7 +193,7 @@ class GraphStateProcessor(StatefulProcessor):
             parts += [self.output_layout.conform(self._rows_of(batch, stream)) for stream in self.forward_inputs]
             result = assemble(parts, self.output_layout.schema)
         if result.num_rows:
-            yield self._output(result)
+            yield pandas_frame(result if self.pack_for is None else pack(result, self.pack_for))
 
     def _rows_of(self, batch: pa.RecordBatch, stream: str) -> pa.RecordBatch:
         """The live envelopes of `stream` (forwarded to a later consumer)."""
