@@ -222,6 +222,13 @@ def _check_arity(name: str, action: Action, fn: Callable, arguments: int) -> Non
 
 
 def _normalize_key(name: str, key: str | Sequence[str] | None) -> tuple[str, ...]:
+    if key is not None and not isinstance(key, str) and (
+            isinstance(key, (bytes, bytearray)) or not isinstance(key, Sequence)):
+        raise PipelineError(
+            f"operator {name!r}: key must be a field name (a string) or a list of field names, got "
+            f"{type(key).__name__} {key!r}; e.g. key='host' or key=['host', 'user']")
+    if key is not None and not isinstance(key, str):
+        key = tuple(key)
     if key is None or (not isinstance(key, str) and len(key) == 0) or key == "":
         raise PipelineError(
             f"operator {name!r} is partitioned stateful but has no key; pass key='field' (or a list of "
