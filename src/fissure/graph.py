@@ -317,7 +317,8 @@ class Pipeline:
     def flat_map(self, name: str, fn: Callable[[dict], Iterable[dict]], *, schema: SchemaSpec = None,
                  reads: Iterable[str] | None = None, cost_us: float | None = None,
                  selectivity: float | None = None, waits: str | None = None) -> Pipeline:
-        """One record in, any number of records out (an iterable of dicts; None for none).
+        """One record in, any number of records out (an iterable of dicts; None for none). A dict,
+        a string, bytes or a non-iterable returned is a dead letter of the input record.
         `waits=`: see `Waits`."""
         return self._add(name, Kind.STATELESS, Action.FLAT_MAP, fn, 1, schema=schema, reads=reads,
                          hints=Hints(cost_us=cost_us, selectivity=selectivity, waits=waits))
@@ -349,7 +350,8 @@ class Pipeline:
         """Partitioned stateful: fn(state, record) with one state object per value of `key`.
 
         Within a micro-batch a key's records arrive in source order (sequence numbers), or sorted
-        by the field `order_by` (an event time, say) when given.
+        by the field `order_by` (an event time, say) when given. A record whose key field is null
+        or missing is a dead letter ("NullKey"): no state is kept for it.
         """
         fields = _normalize_key(name, key)
         return self._add(name, Kind.PARTITIONED, Action.UPDATE, fn, 2, key=fields, schema=schema,

@@ -29,6 +29,10 @@ class FileSource:
     `max_bytes_per_trigger` bytes in all (at least one file), per batch. Given neither, the runner
     chooses the bytes (RunnerConfig.batch_size, fissure.spark.batch_admission). Every batch pays a
     fixed cost (about 1 s for LogWatch's three stateful operators here): small batches are slow.
+
+    Bad input: JSON and CSV files are read in PERMISSIVE mode with the raw line of a line that
+    does not parse or fit the schema kept in the column CORRUPT_RECORD; that row, and a row whose
+    text is not valid UTF-8, becomes a dead letter of the source (fissure.worker.source_rows).
     """
 
     path: str
