@@ -129,13 +129,18 @@ def test_a_bucket_of_keys_runs_each_key_in_order_with_its_own_state():
         return stored.get(key)
 
     output = run_keys(step, batch, load, stored.__setitem__).to_pylist()
-    # each key's records in sequence order (seq 0 first), each key loaded once, states stored
-    assert sorted(loaded) == sorted({'["a"]', '["b"]', "[null]"})
+    # each key's records in sequence order (seq 0 first), each key loaded once, states stored;
+    # the record without a user (seq 3) is a dead letter: no state for a null key
+    assert sorted(loaded) == sorted({'["a"]', '["b"]'})
     live = sorted((r[SEQ], r["n"]) for r in output if r[DEAD_OPERATOR] is None)
-    assert live == [(0, 103), (1, 20), (3, 7), (4, 30), (5, 102)]  # a: 100+3 (seq 0) then +1 (seq 5); -2 dead
-    assert [(r[SEQ], r[DEAD_OPERATOR]) for r in output if r[DEAD_OPERATOR] is not None] == [(2, "total")]
+    assert live == [(0, 103), (1, 20), (4, 30), (5, 102)]  # a: 100+3 (seq 0) then +1 (seq 5); -2 dead
+    assert sorted((r[SEQ], r[DEAD_OPERATOR]) for r in output if r[DEAD_OPERATOR] is not None) == [
+        (2, "total"), (3, "total")]
+    null_key = [r for r in output if r[SEQ] == 3][0]
+    assert null_key[DEAD_ERROR].startswith("NullKey: key field 'user' is null or missing")
+    assert null_key[DEAD_RECORD] == '{"n": 7, "user": null}'
     assert {key: pickle.loads(value) for key, value in stored.items()} == {
-        '["a"]': {"total": 102}, '["b"]': {"total": 30}, "[null]": {"total": 7}}
+        '["a"]': {"total": 102}, '["b"]': {"total": 30}}
 
 
 def test_keys_equal_in_python_but_not_as_text_keep_their_own_state():

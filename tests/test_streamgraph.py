@@ -200,6 +200,10 @@ def test_join_definition_errors():
         TumblingWindow("ts", 0)
     with pytest.raises(PipelineError, match="has no key"):
         g.join("j", a, b, key=[], window=TumblingWindow("ts", 1), fn=joined, schema=JOINED)
+    with pytest.raises(PipelineError, match="'j': key must be a field name .* got int 5"):
+        g.join("j", a, b, key=5, window=TumblingWindow("ts", 1), fn=joined, schema=JOINED)
+    with pytest.raises(PipelineError, match="'p': key must be a field name .* got float 1.5"):
+        a.partitioned("p", lambda state, record: record, key=1.5)
 
 
 def test_streams_of_another_graph_are_refused():

@@ -222,6 +222,13 @@ def _check_arity(name: str, action: Action, fn: Callable, arguments: int) -> Non
 
 
 def _normalize_key(name: str, key: str | Sequence[str] | None) -> tuple[str, ...]:
+    if key is not None and not isinstance(key, str) and (
+            isinstance(key, (bytes, bytearray)) or not isinstance(key, Sequence)):
+        raise PipelineError(
+            f"operator {name!r}: key must be a field name (a string) or a list of field names, got "
+            f"{type(key).__name__} {key!r}; e.g. key='host' or key=['host', 'user']")
+    if key is not None and not isinstance(key, str):
+        key = tuple(key)
     if key is None or (not isinstance(key, str) and len(key) == 0) or key == "":
         raise PipelineError(
             f"operator {name!r} is partitioned stateful but has no key; pass key='field' (or a list of "
@@ -310,7 +317,8 @@ class Pipeline:
     def flat_map(self, name: str, fn: Callable[[dict], Iterable[dict]], *, schema: SchemaSpec = None,
                  reads: Iterable[str] | None = None, cost_us: float | None = None,
                  selectivity: float | None = None, waits: str | None = None) -> Pipeline:
-        """One record in, any number of records out (an iterable of dicts; None for none).
+        """One record in, any number of records out (an iterable of dicts; None for none). A dict,
+        a string, bytes or a non-iterable returned is a dead letter of the input record.
         `waits=`: see `Waits`."""
         return self._add(name, Kind.STATELESS, Action.FLAT_MAP, fn, 1, schema=schema, reads=reads,
                          hints=Hints(cost_us=cost_us, selectivity=selectivity, waits=waits))
@@ -342,7 +350,8 @@ class Pipeline:
         """Partitioned stateful: fn(state, record) with one state object per value of `key`.
 
         Within a micro-batch a key's records arrive in source order (sequence numbers), or sorted
-        by the field `order_by` (an event time, say) when given.
+        by the field `order_by` (an event time, say) when given. A record whose key field is null
+        or missing is a dead letter ("NullKey"): no state is kept for it.
         """
         fields = _normalize_key(name, key)
         return self._add(name, Kind.PARTITIONED, Action.UPDATE, fn, 2, key=fields, schema=schema,

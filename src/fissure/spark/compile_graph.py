@@ -45,6 +45,7 @@ from fissure.spark.stages import (
 from fissure.streamgraph import NodeKind, StreamGraph
 from fissure.worker.columns import DEAD_OPERATOR, SEQ
 from fissure.worker.graph_profiling import ProfiledGraphRegion
+from fissure.worker.source_rows import without_corrupt_record
 from fissure.worker.graph_pe import (
     ROUTE, EnvelopeLayout, GraphStage, StageProfiling, consumers_after, pieces_for, plan_graph_stages,
     state_partitions_of, stream_lifetimes,
@@ -131,7 +132,7 @@ def compile_graph(graph: StreamGraph, source_frames: Mapping[str, DataFrame], *,
     query_token = uuid.uuid4().hex[:12]
     piece_prefix = f"{graph.name}.{query_token}" if profiling is not None and profiling.pieces else None
     operator_profiling = profiling if profiling is not None and profiling.operators else None
-    bound = {name: arrow_schema_of(frame) for name, frame in source_frames.items()}
+    bound = {name: without_corrupt_record(arrow_schema_of(frame)) for name, frame in source_frames.items()}
     checked = graph.check(bound)
     missing = [name for name in graph.sources if name not in source_frames]
     if missing:

@@ -118,11 +118,12 @@ class MemorySink:
 
 @dataclass(frozen=True)
 class DeadLetterRecord:
-    """A record an operator raised on (or that did not fit its declared schema)."""
+    """A record an operator raised on (or that did not fit its declared schema), or input a source
+    could not read (`operator` is then the source's name)."""
 
     operator: str
     error: str
-    record: str  # JSON
+    record: str  # JSON; for a JSON or CSV line a source could not read, the line as read
     seq: int
 
 

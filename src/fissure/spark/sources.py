@@ -15,8 +15,10 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 
 from fissure.graph import SchemaSpec, to_arrow_schema as declared_arrow_schema
+from fissure.worker.columns import CORRUPT_RECORD
 
 FILE_FORMATS = ("text", "json", "csv", "parquet")
+LINE_FORMATS = ("json", "csv")  # formats whose unreadable lines become dead letters with the raw line
 
 
 @dataclass(frozen=True)
@@ -27,6 +29,10 @@ class FileSource:
     `max_bytes_per_trigger` bytes in all (at least one file), per batch. Given neither, the runner
     chooses the bytes (RunnerConfig.batch_size, fissure.spark.batch_admission). Every batch pays a
     fixed cost (about 1 s for LogWatch's three stateful operators here): small batches are slow.
+
+    Bad input: JSON and CSV files are read in PERMISSIVE mode with the raw line of a line that
+    does not parse or fit the schema kept in the column CORRUPT_RECORD; that row, and a row whose
+    text is not valid UTF-8, becomes a dead letter of the source (fissure.worker.source_rows).
     """
 
     path: str
@@ -54,7 +60,13 @@ class FileSource:
     def open(self, spark: SparkSession) -> DataFrame:
         reader = spark.readStream.format(self.format)
         if self.schema is not None:
-            reader = reader.schema(from_arrow_schema(declared_arrow_schema(self.schema, f"file source {self.path!r}")))
+            schema = declared_arrow_schema(self.schema, f"file source {self.path!r}")
+            if self.format in LINE_FORMATS:
+                # A line that does not parse, or whose value does not fit the schema, keeps its raw
+                # text in this column (PERMISSIVE mode): the source's envelopes make it a dead letter.
+                schema = schema.append(pa.field(CORRUPT_RECORD, pa.string()))
+                reader = reader.option("mode", "PERMISSIVE").option("columnNameOfCorruptRecord", CORRUPT_RECORD)
+            reader = reader.schema(from_arrow_schema(schema))
         if self.max_files_per_trigger is not None:
             reader = reader.option("maxFilesPerTrigger", str(self.max_files_per_trigger))
         if self.max_bytes_per_trigger is not None:

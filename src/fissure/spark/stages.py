@@ -29,6 +29,7 @@ from fissure.worker.graph_pe import EnvelopeLayout, GraphStage, StageProfiling, 
 from fissure.worker.keyed import StatefulStep, run_group, run_keys
 from fissure.worker.packing import PACKED_KEY, PackSpec, pack, unpack
 from fissure.worker.profiling import ProfiledUpdate
+from fissure.worker.source_rows import carried_source_batch
 from fissure.worker.region import processing_element
 
 KEY = PACKED_KEY  # the grouping column of every keyed stage, packed or not
@@ -206,7 +207,8 @@ class GraphStateProcessor(StatefulProcessor):
         if node.kind is not NodeKind.JOIN:
             return self._run_operator(self.layout.extract(batch, node.inputs[0]))
         spec = node.join
-        step = JoinStep(node.name, spec.fn, spec.window.time_field, spec.window.size, spec.window.lateness, spec.schema)
+        step = JoinStep(node.name, spec.fn, spec.window.time_field, spec.window.size, spec.window.lateness, spec.schema,
+                        tuple(spec.key))
         arrivals = [arrival for side, stream in ((LEFT, node.inputs[0]), (RIGHT, node.inputs[1]))
                     for arrival in arrivals_of(self.layout.extract(batch, stream), schemas[stream], side)]
         stored = self._state.get()
@@ -243,7 +245,9 @@ class GraphStateProcessor(StatefulProcessor):
 
 class SourceEnvelopeFunction:
     """mapInArrow function turning a source's rows into envelopes routed to the source, with
-    sequence numbers `source index << 56 | task partition << 40 | row in the partition`."""
+    sequence numbers `source index << 56 | task partition << 40 | row in the partition`; a row
+    the source could not read (text that is not UTF-8, a malformed JSON or CSV line) becomes a
+    dead letter of the source (fissure.worker.source_rows)."""
 
     def __init__(self, name: str, index: int, layout: EnvelopeLayout, source_schema: pa.Schema,
                  pack_for: PackSpec | None = None) -> None:
@@ -254,15 +258,10 @@ class SourceEnvelopeFunction:
         from pyspark import TaskContext
 
         first_seq = (self.index << SOURCE_SHIFT) + (TaskContext.get().partitionId() << SEQ_PARTITION_SHIFT)
-        schema = carried_schema(self.source_schema)
         for batch in batches:
-            rows = batch.num_rows
-            columns = [batch.column(batch.schema.get_field_index(name)).cast(field.type)
-                       for name, field in zip(self.source_schema.names, self.source_schema)]
-            columns.append(pa.array(range(first_seq, first_seq + rows), pa.int64()))
-            columns += [pa.nulls(rows, pa.string())] * len(DEAD_COLUMNS)
-            first_seq += rows
-            envelopes = self.layout.wrap(pa.RecordBatch.from_arrays(columns, schema=schema), self.name)
+            carried = carried_source_batch(batch, self.source_schema, first_seq, self.name)
+            first_seq += batch.num_rows
+            envelopes = self.layout.wrap(carried, self.name)
             yield envelopes if self.pack_for is None else pack(envelopes, self.pack_for)
 
 

@@ -30,3 +30,8 @@ INTERNAL_FIELDS = (
 def carried_schema(data_schema: pa.Schema) -> pa.Schema:
     """The schema a stage emits: the user's fields, then fissure's own columns."""
     return pa.schema(list(data_schema) + list(INTERNAL_FIELDS))
+
+# A column of a source's frame only, never carried: the raw line of a record the source's reader
+# could not read (Spark's `columnNameOfCorruptRecord` for JSON and CSV files). Its rows become dead
+# letters of the source (fissure.worker.source_rows).
+CORRUPT_RECORD = "_fissure_corrupt_record"

@@ -16,16 +16,21 @@ clock reads, instead of per record.
 
 from __future__ import annotations
 
+import datetime
+import functools
+import numbers
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import chain
+from operator import itemgetter
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from fissure.worker.columns import DEAD_ERROR, DEAD_OPERATOR, DEAD_RECORD, SEQ, carried_schema
 from fissure.worker.profiling import StageProfile
-from fissure.worker.records import DeadLetter, describe_error, normalize_emitted, record_text
+from fissure.worker.records import DeadLetter, describe_error, flat_map_emitted, record_text
 
 
 RECORD_ACTIONS = ("map", "filter", "flat_map")
@@ -89,7 +94,7 @@ def run_record_steps(steps: Sequence[Step], records: Sequence[dict], seqs: Seque
                             following.append(item)
                             following_seqs.append(seq)
                     else:
-                        emitted = normalize_emitted(fn(item))
+                        emitted = flat_map_emitted(fn(item))
                         following.extend(emitted)
                         following_seqs.extend([seq] * len(emitted))
                 except Exception as error:  # noqa: BLE001 - any user error becomes a dead letter
@@ -100,6 +105,133 @@ def run_record_steps(steps: Sequence[Step], records: Sequence[dict], seqs: Seque
             observe(index, len(current), len(following), len(dead) - dead_before, cpu_s, wall_s)
         current, current_seqs = following, following_seqs
     return current, current_seqs
+
+
+# --- type-exact fields --------------------------------------------------------------------------
+# Arrow converts loosely: 3.7 into an int64 field becomes 3, True into a float field 1.0, bytes into
+# a string field are decoded, an int into a timestamp field counts microseconds. Before a batch is
+# built, every field of such a type is checked: its values' Python types, collected in one C-level
+# pass per field, must be the field's own (the good path); only when they are not is each value
+# checked, and a value that does not fit exactly makes its record a dead letter. An integral float
+# (3.0) fits an integer field: it converts without loss.
+
+
+def _whole_number(value: object) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool) or (
+        isinstance(value, float) and value.is_integer())
+
+
+def _real_number(value: object) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def _date_only(value: object) -> bool:
+    return isinstance(value, datetime.date) and not isinstance(value, datetime.datetime)
+
+
+def _scalar_check(arrow_type: pa.DataType) -> tuple[frozenset, Callable[[object], bool], str] | None:
+    """(Python types that fit at once, a check for any other value, what the field takes), or None
+    when Arrow's own conversion is exact for the type."""
+    if pa.types.is_integer(arrow_type):
+        return frozenset({int}), _whole_number, "a whole number: an int, or a float without fraction"
+    if pa.types.is_floating(arrow_type):
+        return frozenset({float, int}), _real_number, "a number: a float or an int, not a bool"
+    if pa.types.is_string(arrow_type) or pa.types.is_large_string(arrow_type):
+        return frozenset({str}), lambda value: isinstance(value, str), "str"
+    if pa.types.is_binary(arrow_type) or pa.types.is_large_binary(arrow_type):
+        return (frozenset({bytes}), lambda value: isinstance(value, (bytes, bytearray, memoryview)),
+                "bytes")
+    if pa.types.is_timestamp(arrow_type):
+        return (frozenset({datetime.datetime}), lambda value: isinstance(value, datetime.datetime),
+                "datetime.datetime")
+    if pa.types.is_date(arrow_type):
+        return frozenset({datetime.date}), _date_only, "a datetime.date, not a datetime"
+    return None
+
+
+@dataclass(frozen=True)
+class _FieldCheck:
+    name: str
+    declared: pa.DataType
+    fast: frozenset  # the value types that pass without a look at each value (None always does)
+    fits: Callable[[object], bool]
+    takes: str
+    of_list: bool  # the checks apply to the items of a list field
+
+
+@functools.lru_cache(maxsize=256)
+def type_checks(schema: pa.Schema) -> tuple[_FieldCheck, ...]:
+    """The checks of the fields of `schema` that Arrow would convert loosely (top level, and the
+    items of a list field)."""
+    checks = []
+    for field in schema:
+        of_list = pa.types.is_list(field.type) or pa.types.is_large_list(field.type)
+        check = _scalar_check(field.type.value_type if of_list else field.type)
+        if check is not None:
+            fast, fits, takes = check
+            checks.append(_FieldCheck(field.name, field.type, fast | {type(None)}, fits, takes, of_list))
+    return tuple(checks)
+
+
+def _misfit(check: _FieldCheck, value: object) -> object:
+    """The value (or list item) that does not fit `check`; `_FITS` when all fit."""
+    if value is None:
+        return _FITS
+    if check.of_list:
+        if isinstance(value, (str, bytes, Mapping)) or not hasattr(value, "__iter__"):
+            return value
+        for item in value:
+            if item is not None and not check.fits(item):
+                return item
+        return _FITS
+    return _FITS if check.fits(value) else value
+
+
+_FITS = object()
+
+
+def _exact_types(records: list, seqs: list[int], checks: Sequence[_FieldCheck], operator: str,
+                 dead: list[DeadLetter]) -> tuple[list, list[int]]:
+    """The records whose values fit their fields exactly; the others become dead letters."""
+    suspects: set[int] = set()
+    for check in checks:
+        values = map(itemgetter(check.name), records)
+        try:
+            types = set(map(type, chain.from_iterable(filter(None, values)))) if check.of_list \
+                else set(map(type, values))
+        except TypeError:  # a list field holding something that is not a list
+            types = {object}
+        if not types <= check.fast:
+            suspects.update(position for position, record in enumerate(records)
+                            if _misfit(check, record[check.name]) is not _FITS)
+    if not suspects:
+        return records, seqs
+    kept, kept_seqs = [], []
+    for position, (record, seq) in enumerate(zip(records, seqs)):
+        if position not in suspects:
+            kept.append(record)
+            kept_seqs.append(seq)
+            continue
+        problems = []
+        for check in checks:
+            value = record[check.name]
+            bad = _misfit(check, value)
+            if bad is not _FITS:
+                if not check.of_list:
+                    takes, got = check.takes, ""
+                elif bad is value:
+                    takes, got = "a list", ""
+                else:
+                    takes, got = f"items: {check.takes}", "an item "
+                problems.append(f"field {check.name!r} is declared {check.declared} ({takes}), "
+                                f"got {got}{type(bad).__name__} {_shown(bad)}")
+        dead.append(DeadLetter(operator, "SchemaMismatch: " + "; ".join(problems), record_text(record), seq))
+    return kept, kept_seqs
+
+
+def _shown(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def records_to_batch(records: list, seqs: list[int], schema: pa.Schema, operator: str,
@@ -120,6 +252,9 @@ def records_to_batch(records: list, seqs: list[int], schema: pa.Schema, operator
         else:
             fitting.append(record)
             fitting_seqs.append(seq)
+    checks = type_checks(schema)
+    if checks and fitting:
+        fitting, fitting_seqs = _exact_types(fitting, fitting_seqs, checks, operator, dead)
     try:
         return pa.RecordBatch.from_pylist(fitting, schema=schema), fitting_seqs
     except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError):

@@ -15,6 +15,7 @@ import pyarrow as pa
 
 from fissure.worker.columns import SEQ
 from fissure.worker.fused import assemble, dead_letter_batch, live_batch, records_to_batch
+from fissure.worker.keyed import null_key_error
 from fissure.worker.records import DeadLetter, describe_error, normalize_emitted, record_text
 
 LEFT, RIGHT = 0, 1
@@ -28,6 +29,7 @@ class JoinStep:
     window_size: float
     lateness: float
     output_schema: pa.Schema
+    key: tuple[str, ...] = ()  # a record with a null key field is a dead letter (keyed.null_key_error)
 
 
 @dataclass(frozen=True)
@@ -57,6 +59,10 @@ def run_join_group(step: JoinStep, arrivals: Sequence[JoinArrival], stored_state
     windows: dict[int, tuple[list, list]] = state["windows"]
     records, seqs, dead = [], [], []
     for arrival in sorted(arrivals, key=lambda a: arrival_order(a, step.time_field)):
+        if step.key and any(arrival.record[name] is None for name in step.key):
+            dead.append(DeadLetter(step.name, null_key_error(arrival.record, step.key), record_text(arrival.record),
+                                   arrival.seq))
+            continue
         event_time = arrival.record[step.time_field]
         if event_time is None:
             dead.append(DeadLetter(step.name, f"MissingTime: field {step.time_field!r} is null",

@@ -126,7 +126,8 @@ class LocalGraphRun:
 
     def _join(self, node, streams, schemas) -> pa.RecordBatch:
         spec = node.join
-        step = JoinStep(node.name, spec.fn, spec.window.time_field, spec.window.size, spec.window.lateness, spec.schema)
+        step = JoinStep(node.name, spec.fn, spec.window.time_field, spec.window.size, spec.window.lateness, spec.schema,
+                        tuple(spec.key))
         states = self.states.setdefault(node.name, {})
         groups: dict[str, list[JoinArrival]] = {}
         for side, stream in ((LEFT, node.inputs[0]), (RIGHT, node.inputs[1])):

@@ -53,6 +53,18 @@ def key_text(record: Mapping, fields: Sequence[str]) -> str:
     return json.dumps([record[field] for field in fields], default=repr)
 
 
+_NONE_TYPE = type(None)
+
+
+def null_key_error(record: Mapping, fields: Sequence[str]) -> str:
+    """The reason a record whose key field is null (None) or missing is a dead letter."""
+    null = [name for name in fields if record.get(name) is None]
+    names = ", ".join(map(repr, null))
+    return (f"NullKey: key field{'s' if len(null) > 1 else ''} {names} "
+            f"{'are' if len(null) > 1 else 'is'} null or missing; state is kept per key value, so a record "
+            f"without one is not processed (give it a key upstream, or filter it out)")
+
+
 def run_group(step: StatefulStep, batch: pa.RecordBatch, stored_state: bytes | None) -> GroupResult:
     """Run `step` over one key's carried rows in sequence order; dead letters pass through."""
     stored = {}
@@ -69,7 +81,9 @@ def run_keys(step: StatefulStep, batch: pa.RecordBatch, load: Callable[[str], by
     """Run the partitioned `step` over the carried rows of many keys at once (a bucket of keys, one
     Spark call): each key's records in (order_by, sequence) order with the state `load(key)`
     returns (None: a key seen for the first time), its new state handed to `store(key, state)`;
-    keys are `key_text`. Dead letters pass through. Returns the carried output."""
+    keys are `key_text`. A record whose key field is null (or missing) is a dead letter
+    (`null_key_error`): no state is kept for it. Dead letters pass through. Returns the carried
+    output."""
     fields = step.key
 
     def by_key(records: list[dict]) -> dict[str, list[int]]:
@@ -89,8 +103,16 @@ def run_keys(step: StatefulStep, batch: pa.RecordBatch, load: Callable[[str], by
         except TypeError:  # an unhashable key value (a list): group on the text itself
             positions = {}
             for position, record in enumerate(records):
-                positions.setdefault(key_text(record, fields), []).append(position)
-        grouped: dict[str, list[int]] = {}
+                values = tuple(record[name] for name in fields)
+                positions.setdefault(None if None in values else key_text(record, fields), []).append(position)
+        grouped: dict[str | None, list[int]] = {}
+        nulls = positions.pop((_NONE_TYPE, None), []) + positions.pop(None, [])
+        if len(fields) > 1:
+            for group_key in [group_key for group_key in positions if isinstance(group_key, tuple)
+                              and None in group_key[1]]:
+                nulls += positions.pop(group_key)
+        if nulls:
+            grouped[None] = sorted(nulls)  # no key: dead letters (NULL_KEY)
         for places in positions.values():
             text = key_text(records[places[0]], fields)
             # values unequal to themselves (NaN) make several groups of one text: merged, in order
@@ -112,6 +134,12 @@ def _run(step: StatefulStep, batch: pa.RecordBatch, group: Callable[[list[dict]]
         inputs = ordered.select(step.input_schema.names).to_pylist()
         input_seqs = ordered.column(ordered.schema.get_field_index(SEQ)).to_pylist()
         for key, positions in group(inputs).items():
+            if key is None:  # records without a key value
+                for position in positions:
+                    record = inputs[position]
+                    dead.append(DeadLetter(step.name, null_key_error(record, step.key), record_text(record),
+                                           input_seqs[position]))
+                continue
             state = load_state(step, load(key))
             for position in positions:
                 record, seq = inputs[position], input_seqs[position]

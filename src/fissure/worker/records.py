@@ -1,6 +1,6 @@
 """A record's fate on the worker's hot path, below every operator runner: a record an operator
 could not process (`DeadLetter`, with the error described and the record as text), and what an
-operator that emits records returned, as a list (`normalize_emitted`). No pyspark, no pyarrow."""
+operator that emits records returned, as a list (`normalize_emitted`, `flat_map_emitted`). No pyspark, no pyarrow."""
 
 from __future__ import annotations
 
@@ -37,10 +37,38 @@ def record_text(record: object) -> str:
     return text[:MAX_DEAD_RECORD_CHARS]
 
 
+_NOT_RECORDS = (str, bytes, bytearray, memoryview)
+
+
+def _shown(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 def normalize_emitted(emitted: object) -> list:
-    """What a flat_map or a stateful update returned, as a list of records."""
+    """What a stateful update (or a join) returned, as a list of records: an iterable of records,
+    one record (a dict), or None. A string, bytes or a non-iterable raises TypeError: iterating
+    over it would make one bad record per character."""
     if emitted is None:
         return []
     if isinstance(emitted, Mapping):
         return [emitted]
+    if isinstance(emitted, _NOT_RECORDS) or not hasattr(emitted, "__iter__"):
+        raise TypeError(f"the function must return a record (a dict), an iterable of records or None, "
+                        f"got {type(emitted).__name__} {_shown(emitted)}")
+    return list(emitted)
+
+
+def flat_map_emitted(emitted: object) -> list:
+    """What a flat_map returned, as a list of records: an iterable of records, or None for none.
+    A dict, a string, bytes or a non-iterable raises TypeError (the input record becomes one
+    dead letter): iterating over it would emit its keys or characters as records."""
+    if type(emitted) is list:
+        return emitted
+    if emitted is None:
+        return []
+    if isinstance(emitted, (Mapping, *_NOT_RECORDS)) or not hasattr(emitted, "__iter__"):
+        hint = "; for one record return [record]" if isinstance(emitted, Mapping) else ""
+        raise TypeError(f"a flat_map must return an iterable of records (dicts) or None, "
+                        f"got {type(emitted).__name__} {_shown(emitted)}{hint}")
     return list(emitted)
