@@ -26,8 +26,10 @@ ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateS
 class RunnerConfig:
     """How fissure runs a pipeline on Spark. Every field has a default that works out of the box."""
 
-    # Master of the SparkSession fissure creates when the caller passes none (embedded default).
-    master: str = "local[*]"
+    # Master of the SparkSession fissure creates when the caller passes none (embedded default):
+    # local mode on every core, each task tried up to 4 times (Spark's `local[N,F]` form; a plain
+    # `local[N]` never retries a failed task). A master given here is used as given.
+    master: str = "local[*,4]"
     app_name: str = "fissure"
     # Time between micro-batch starts; 0 starts the next batch as soon as the last one ends.
     trigger_interval_s: float = 0.0
