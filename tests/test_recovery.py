@@ -145,3 +145,59 @@ def test_a_start_that_fails_removes_the_checkpoint_directory_it_created(spark, t
     with pytest.raises(RuntimeError, match="cannot be opened"):
         runner.start()
     assert not os.path.exists(runner.checkpoint)
+
+
+CRASHING_DRIVER = textwrap.dedent("""
+    import os, sys
+    import fissure
+    from fissure import Pipeline
+    from fissure.spark.sinks import FileSink
+    from fissure.spark.sources import FileSource
+    from fissure.spark.session import describe_failure
+
+    inputs, out, marker, mode = sys.argv[1:5]
+
+    def tag(record):
+        if record["i"] == 3 and (mode == "always" or not os.path.exists(marker)):
+            open(marker, "w").close()
+            os._exit(1)  # the Python worker process dies: no exception, no traceback
+        return record
+
+    def count(state, record):
+        state["n"] = state.get("n", 0) + 1
+        return {"user": record["user"], "i": record["i"], "n": state["n"]}
+
+    pipeline = (Pipeline("crashing").map("tag", tag)
+                .partitioned("count", count, key="user", schema={"user": str, "i": int, "n": int}))
+    try:  # the embedded default master: RunnerConfig() as it comes
+        fissure.run(pipeline, FileSource(inputs, format="json", schema={"user": str, "i": int}), FileSink(out),
+                    progress=False)
+    except Exception as error:
+        print(describe_failure(error), flush=True)
+        sys.exit(1)
+""")
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["once", "always"])
+def test_a_worker_crash_is_retried_under_the_default_master(tmp_path, mode):
+    """A worker that crashes once (a marker file remembers it) costs a retry and the output is
+    exactly once; one that always crashes ends the run with the crash as its cause."""
+    inputs = tmp_path / "in"
+    inputs.mkdir()
+    (inputs / "part-0.json").write_text("".join(f'{{"user": "u{i % 2}", "i": {i}}}\n' for i in range(8)))
+    script = tmp_path / "driver.py"
+    script.write_text(CRASHING_DRIVER)
+    out = tmp_path / "out"
+    finished = subprocess.run([sys.executable, str(script), str(inputs), str(out), str(tmp_path / "crashed"), mode],
+                              capture_output=True, text=True, timeout=600)
+    assert (tmp_path / "crashed").exists()  # the worker did crash
+    if mode == "once":
+        assert finished.returncode == 0, finished.stdout + finished.stderr[-2000:]
+        import pyarrow.parquet as pq
+
+        assert_exactly_once(pq.read_table(out).to_pylist(), 8)
+    else:
+        assert finished.returncode == 1
+        assert "caused by Python worker exited unexpectedly (crashed)" in finished.stdout

@@ -30,6 +30,11 @@ class RunnerConfig:
     # local mode on every core, each task tried up to 4 times (Spark's `local[N,F]` form; a plain
     # `local[N]` never retries a failed task). A master given here is used as given.
     master: str = "local[*,4]"
+    # Times `fissure.run` starts the query again on its checkpoint after a Python worker process
+    # died (a crash, not an exception): Spark does not retry the tasks of a streaming query's
+    # pipelined stages (one attempt each, measured on 4.3), so a transient crash would end the
+    # stream. A deterministic crash fails again and the run ends with its cause.
+    query_restarts: int = 3
     app_name: str = "fissure"
     # Time between micro-batch starts; 0 starts the next batch as soon as the last one ends.
     trigger_interval_s: float = 0.0

@@ -177,6 +177,24 @@ def ship_operator_modules(program: Pipeline | StreamGraph) -> None:
         cloudpickle.register_pickle_by_value(module)
 
 
+def check_serializable(program: Pipeline | StreamGraph) -> None:
+    """Every operator's function and state_factory pickle as Spark will send them to its workers;
+    one that does not fails here, named, before any query starts."""
+    from pyspark import cloudpickle
+
+    for operator in program.operators:
+        for role, fn in (("function", operator.fn), ("state_factory", operator.state_factory)):
+            if fn is None:
+                continue
+            try:
+                cloudpickle.dumps(fn)
+            except Exception as error:  # noqa: BLE001 - any pickling failure is the same to the user
+                raise PipelineError(
+                    f"operator {operator.name!r}: its {role} cannot be serialized for Spark's workers"
+                    f" ({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}); a closure"
+                    f" must not capture open files, locks, sockets, sessions or generators") from error
+
+
 def _resource_profiles(session: SparkSession):
     """ResourceProfile factory for PEs of several processes where Spark honours per-stage CPUs.
 
@@ -313,6 +331,7 @@ class Runner:
 
     def _start(self, available_now: bool):
         ship_operator_modules(self.program)
+        check_serializable(self.program)
         state_partitions = self.state_partitions
         for name, value in {**QUERY_DEFAULTS,
                             "spark.sql.streaming.stateStore.providerClass": self.config.state_store_provider,

@@ -25,7 +25,8 @@ import pyarrow.compute as pc
 
 from fissure.worker.columns import DEAD_ERROR, DEAD_OPERATOR, DEAD_RECORD, SEQ, carried_schema
 from fissure.worker.profiling import StageProfile
-from fissure.worker.records import DeadLetter, describe_error, normalize_emitted, record_text
+from fissure.worker.records import (DeadLetter, describe_error, mark_running, normalize_emitted,
+                                    operator_stopped, record_text)
 
 
 RECORD_ACTIONS = ("map", "filter", "flat_map")
@@ -67,6 +68,7 @@ def run_record_steps(steps: Sequence[Step], records: Sequence[dict], seqs: Seque
         if not current:
             break
         action, fn = step.action, step.fn
+        mark_running(step.name)
         following: list = []
         following_seqs: list[int] = []
         dead_before = len(dead)
@@ -94,6 +96,8 @@ def run_record_steps(steps: Sequence[Step], records: Sequence[dict], seqs: Seque
                         following_seqs.extend([seq] * len(emitted))
                 except Exception as error:  # noqa: BLE001 - any user error becomes a dead letter
                     dead.append(DeadLetter(step.name, describe_error(error), record_text(item), seq))
+                except (SystemExit, KeyboardInterrupt) as error:
+                    raise operator_stopped(step.name, error) from error
         if observe is not None:
             cpu_s = time.thread_time() - cpu_started_s if timed else 0.0
             wall_s = time.perf_counter() - wall_started_s if timed else 0.0
@@ -180,6 +184,7 @@ def _call_batch_step(step: Step, data: pa.RecordBatch) -> pa.RecordBatch | pa.Ar
 def run_batch_step(step: Step, data: pa.RecordBatch, seqs: list[int],
                    dead: list[DeadLetter]) -> tuple[pa.RecordBatch, list[int]]:
     """A per-batch step; if it raises on the batch, row by row, so only the bad rows go dead."""
+    mark_running(step.name)
     try:
         result = _call_batch_step(step, data)
         if step.action == "filter_batches":
@@ -187,6 +192,8 @@ def run_batch_step(step: Step, data: pa.RecordBatch, seqs: list[int],
         return result, seqs
     except Exception:  # noqa: BLE001 - retried row by row below
         pass
+    except (SystemExit, KeyboardInterrupt) as error:
+        raise operator_stopped(step.name, error) from error
     pieces, kept_seqs = [], []
     for row, seq in enumerate(seqs):
         single = data.slice(row, 1)
