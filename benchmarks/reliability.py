@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, default=2, help="random kill moments per plan and program")
     parser.add_argument("--out", default=str(REPOSITORY / "benchmarks" / "results"), help="results folder")
     args = parser.parse_args(argv)
-    load_before = load()
+    load_before, tree = load(), revision(REPOSITORY)  # the revision measured, before anything else changes
     outcomes = []
     with tempfile.TemporaryDirectory(prefix="fissure-reliability-") as work:
         for number, (plan, program, moment, seed) in enumerate(kill_points(args.seeds)):
@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     tried = [outcome for outcome in outcomes if outcome.killed]
     passed = [outcome for outcome in tried if outcome.passed]
     document = {"command": " ".join(["./dev python benchmarks/reliability.py", *(argv if argv is not None else sys.argv[1:])]),
-                "date": now(), "machine": machine(), "revision": revision(REPOSITORY), "load_before": load_before,
+                "date": now(), "machine": machine(), "revision": tree, "load_before": load_before,
                 "kill_points_tried": len(tried), "kill_points_passed": len(passed),
                 "outcomes": [asdict(outcome) for outcome in outcomes]}
     out = Path(args.out)
