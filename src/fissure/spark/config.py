@@ -90,5 +90,7 @@ class RunnerConfig:
             raise ValueError(f"batch_latency_bound_s must be positive, got {self.batch_latency_bound_s!r}")
         if self.trigger_interval_s < 0 or self.progress_interval_s <= 0:
             raise ValueError("trigger_interval_s must be >= 0 and progress_interval_s > 0")
+        if self.query_restarts < 0:
+            raise ValueError(f"query_restarts must be >= 0, got {self.query_restarts!r}")
         if self.dead_letters_kept < 0 or self.default_state_partitions < 1:
             raise ValueError("dead_letters_kept must be >= 0 and default_state_partitions >= 1")

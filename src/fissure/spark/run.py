@@ -88,12 +88,12 @@ def run(program: Pipeline | StreamGraph, source=None, sink=None, *, plan: object
                 runner.await_termination(timeout_s)
             except Exception as error:
                 crash = worker_crash(error)
+                runner.stop()
                 if crash is None or restarts >= config.query_restarts:
                     raise
                 restarts += 1
                 log.warning("fissure: the query failed (%s); restart %d of %d on the checkpoint %s",
                             crash, restarts, config.query_restarts, checkpoint)
-                runner.stop()
                 continue
             finally:
                 if loop is not None:
