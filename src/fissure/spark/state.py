@@ -268,11 +268,24 @@ def repartition_state(spark: SparkSession, checkpoint: str, partitions: int, *,
     try:
         repartition(spark, checkpoint, partitions)
     except Exception as error:
-        _drop_unfinished_repartition(spark, checkpoint, status)
+        _after_failed_repartition(spark, checkpoint, status, repartition)
         raise StateRepartitionError(
             f"repartitioning the state of {checkpoint} from {status.state_partitions} to {partitions} partitions"
             f" failed: {type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}") from error
     return StateRepartition(status.state_partitions, partitions, dropped, clock() - started)
+
+
+def _after_failed_repartition(spark: SparkSession, checkpoint: str, before: CheckpointStatus,
+                              repartition: Repartitioner) -> None:
+    """After a failed repartition: finish the batch it left unfinished, if it left one (the
+    reason to finish rather than drop it: `recover_unfinished_repartition`); when that fails too,
+    drop it, as before the repartition."""
+    try:
+        if recover_unfinished_repartition(spark, checkpoint, repartition=repartition) is not None:
+            return
+    except Exception as error:  # noqa: BLE001 - report the repartition's own error, not this one
+        log.warning("state: could not finish the failed repartition of %s: %s", checkpoint, error)
+    _drop_unfinished_repartition(spark, checkpoint, before)
 
 
 def _drop_unfinished_repartition(spark: SparkSession, checkpoint: str, before: CheckpointStatus) -> None:
