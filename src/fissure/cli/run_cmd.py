@@ -49,7 +49,8 @@ def register(subparsers) -> None:
     parser.add_argument("--sink", help="output directory (Parquet, one folder per batch); default: print results")
     parser.add_argument("--dead-letters", help="directory for dead letters (JSON); default: counted and kept in memory")
     parser.add_argument("--plan", default="planner", help="planner (default), sequential, or a JSON plan file")
-    parser.add_argument("--master", default="local[*]", help="Spark master URL (default: local[*])")
+    parser.add_argument("--master", default="local[*,4]",
+                        help="Spark master URL (default: local[*,4]: every core, a failed task tried up to 4 times)")
     parser.add_argument("--checkpoint", help="checkpoint directory (restart from it; default: in the run directory)")
     parser.add_argument("--run-dir", help="directory for Spark's log and the default checkpoint "
                                           "(default: a new temporary directory)")

@@ -26,8 +26,15 @@ ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateS
 class RunnerConfig:
     """How fissure runs a pipeline on Spark. Every field has a default that works out of the box."""
 
-    # Master of the SparkSession fissure creates when the caller passes none (embedded default).
-    master: str = "local[*]"
+    # Master of the SparkSession fissure creates when the caller passes none (embedded default):
+    # local mode on every core, each task tried up to 4 times (Spark's `local[N,F]` form; a plain
+    # `local[N]` never retries a failed task). A master given here is used as given.
+    master: str = "local[*,4]"
+    # Times `fissure.run` starts the query again on its checkpoint after a Python worker process
+    # died (a crash, not an exception): Spark does not retry the tasks of a streaming query's
+    # pipelined stages (one attempt each, measured on 4.3), so a transient crash would end the
+    # stream. A deterministic crash fails again and the run ends with its cause.
+    query_restarts: int = 3
     app_name: str = "fissure"
     # Time between micro-batch starts; 0 starts the next batch as soon as the last one ends.
     trigger_interval_s: float = 0.0
@@ -83,5 +90,7 @@ class RunnerConfig:
             raise ValueError(f"batch_latency_bound_s must be positive, got {self.batch_latency_bound_s!r}")
         if self.trigger_interval_s < 0 or self.progress_interval_s <= 0:
             raise ValueError("trigger_interval_s must be >= 0 and progress_interval_s > 0")
+        if self.query_restarts < 0:
+            raise ValueError(f"query_restarts must be >= 0, got {self.query_restarts!r}")
         if self.dead_letters_kept < 0 or self.default_state_partitions < 1:
             raise ValueError("dead_letters_kept must be >= 0 and default_state_partitions >= 1")

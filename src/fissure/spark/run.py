@@ -12,6 +12,9 @@ execution order), a Plan or a plan file. `adaptive=True` re-plans while it runs
 
 from __future__ import annotations
 
+import logging
+import shutil
+import tempfile
 from collections.abc import Iterable, Mapping
 
 from pyspark.sql import SparkSession
@@ -22,7 +25,11 @@ from fissure.spark.adaptive import run_adaptive_on_spark
 from fissure.spark.config import RunnerConfig
 from fissure.spark.graph_autopipeline import GraphAutopipeliner
 from fissure.spark.runner import Runner, RunReport
+from fissure.spark.session import WORKER_CRASH
 from fissure.streamgraph import StreamGraph, as_graph
+
+
+log = logging.getLogger(__name__)
 
 
 class _FromConfig:
@@ -65,18 +72,44 @@ def run(program: Pipeline | StreamGraph, source=None, sink=None, *, plan: object
                                      estimates=estimates, config=config, available_now=available_now,
                                      timeout_s=timeout_s, progress=progress, profile=profile,
                                      profile_log=profile_log, adaptive_config=adaptive_config, run_dir=run_dir)
-    runner = Runner(program, source, sink, plan=plan, checkpoint=checkpoint, spark=spark, dead_letters=dead_letters,
-                    estimates=estimates, config=config, progress=progress, profile=profile, profile_log=profile_log,
-                    boundaries=boundaries, state_partitions=state_partitions, profile_pieces=autopipeline)
-    loop = GraphAutopipeliner(runner, autopipeline_config).attach() if autopipeline else None
+    owned_checkpoint = checkpoint is None
+    checkpoint = checkpoint or tempfile.mkdtemp(prefix="fissure-checkpoint-")
+    restarts = 0
     try:
-        runner.start(available_now=available_now)
-        runner.await_termination(timeout_s)
+        while True:
+            runner = Runner(program, source, sink, plan=plan, checkpoint=checkpoint, spark=spark,
+                            dead_letters=dead_letters, estimates=estimates, config=config, progress=progress,
+                            profile=profile, profile_log=profile_log, boundaries=boundaries,
+                            state_partitions=state_partitions, profile_pieces=autopipeline)
+            spark = runner.spark
+            loop = GraphAutopipeliner(runner, autopipeline_config).attach() if autopipeline else None
+            try:
+                runner.start(available_now=available_now)
+                runner.await_termination(timeout_s)
+            except Exception as error:
+                crash = worker_crash(error)
+                runner.stop()
+                if crash is None or restarts >= config.query_restarts:
+                    raise
+                restarts += 1
+                log.warning("fissure: the query failed (%s); restart %d of %d on the checkpoint %s",
+                            crash, restarts, config.query_restarts, checkpoint)
+                continue
+            finally:
+                if loop is not None:
+                    runner.decisions = tuple(loop.decisions)
+            return runner.stop()
     finally:
-        if loop is not None:
-            runner.decisions = tuple(loop.decisions)
-        report = runner.stop()
-    return report
+        if owned_checkpoint:
+            shutil.rmtree(checkpoint, ignore_errors=True)
+
+
+def worker_crash(error: BaseException) -> str | None:
+    """The crash line of a failure caused by a Python worker process dying (None: another failure)."""
+    for line in str(error).splitlines():
+        if WORKER_CRASH in line:
+            return line[line.index(WORKER_CRASH):].split(". Consider")[0].strip()
+    return None
 
 
 def run_graph(graph: StreamGraph, sources, sinks, **options) -> RunReport:

@@ -49,6 +49,7 @@ from fissure.spark.plans import describe_plan, plan_line, resolve_plan
 from fissure.spark.session import QUERY_DEFAULTS, create_session, default_parallelism, is_local
 from fissure.spark.sinks import DeadLetterLog, write_dead_letters
 from fissure.spark.sources import open_source
+from fissure.spark.state import RepartitionRecovery, checkpoint_exists, delete_checkpoint, recover_unfinished_repartition
 from fissure.streamgraph import StreamGraph, as_graph
 from fissure.worker.elastic_stage import BatchThreadLevels
 from fissure.worker.columns import DEAD_OPERATOR
@@ -176,6 +177,24 @@ def ship_operator_modules(program: Pipeline | StreamGraph) -> None:
         cloudpickle.register_pickle_by_value(module)
 
 
+def check_serializable(program: Pipeline | StreamGraph) -> None:
+    """Every operator's function and state_factory pickle as Spark will send them to its workers;
+    one that does not fails here, named, before any query starts."""
+    from pyspark import cloudpickle
+
+    for operator in program.operators:
+        for role, fn in (("function", operator.fn), ("state_factory", operator.state_factory)):
+            if fn is None:
+                continue
+            try:
+                cloudpickle.dumps(fn)
+            except Exception as error:  # noqa: BLE001 - any pickling failure is the same to the user
+                raise PipelineError(
+                    f"operator {operator.name!r}: its {role} cannot be serialized for Spark's workers"
+                    f" ({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}); a closure"
+                    f" must not capture open files, locks, sockets, sessions or generators") from error
+
+
 def _resource_profiles(session: SparkSession):
     """ResourceProfile factory for PEs of several processes where Spark honours per-stage CPUs.
 
@@ -277,6 +296,7 @@ class Runner:
         self.show_progress = sys.stderr.isatty() if progress is None else progress
         self.query_name = query_name
         self.query = None
+        self.recovery: RepartitionRecovery | None = None  # an unfinished repartition start() finished
         self.compiled: CompiledGraph | None = None
         self._seen_batches: dict[int, int] = {}
         self._batch_seconds: dict[int, float] = {}
@@ -293,14 +313,32 @@ class Runner:
 
     # --- lifecycle ---------------------------------------------------------------------------
     def start(self, available_now: bool = False):
-        """Compile the plan and start the query; returns the StreamingQuery."""
+        """Compile the plan and start the query; returns the StreamingQuery.
+
+        A checkpoint whose newest batch is a state repartition a dead process left unfinished is
+        recovered first (`fissure.spark.state.recover_unfinished_repartition`: `self.recovery`).
+        When starting fails, a checkpoint directory this call created is removed again (one that
+        existed before is left as it was)."""
+        created = self._temporary_checkpoint or not checkpoint_exists(self.spark, self.checkpoint)
+        try:
+            return self._start(available_now)
+        except BaseException:
+            if self.query is not None and self.query.isActive:
+                self.query.stop()
+            if created:
+                delete_checkpoint(self.spark, self.checkpoint)
+            raise
+
+    def _start(self, available_now: bool):
         ship_operator_modules(self.program)
+        check_serializable(self.program)
         state_partitions = self.state_partitions
         for name, value in {**QUERY_DEFAULTS,
                             "spark.sql.streaming.stateStore.providerClass": self.config.state_store_provider,
                             # Read only when the checkpoint is new: a checkpoint keeps its own value.
                             "spark.sql.shuffle.partitions": str(state_partitions)}.items():
             self.spark.conf.set(name, value)
+        self.recovery = recover_unfinished_repartition(self.spark, self.checkpoint)
         profiling = None
         if self.profile_settings is not None or self.profile_pieces:
             self.accumulator = self.spark.sparkContext.accumulator(ProfileTally(), ProfileTallyParam())

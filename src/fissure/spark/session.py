@@ -26,6 +26,10 @@ SESSION_DEFAULTS = {
     "spark.sql.shuffle.partitions": "2",
     "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
     "spark.sql.session.timeZone": "UTC",
+    # A Python worker that dies leaves its fault-handler log in the task's error: a Python
+    # traceback for a fatal signal, and the operator fissure noted as running (mark_running).
+    "spark.python.worker.faulthandler.enabled": "true",
+    "spark.sql.execution.pyspark.udf.faulthandler.enabled": "true",
 }
 
 # Set on the session before every query fissure starts.
@@ -94,6 +98,11 @@ WRAPPING_ERRORS = ("Py4JJavaError", "Py4JException", "StreamingQueryException", 
                    "PythonException", "SparkException")
 
 
+# What Spark says when a Python worker process died (os._exit, a signal, the OOM killer) instead
+# of raising an error.
+WORKER_CRASH = "Python worker exited unexpectedly"
+
+
 def describe_failure(error: BaseException, spark_log: str | None = None) -> str:
     """A few lines for people about a failed run; the full traceback is appended to `spark_log`.
 
@@ -105,6 +114,14 @@ def describe_failure(error: BaseException, spark_log: str | None = None) -> str:
     first = lines[0] if len(lines[0]) <= 160 else lines[0][:159] + "…"
     summary = f"{type(error).__name__}: {first}"
     causes = [cause for cause in map(_error_in_line, lines) if cause]
+    crash = next((line for line in lines if WORKER_CRASH in line), None)
+    if crash is not None:
+        # A dead worker process leaves no Python error; its cause is the crash itself.
+        cause = crash[crash.index(WORKER_CRASH):].split(". Consider")[0].split(": fissure:")[0].strip()
+        running = [line for line in lines if "fissure: operator " in line and line.endswith("was running")]
+        if running:  # fissure's note in the worker's fault-handler log (fissure.worker.records.mark_running)
+            cause += " while " + running[-1][running[-1].index("fissure: operator ") + len("fissure: "):]
+        causes.append(cause)
     if causes and causes[-1] not in summary:
         summary += f"\n  caused by {causes[-1][:300]}"
     if spark_log:
@@ -126,7 +143,8 @@ def _error_in_line(line: str) -> str | None:
     short_name = name.rsplit(".", 1)[-1]
     if not separator or not name.replace(".", "").replace("$", "").isidentifier():
         return None
-    if not short_name.endswith(("Error", "Exception")) or short_name in WRAPPING_ERRORS:
+    if (not short_name.endswith(("Error", "Exception")) and short_name not in ("SystemExit", "KeyboardInterrupt")
+            or short_name in WRAPPING_ERRORS):
         return None
     return f"{short_name}: {message}"
 

@@ -91,6 +91,24 @@ class _CheckpointFiles:
     def delete(self, *parts: str) -> bool:
         return bool(self._fs.delete(self._path(*parts), False))
 
+    def exists(self) -> bool:
+        return bool(self._fs.exists(self._root))
+
+    def delete_tree(self) -> bool:
+        return bool(self._fs.delete(self._root, True))
+
+
+def checkpoint_exists(spark: SparkSession, checkpoint: str) -> bool:
+    return _CheckpointFiles(spark, checkpoint).exists()
+
+
+def delete_checkpoint(spark: SparkSession, checkpoint: str) -> None:
+    """Remove a checkpoint directory and everything in it (one fissure created)."""
+    try:
+        _CheckpointFiles(spark, checkpoint).delete_tree()
+    except Exception as error:  # noqa: BLE001 - report the start's own error, not this one
+        log.warning("state: could not remove %s: %s", checkpoint, error)
+
 
 def offset_entry_state_partitions(text: str) -> int | None:
     """S from an offset-log entry (`v1`, then the batch metadata JSON with its `conf`, then offsets)."""
@@ -111,6 +129,89 @@ def checkpoint_status(spark: SparkSession, checkpoint: str) -> CheckpointStatus:
     last = offsets[-1] if offsets else None
     partitions = offset_entry_state_partitions(files.read("offsets", str(last))) if last is not None else None
     return CheckpointStatus(last, commits[-1] if commits else None, partitions)
+
+
+@dataclass(frozen=True)
+class UnfinishedRepartition:
+    """A checkpoint whose newest batch is an offline state repartition that never committed (the
+    process running it died): Spark refuses to start a query on it
+    (STREAMING_UNFINISHED_REPARTITION_DETECTED) until the repartition is run again to its end."""
+
+    batch: int  # the repartition's batch (newest offset-log entry, no commit)
+    last_committed: int  # the batch before it, committed
+    partitions_before: int | None
+    partitions_after: int  # what the interrupted repartition was asked for
+
+    def describe(self) -> str:
+        return (f"batch {self.batch} is a state repartition from {self.partitions_before} to {self.partitions_after}"
+                f" partitions that did not finish (last committed batch {self.last_committed})")
+
+
+def _offsets_part(text: str) -> list[str]:
+    """An offset-log entry's source offsets (the lines after its version and metadata)."""
+    return text.splitlines()[2:]
+
+
+def unfinished_repartition(spark: SparkSession, checkpoint: str) -> UnfinishedRepartition | None:
+    """The checkpoint's unfinished state repartition, if its newest batch is one.
+
+    Spark's repartitioner writes batch N+1 with the offsets of batch N (it reads no input) and the
+    new partition count, then the state of every new partition, then N+1's commit. A newest entry
+    without a commit whose offsets equal the committed batch before it and whose state partitions
+    differ is such a batch: an ordinary batch always reads new offsets, and a no-data batch keeps
+    the partitions.
+    """
+    files = _CheckpointFiles(spark, checkpoint)
+    offsets, commits = files.batch_ids("offsets"), files.batch_ids("commits")
+    if len(offsets) < 2:
+        return None
+    last, before = offsets[-1], offsets[-1] - 1
+    if (commits and commits[-1] >= last) or before not in offsets or before not in commits:
+        return None
+    last_text, before_text = files.read("offsets", str(last)), files.read("offsets", str(before))
+    after, previous = offset_entry_state_partitions(last_text), offset_entry_state_partitions(before_text)
+    if after is None or after == previous or _offsets_part(last_text) != _offsets_part(before_text):
+        return None
+    return UnfinishedRepartition(last, before, previous, after)
+
+
+@dataclass(frozen=True)
+class RepartitionRecovery:
+    """What `recover_unfinished_repartition` found and did."""
+
+    unfinished: UnfinishedRepartition
+    action: str  # "finished": the repartition was run again to its end
+    reason: str
+
+
+def recover_unfinished_repartition(spark: SparkSession, checkpoint: str, *,
+                                   repartition: Repartitioner | None = None) -> RepartitionRecovery | None:
+    """Finish a state repartition a dead process left unfinished in `checkpoint` (None: there was none).
+
+    Finished, not undone: the interrupted repartition may already have written the new
+    partitions' state (a snapshot of version N+2 in each); undoing it by dropping batch N+1 would
+    let the query re-run N+1 under the old partitions while those snapshots stay, and the state
+    store loads the newest snapshot of a version, not the changelog N+1 writes next to it: keys
+    would go missing. Running the repartition again with the same partition count is what Spark
+    prescribes (LAST_BATCH_ABANDONED_REPARTITION): it reads the committed state of batch N again,
+    rewrites every new partition and commits N+1; the source offsets stay N's, so the next batch
+    reads exactly the input after N: nothing lost, nothing twice.
+    """
+    found = unfinished_repartition(spark, checkpoint)
+    if found is None:
+        return None
+    repartition = repartition or spark_repartitioner
+    try:
+        repartition(spark, checkpoint, found.partitions_after)
+    except Exception as error:
+        raise StateRepartitionError(
+            f"{checkpoint}: {found.describe()}, and running it again failed: {type(error).__name__}: "
+            f"{str(error).splitlines()[0] if str(error) else ''}") from error
+    recovery = RepartitionRecovery(found, "finished", "Spark refuses a query on an unfinished repartition, and "
+                                   "undoing one that wrote state would lose keys")
+    log.warning("state: recovered %s: %s; finished it (the state now has %d partitions)", checkpoint,
+                found.describe(), found.partitions_after)
+    return recovery
 
 
 def drop_abandoned_batch(spark: SparkSession, checkpoint: str, batch_id: int) -> None:
@@ -167,11 +268,24 @@ def repartition_state(spark: SparkSession, checkpoint: str, partitions: int, *,
     try:
         repartition(spark, checkpoint, partitions)
     except Exception as error:
-        _drop_unfinished_repartition(spark, checkpoint, status)
+        _after_failed_repartition(spark, checkpoint, status, repartition)
         raise StateRepartitionError(
             f"repartitioning the state of {checkpoint} from {status.state_partitions} to {partitions} partitions"
             f" failed: {type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}") from error
     return StateRepartition(status.state_partitions, partitions, dropped, clock() - started)
+
+
+def _after_failed_repartition(spark: SparkSession, checkpoint: str, before: CheckpointStatus,
+                              repartition: Repartitioner) -> None:
+    """After a failed repartition: finish the batch it left unfinished, if it left one (the
+    reason to finish rather than drop it: `recover_unfinished_repartition`); when that fails too,
+    drop it, as before the repartition."""
+    try:
+        if recover_unfinished_repartition(spark, checkpoint, repartition=repartition) is not None:
+            return
+    except Exception as error:  # noqa: BLE001 - report the repartition's own error, not this one
+        log.warning("state: could not finish the failed repartition of %s: %s", checkpoint, error)
+    _drop_unfinished_repartition(spark, checkpoint, before)
 
 
 def _drop_unfinished_repartition(spark: SparkSession, checkpoint: str, before: CheckpointStatus) -> None:

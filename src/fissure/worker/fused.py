@@ -30,7 +30,8 @@ import pyarrow.compute as pc
 
 from fissure.worker.columns import DEAD_ERROR, DEAD_OPERATOR, DEAD_RECORD, SEQ, carried_schema
 from fissure.worker.profiling import StageProfile
-from fissure.worker.records import DeadLetter, describe_error, flat_map_emitted, record_text
+from fissure.worker.records import (DeadLetter, describe_error, flat_map_emitted, mark_running,
+                                    operator_stopped, record_text)
 
 
 RECORD_ACTIONS = ("map", "filter", "flat_map")
@@ -72,6 +73,7 @@ def run_record_steps(steps: Sequence[Step], records: Sequence[dict], seqs: Seque
         if not current:
             break
         action, fn = step.action, step.fn
+        mark_running(step.name)
         following: list = []
         following_seqs: list[int] = []
         dead_before = len(dead)
@@ -99,6 +101,8 @@ def run_record_steps(steps: Sequence[Step], records: Sequence[dict], seqs: Seque
                         following_seqs.extend([seq] * len(emitted))
                 except Exception as error:  # noqa: BLE001 - any user error becomes a dead letter
                     dead.append(DeadLetter(step.name, describe_error(error), record_text(item), seq))
+                except (SystemExit, KeyboardInterrupt) as error:
+                    raise operator_stopped(step.name, error) from error
         if observe is not None:
             cpu_s = time.thread_time() - cpu_started_s if timed else 0.0
             wall_s = time.perf_counter() - wall_started_s if timed else 0.0
@@ -315,6 +319,7 @@ def _call_batch_step(step: Step, data: pa.RecordBatch) -> pa.RecordBatch | pa.Ar
 def run_batch_step(step: Step, data: pa.RecordBatch, seqs: list[int],
                    dead: list[DeadLetter]) -> tuple[pa.RecordBatch, list[int]]:
     """A per-batch step; if it raises on the batch, row by row, so only the bad rows go dead."""
+    mark_running(step.name)
     try:
         result = _call_batch_step(step, data)
         if step.action == "filter_batches":
@@ -322,6 +327,8 @@ def run_batch_step(step: Step, data: pa.RecordBatch, seqs: list[int],
         return result, seqs
     except Exception:  # noqa: BLE001 - retried row by row below
         pass
+    except (SystemExit, KeyboardInterrupt) as error:
+        raise operator_stopped(step.name, error) from error
     pieces, kept_seqs = [], []
     for row, seq in enumerate(seqs):
         single = data.slice(row, 1)

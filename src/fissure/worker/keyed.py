@@ -20,7 +20,8 @@ import pyarrow.compute as pc
 
 from fissure.worker.columns import SEQ
 from fissure.worker.fused import assemble, dead_letter_batch, live_batch, records_to_batch, reshape_dead, split_dead
-from fissure.worker.records import DeadLetter, describe_error, normalize_emitted, record_text
+from fissure.worker.records import (DeadLetter, OperatorFailedError, describe_error, mark_running,
+                                    normalize_emitted, operator_stopped, record_text)
 
 
 @dataclass(frozen=True)
@@ -45,7 +46,21 @@ class GroupResult:
 
 
 def load_state(step: StatefulStep, stored: bytes | None) -> Any:
-    return step.state_factory() if stored is None else pickle.loads(stored)
+    if stored is not None:
+        return pickle.loads(stored)
+    try:
+        return step.state_factory()
+    except Exception as error:
+        raise OperatorFailedError(f"operator {step.name!r}: its state_factory raised {describe_error(error)}") from error
+
+
+def dump_state(step: StatefulStep, key: str, state: Any) -> bytes:
+    try:
+        return pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception as error:
+        raise OperatorFailedError(
+            f"operator {step.name!r}: the state of key {key!r} cannot be pickled ({type(error).__name__}: {error});"
+            f" keep values pickle can store (no open files, locks, sockets, generators or lambdas)") from error
 
 
 def key_text(record: Mapping, fields: Sequence[str]) -> str:
@@ -133,6 +148,7 @@ def _run(step: StatefulStep, batch: pa.RecordBatch, group: Callable[[list[dict]]
         ordered = live.take(pc.sort_indices(live, sort_keys=sort_keys))
         inputs = ordered.select(step.input_schema.names).to_pylist()
         input_seqs = ordered.column(ordered.schema.get_field_index(SEQ)).to_pylist()
+        mark_running(step.name)
         for key, positions in group(inputs).items():
             if key is None:  # records without a key value
                 for position in positions:
@@ -148,9 +164,11 @@ def _run(step: StatefulStep, batch: pa.RecordBatch, group: Callable[[list[dict]]
                 except Exception as error:  # noqa: BLE001 - a bad record becomes a dead letter
                     dead.append(DeadLetter(step.name, describe_error(error), record_text(record), seq))
                     continue
+                except (SystemExit, KeyboardInterrupt) as error:
+                    raise operator_stopped(step.name, error) from error
                 records.extend(emitted)
                 seqs.extend([seq] * len(emitted))
-            store(key, pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL))
+            store(key, dump_state(step, key, state))
     data, seqs = records_to_batch(records, seqs, step.output_schema, step.name, dead)
     emitted_batch = live_batch(data, seqs)
     return assemble(

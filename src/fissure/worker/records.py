@@ -5,6 +5,7 @@ operator that emits records returned, as a list (`normalize_emitted`, `flat_map_
 from __future__ import annotations
 
 import json
+import os
 import traceback
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -27,6 +28,34 @@ def describe_error(error: BaseException) -> str:
     frames = traceback.extract_tb(error.__traceback__)
     where = f" (at {frames[-1].filename}:{frames[-1].lineno} in {frames[-1].name})" if frames else ""
     return f"{type(error).__name__}: {error}{where}"
+
+
+class OperatorFailedError(RuntimeError):
+    """An operator failed in a way that is no record's fault and ends the run, named in the message:
+    it raised SystemExit or KeyboardInterrupt (an operator may not end its worker process), its
+    state_factory raised, or its state cannot be pickled."""
+
+
+def operator_stopped(operator: str, error: BaseException) -> OperatorFailedError:
+    return OperatorFailedError(f"operator {operator!r} raised {describe_error(error)}; an operator may not end its"
+                               f" worker process (raise an Exception to make the record a dead letter)")
+
+
+def mark_running(operator: str) -> None:
+    """Note which operator starts running in this worker process, in the fault-handler log Spark
+    reads when the process dies (`spark.python.worker.faulthandler.enabled`): a crash then names
+    the operator that was running. Once per operator and batch; nothing without that log."""
+    directory = os.environ.get("PYTHON_FAULTHANDLER_DIR")
+    if not directory:
+        return
+    path = os.path.join(directory, str(os.getpid()))
+    if not os.path.exists(path):  # only the log Spark opened for this process (removed after the task)
+        return
+    try:
+        with open(path, "a", encoding="utf-8") as log:
+            log.write(f"fissure: operator {operator!r} was running\n")
+    except OSError:
+        pass
 
 
 def record_text(record: object) -> str:

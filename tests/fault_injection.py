@@ -1,0 +1,219 @@
+"""Fault injection: `kill -9` of a driver process at chosen moments, restarts on the same
+checkpoint until the input is consumed, and the sink compared with a plain-Python reference.
+
+Used by tests/test_faults.py and benchmarks/reliability.py (which tries more kill points). The
+program is a word count: `norm` (stateless) then `count` (per-word running count, keyed state);
+as a graph it also sends the normalized words through a filter to a second sink. Plans:
+"sequential", "replicated" (the keyed region x2: two state partitions), "planner", and
+"adaptive" (starts sequential, and the adaptive loop is made to switch to the replicated plan at
+batch 1: a stop, an offline state repartition 1 -> 2 and a restart). Kill moments: "random" (a
+seeded delay after the first committed batch), "repartition" (as soon as the checkpoint shows
+the state repartition's batch, or its new partition), "switch" (as soon as the adaptive switch
+stopped the first query: its abandoned batch).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+WORDS = 4
+FILES = 8
+PER_FILE = 12
+
+DRIVER = textwrap.dedent("""
+    import sys, time
+    import fissure
+    from fissure import Pipeline, StreamGraph
+    from fissure.control.adaptive.config import AdaptiveConfig
+    from fissure.spark.sinks import FileSink
+    from fissure.spark.sources import FileSource
+
+    inputs, sink, checkpoint, plan_name, program = sys.argv[1:6]
+
+    def norm(record):
+        time.sleep(0.005)
+        return {"word": record["word"].lower(), "i": record["i"]}
+
+    def count(state, record):
+        state["n"] = state.get("n", 0) + 1
+        return {"word": record["word"], "i": record["i"], "n": state["n"]}
+
+    def even(record):
+        return record["i"] % 2 == 0
+
+    COUNTED = {"word": str, "i": int, "n": int}
+    SEQUENTIAL = {"regions": [{"pipelines": [["norm", "count"]], "replicas": 1}]}
+    REPLICATED = {"regions": [{"pipelines": [["norm"]], "replicas": 1}, {"pipelines": [["count"]], "replicas": 2}]}
+    if program == "graph":
+        graph = StreamGraph("wordcount-graph")
+        words = graph.source("words", schema={"word": str, "i": int}).map("norm", norm)
+        words.partitioned("count", count, key="word", schema=COUNTED).sink("counts")
+        words.filter("even", even).sink("evens")
+        SEQUENTIAL = {"regions": [{"pipelines": [["norm", "even", "count"]], "replicas": 1}]}
+        REPLICATED = {"regions": [{"pipelines": [["norm", "even"]], "replicas": 1}, {"pipelines": [["count"]], "replicas": 2}]}
+        sinks = {"counts": FileSink(sink + "/counts"), "evens": FileSink(sink + "/evens")}
+        source = {"words": FileSource(inputs, format="json", schema={"word": str, "i": int}, max_files_per_trigger=1)}
+    else:
+        graph = Pipeline("wordcount").map("norm", norm).partitioned("count", count, key="word", schema=COUNTED)
+        sinks = FileSink(sink + "/counts")
+        source = FileSource(inputs, format="json", schema={"word": str, "i": int}, max_files_per_trigger=1)
+    config = fissure.RunnerConfig(master="local[2]")
+    common = dict(checkpoint=checkpoint, config=config, available_now=True, progress=False)
+    if plan_name == "adaptive":
+        from fissure.spark.adaptive import run_adaptive_on_spark
+        from fissure.spark.plans import plan_from_json
+        hands_off = AdaptiveConfig(profile_batches=2, profile_s=1e9, evaluation_s=1e9, min_operator_samples=1)
+        run_adaptive_on_spark(graph, source, sinks, plan=SEQUENTIAL, adaptive_config=hands_off,
+                              injections={1: plan_from_json(REPLICATED)}, **common)
+    else:
+        plan = {"sequential": SEQUENTIAL, "replicated": REPLICATED}.get(plan_name, plan_name)
+        fissure.run(graph, source, sinks, plan=plan, **common)
+    print("done", flush=True)
+""")
+
+
+def words_input(directory: Path) -> list[dict]:
+    """The input files (one per micro-batch) and their records."""
+    directory.mkdir(parents=True, exist_ok=True)
+    records = [{"word": f"W{i % WORDS}" if i % 3 else f"w{i % WORDS}", "i": i} for i in range(FILES * PER_FILE)]
+    for number in range(FILES):
+        chunk = records[number * PER_FILE:(number + 1) * PER_FILE]
+        temporary = directory / f".part-{number:04d}.json.tmp"
+        temporary.write_text("".join(json.dumps(record) + "\n" for record in chunk))
+        os.utime(temporary, (1_700_000_000 + number, 1_700_000_000 + number))
+        temporary.rename(directory / f"part-{number:04d}.json")
+    return records
+
+
+def reference(records: list[dict]) -> tuple[list[dict], list[int]]:
+    """The program in plain Python: every count record, and the `i` of every even record."""
+    counts, out = {}, []
+    for record in records:
+        word = record["word"].lower()
+        counts[word] = counts.get(word, 0) + 1
+        out.append({"word": word, "i": record["i"], "n": counts[word]})
+    return out, [record["i"] for record in records if record["i"] % 2 == 0]
+
+
+def read_sink(path: Path) -> list[dict]:
+    import pyarrow.parquet as pq
+
+    if not path.is_dir():
+        return []
+    rows = pq.read_table(path).to_pylist()
+    return [{key: value for key, value in row.items() if key != "batch_id"} for row in rows]
+
+
+def committed_batches(path: Path) -> int:
+    if not path.is_dir():
+        return 0
+    return sum((path / entry / "_SUCCESS").exists() for entry in os.listdir(path))
+
+
+def repartition_started(checkpoint: Path) -> bool:
+    """The state repartition has begun: its batch is in the offset log (the new partition count),
+    or the new partition's state directory exists."""
+    if (checkpoint / "state" / "0" / "1").is_dir():
+        return True
+    offsets = checkpoint / "offsets"
+    if not offsets.is_dir():
+        return False
+    for name in os.listdir(offsets):
+        if name.isdigit():
+            try:
+                lines = (offsets / name).read_text().splitlines()
+                if len(lines) > 1 and json.loads(lines[1]).get("conf", {}).get("spark.sql.shuffle.partitions") == "2":
+                    return True
+            except (OSError, ValueError):
+                continue
+    return False
+
+
+def switch_started(checkpoint: Path, sink: Path) -> bool:
+    """The adaptive switch has stopped the first query: batch 1 committed and batch 2 logged
+    without a commit (the abandoned batch), or the repartition already begun."""
+    return (committed_batches(sink) >= 2 and (checkpoint / "offsets" / "2").exists()
+            and not (checkpoint / "commits" / "2").exists()) or repartition_started(checkpoint)
+
+
+@dataclass(frozen=True)
+class KillOutcome:
+    plan: str
+    program: str
+    moment: str
+    seed: int
+    killed: bool  # the kill point was reached while the driver ran
+    restarts: int  # drivers started after the kill until the input was consumed
+    passed: bool
+    detail: str = ""
+
+
+def run_case(work: Path, plan: str, program: str, moment: str, seed: int, *, max_delay_s: float = 6.0,
+             timeout_s: float = 300.0, python: str = sys.executable) -> KillOutcome:
+    """One kill point: start a driver, SIGKILL it at the moment, restart until the input is
+    consumed (each restart runs to its end), compare the sinks with the reference."""
+    work.mkdir(parents=True, exist_ok=True)
+    script = work / "driver.py"
+    script.write_text(DRIVER)
+    records = words_input(work / "in")
+    sink, checkpoint = work / "out", work / "ckpt"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+
+    def driver():
+        return subprocess.Popen([python, str(script), str(work / "in"), str(sink), str(checkpoint), plan, program],
+                                stdout=subprocess.DEVNULL, stderr=open(work / "driver.log", "ab"), env=env)
+
+    delay = random.Random(seed).uniform(0.0, max_delay_s)
+    first, killed = driver(), False
+    deadline = time.monotonic() + timeout_s
+    try:
+        reached_at = None
+        while first.poll() is None and time.monotonic() < deadline:
+            if moment == "random":
+                if reached_at is None and committed_batches(sink / "counts") >= 1:
+                    reached_at = time.monotonic()
+                hit = reached_at is not None and time.monotonic() - reached_at >= delay
+            elif moment == "repartition":
+                hit = repartition_started(checkpoint)
+            else:
+                hit = switch_started(checkpoint, sink / "counts")
+            if hit:
+                os.kill(first.pid, signal.SIGKILL)
+                killed = True
+                break
+            time.sleep(0.01)
+    finally:
+        if first.poll() is None and not killed:
+            first.kill()
+        first.wait()
+    restarts, code = 0, None
+    while restarts < 3 and code != 0:
+        restarts += 1
+        process = driver()
+        try:
+            code = process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+            code = None
+    expected_counts, expected_evens = reference(records)
+    counts = read_sink(sink / "counts")
+    problems = []
+    if code != 0:
+        problems.append(f"the restarted driver exited with {code}")
+    if sorted((r["word"], r["i"], r["n"]) for r in counts) != sorted((r["word"], r["i"], r["n"]) for r in expected_counts):
+        seen = sorted(r["i"] for r in counts)
+        problems.append(f"counts differ: {len(counts)} rows for {len(expected_counts)} inputs"
+                        f" ({len(seen) - len(set(seen))} duplicated)")
+    if program == "graph" and sorted(r["i"] for r in read_sink(sink / "evens")) != expected_evens:
+        problems.append("the evens sink differs")
+    return KillOutcome(plan, program, moment, seed, killed, restarts, not problems, "; ".join(problems))
