@@ -126,16 +126,19 @@ def is_alive(pid: int) -> bool:
 
 
 def children_of_this_process() -> dict[int, str]:
-    """pid -> state of every process whose parent is this one (zombies included)."""
+    """pid -> state of every process this one forked (zombies included). Children running another
+    program are left out: the JVM of a Spark session an earlier test started is one."""
     children = {}
+    own_program = os.readlink("/proc/self/exe")
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
                 with open(f"/proc/{entry}/stat") as stat_file:
                     fields = stat_file.read().rsplit(")", 1)[1].split()
-            except (FileNotFoundError, ProcessLookupError):
+                program = os.readlink(f"/proc/{entry}/exe") if fields[0] != "Z" else own_program
+            except (FileNotFoundError, ProcessLookupError, PermissionError):
                 continue
-            if int(fields[1]) == os.getpid():
+            if int(fields[1]) == os.getpid() and program == own_program:
                 children[int(entry)] = fields[0]
     return children
 
