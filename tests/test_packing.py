@@ -90,6 +90,15 @@ def test_multi_field_keys_bucket_on_all_fields():
     assert keys == [key_bucket(("x", i % 2), 64) for i in range(4)]
 
 
+def test_a_list_valued_key_buckets_on_its_text():
+    schema = pa.schema([pa.field(ROUTE, pa.int32()), pa.field(SEQ, pa.int64()), pa.field(DEAD_OPERATOR, pa.string()),
+                        pa.field("tags", pa.list_(pa.string()))])
+    batch = pa.RecordBatch.from_pylist([{ROUTE: 1, SEQ: i, DEAD_OPERATOR: None, "tags": ["a", str(i % 2)]}
+                                        for i in range(4)], schema=schema)
+    keys = grouping_keys(batch, PackSpec(1, ("tags",), 64, 1)).tolist()
+    assert keys == [key_bucket((["a", str(i % 2)],), 64) for i in range(4)]
+
+
 def test_unpacking_nothing_gives_an_empty_batch_of_the_schema():
     assert unpack([], SCHEMA).schema == SCHEMA
     assert pack(envelopes([]), PackSpec(1, ("word",), 64, 1)).num_rows == 0

@@ -62,10 +62,15 @@ def key_bucket(values: Sequence, buckets: int) -> int:
 
 def _buckets_of(batch: pa.RecordBatch, columns: Sequence[str], buckets: int) -> np.ndarray:
     if len(columns) == 1:  # the common case: one hash per distinct value, not per row
-        encoded = pc.dictionary_encode(batch.column(batch.schema.get_field_index(columns[0])), null_encoding="encode")
-        per_value = np.array([key_bucket((value,), buckets) for value in encoded.dictionary.to_pylist()] or [0],
-                             dtype=np.int32)
-        return per_value[encoded.indices.to_numpy(zero_copy_only=False)]
+        try:
+            encoded = pc.dictionary_encode(batch.column(batch.schema.get_field_index(columns[0])),
+                                           null_encoding="encode")
+        except (pa.ArrowNotImplementedError, pa.ArrowInvalid):  # a type Arrow cannot encode (a list)
+            encoded = None
+        if encoded is not None:
+            per_value = np.array([key_bucket((value,), buckets) for value in encoded.dictionary.to_pylist()] or [0],
+                                 dtype=np.int32)
+            return per_value[encoded.indices.to_numpy(zero_copy_only=False)]
     values = [batch.column(batch.schema.get_field_index(name)).to_pylist() for name in columns]
     cache: dict = {}
     result = np.empty(batch.num_rows, dtype=np.int32)
