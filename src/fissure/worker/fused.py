@@ -31,7 +31,7 @@ import pyarrow.compute as pc
 from fissure.worker.columns import DEAD_ERROR, DEAD_OPERATOR, DEAD_RECORD, SEQ, carried_schema
 from fissure.worker.profiling import StageProfile
 from fissure.worker.records import (DeadLetter, describe_error, flat_map_emitted, mark_running,
-                                    operator_stopped, record_text)
+                                    operator_stopped, record_text, shown_value)
 
 
 RECORD_ACTIONS = ("map", "filter", "flat_map")
@@ -228,14 +228,9 @@ def _exact_types(records: list, seqs: list[int], checks: Sequence[_FieldCheck], 
                 else:
                     takes, got = f"items: {check.takes}", "an item "
                 problems.append(f"field {check.name!r} is declared {check.declared} ({takes}), "
-                                f"got {got}{type(bad).__name__} {_shown(bad)}")
+                                f"got {got}{type(bad).__name__} {shown_value(bad)}")
         dead.append(DeadLetter(operator, "SchemaMismatch: " + "; ".join(problems), record_text(record), seq))
     return kept, kept_seqs
-
-
-def _shown(value: object) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def records_to_batch(records: list, seqs: list[int], schema: pa.Schema, operator: str,

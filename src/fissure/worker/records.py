@@ -69,7 +69,8 @@ def record_text(record: object) -> str:
 _NOT_RECORDS = (str, bytes, bytearray, memoryview)
 
 
-def _shown(value: object) -> str:
+def shown_value(value: object) -> str:
+    """A value's repr for an error message, cut at 60 characters."""
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
 
@@ -84,7 +85,7 @@ def normalize_emitted(emitted: object) -> list:
         return [emitted]
     if isinstance(emitted, _NOT_RECORDS) or not hasattr(emitted, "__iter__"):
         raise TypeError(f"the function must return a record (a dict), an iterable of records or None, "
-                        f"got {type(emitted).__name__} {_shown(emitted)}")
+                        f"got {type(emitted).__name__} {shown_value(emitted)}")
     return list(emitted)
 
 
@@ -99,5 +100,5 @@ def flat_map_emitted(emitted: object) -> list:
     if isinstance(emitted, (Mapping, *_NOT_RECORDS)) or not hasattr(emitted, "__iter__"):
         hint = "; for one record return [record]" if isinstance(emitted, Mapping) else ""
         raise TypeError(f"a flat_map must return an iterable of records (dicts) or None, "
-                        f"got {type(emitted).__name__} {_shown(emitted)}{hint}")
+                        f"got {type(emitted).__name__} {shown_value(emitted)}{hint}")
     return list(emitted)
