@@ -67,7 +67,26 @@ def create_session(config: RunnerConfig = RunnerConfig()) -> SparkSession:
         builder = builder.config(name, value)
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("WARN" if config.spark_log else "ERROR")
+    quiet_per_record_loggers(session)
     return session
+
+
+# Loggers that write a line per record or key at WARN: PySpark's state server warns of every
+# MapState read that finds no entry, that is of every key a keyed operator sees for the first time:
+# a synchronous log write on the state server's request path, per new key.
+PER_RECORD_LOGGERS = ("org.apache.spark.sql.execution.python.streaming.TransformWithStateInPySparkStateServer",)
+
+
+def quiet_per_record_loggers(session: SparkSession) -> None:
+    """Raise those loggers to ERROR in the driver's JVM (local mode's executors run there too; a
+    cluster's executors keep their own log4j configuration)."""
+    jvm = session.sparkContext._jvm
+    try:
+        level = jvm.org.apache.logging.log4j.Level.ERROR
+        for name in PER_RECORD_LOGGERS:
+            jvm.org.apache.logging.log4j.core.config.Configurator.setLevel(name, level)
+    except Exception:  # noqa: BLE001 - a JVM without log4j 2 keeps its logging as it is
+        pass
 
 
 def launch_jvm_with_output_to(log_path: str, settings: dict[str, str]) -> bool:
