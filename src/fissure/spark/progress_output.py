@@ -44,9 +44,10 @@ def is_terminal(stream: TextIO) -> bool:
 def terminal_columns(stream: TextIO) -> int | None:
     """The width a live line may take on `stream` (None: not a terminal, or its width unknown)."""
     try:
-        return os.get_terminal_size(stream.fileno()).columns - 1 if is_terminal(stream) else None
+        columns = os.get_terminal_size(stream.fileno()).columns if is_terminal(stream) else 0
     except (AttributeError, OSError, ValueError):
         return None
+    return columns - 1 if columns > 1 else None  # a terminal that reports no width (0): not cut
 
 
 def progress_fields(state: ProgressState, waiting_s: float, *, batch_first: bool = False) -> str:
