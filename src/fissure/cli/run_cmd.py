@@ -3,7 +3,7 @@
     fissure run examples/logwatch.py:build_pipeline --source logs/ --sink out/ --plan planner
     fissure run app.py:build --source 'rate://?rowsPerSecond=1000' --max-batches 20
     fissure run app.py:build --source socket://localhost:9999 --timeout 60
-    fissure run app.py:build --source kafka://localhost:9092/events --follow \
+    fissure run app.py:build --source kafka://localhost:9092/events --follow
         --packages org.apache.spark:spark-sql-kafka-0-10_2.13:4.3.0
 
 --source is a directory of files (--format, --schema), rate://?rowsPerSecond=N&numPartitions=N
