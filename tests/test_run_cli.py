@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -37,22 +38,30 @@ def test_fissure_run_end_to_end_quietly_with_spark_output_in_the_log(tmp_path):
     (tmp_path / "pipeline.py").write_text(PIPELINE_FILE)
     write_inputs(tmp_path / "in")
     run_dir, out = tmp_path / "run", tmp_path / "out"
-    finished = subprocess.run(
-        [sys.executable, "-m", "fissure", "run", f"{tmp_path / 'pipeline.py'}:build", "--source", str(tmp_path / "in"),
-         "--format", "json", "--schema", "user:str,i:int", "--sink", str(out), "--run-dir", str(run_dir),
-         "--master", "local[1]"],
-        capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    assert finished.returncode == 0, finished.stderr
+    with open(tmp_path / "stderr.txt", "w", encoding="utf-8") as stderr:  # a file, as in a CI log
+        finished = subprocess.run(
+            [sys.executable, "-m", "fissure", "run", f"{tmp_path / 'pipeline.py'}:build",
+             "--source", str(tmp_path / "in"), "--format", "json", "--schema", "user:str,i:int", "--sink", str(out),
+             "--run-dir", str(run_dir), "--master", "local[1]"],
+            stdout=subprocess.PIPE, stderr=stderr, text=True, timeout=300, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    error = (tmp_path / "stderr.txt").read_text()
+    assert finished.returncode == 0, error
     assert "6 records in 1 batch" in finished.stdout
     assert f"Spark's output: {run_dir / 'spark.log'}" in finished.stdout
     # Spark's JVM lines and its Python workers' chatter went to the log, not to the terminal.
     for noise in ("WARN", "log4j", "TransformWithStateInPandas"):
-        assert noise not in finished.stderr
+        assert noise not in error
     spark_log = (run_dir / "spark.log").read_text()
     assert "TransformWithStateInPandas" in spark_log
     # Keys seen for the first time (u0, u1) leave no line each: PySpark's state server warns of
     # every MapState miss, and fissure quiets that logger.
     assert "doesn't contain key" not in spark_log
+    # Progress in a file: plain lines, each starting with the ISO time; no redraws, no escape codes.
+    assert "\r" not in error and "\x1b" not in error
+    progress = [line for line in error.splitlines() if " fissure | " in line]
+    assert progress and all(re.match(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d[+-]\d\d:\d\d fissure \| ", line)
+                            for line in progress)
+    assert "batch 0 | " in progress[-1] and "| 6 records |" in progress[-1]
     rows = pq.read_table(out).to_pylist()
     assert sorted((row["user"], row["n"]) for row in rows) == [("u0", 1), ("u0", 2), ("u0", 3),
                                                               ("u1", 1), ("u1", 2), ("u1", 3)]

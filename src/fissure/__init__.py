@@ -26,6 +26,7 @@ _SPARK_EXPORTS = {
     "FileSource": "fissure.spark.sources",
     "RateSource": "fissure.spark.sources",
     "SocketSource": "fissure.spark.sources",
+    "KafkaSource": "fissure.spark.sources",
     "FileSink": "fissure.spark.sinks",
     "ForeachBatchSink": "fissure.spark.sinks",
     "ConsoleSink": "fissure.spark.sinks",

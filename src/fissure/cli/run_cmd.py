@@ -1,6 +1,21 @@
-"""`fissure run`: run a program on Spark from a file source to a sink, with a live progress line.
+"""`fissure run`: run a program on Spark from a source to a sink, showing its progress.
 
     fissure run examples/logwatch.py:build_pipeline --source logs/ --sink out/ --plan planner
+    fissure run app.py:build --source 'rate://?rowsPerSecond=1000' --max-batches 20
+    fissure run app.py:build --source socket://localhost:9999 --timeout 60
+    fissure run app.py:build --source kafka://localhost:9092/events --follow
+        --packages org.apache.spark:spark-sql-kafka-0-10_2.13:4.3.0
+
+--source is a directory of files (--format, --schema), rate://?rowsPerSecond=N&numPartitions=N
+(fields timestamp, value), socket://HOST:PORT (field value) or
+kafka://BROKERS/TOPICS?option=value&... (fields key and value as bytes, topic, partition, offset,
+timestamp, timestampType; needs Spark's Kafka connector: --packages). A rate or socket source
+never ends: --max-batches or --timeout ends the run (or ^C); a socket source is not re-planned
+while running (a restart would lose the lines it sent).
+
+Progress goes to standard error (--progress): on a terminal a live line redrawn in place,
+elsewhere (a file, a pipe, a CI log) plain lines each starting with the ISO time: one when the
+first batch completes, at each plan change and at the end, otherwise at most one per 10 s.
 
 The program is a Pipeline or a StreamGraph of one source; a graph's sinks are written to
 subdirectories of --sink named after them.
@@ -26,6 +41,8 @@ import sys
 import tempfile
 
 from fissure.cli import UsageError
+from fissure.cli.source_argument import parse_source_url, refuse_file_flags, source_of
+from fissure.control.progress import PROGRESS_MODES
 
 TYPES = {"str": str, "int": int, "float": float, "bool": bool}
 
@@ -35,8 +52,11 @@ def register(subparsers) -> None:
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("pipeline", help="FILE.py:FUNCTION or MODULE:FUNCTION returning a fissure Pipeline or "
                                          "StreamGraph")
-    parser.add_argument("--source", required=True, help="a directory of input files")
-    parser.add_argument("--format", default="text", choices=("text", "json", "csv", "parquet"))
+    parser.add_argument("--source", required=True,
+                        help="a directory of input files, or rate://?rowsPerSecond=N, socket://HOST:PORT, "
+                             "kafka://BROKERS/TOPICS?option=value")
+    parser.add_argument("--format", choices=("text", "json", "csv", "parquet"),
+                        help="the directory's file format (default: text)")
     parser.add_argument("--schema", help=f"source fields for json/csv/parquet: name:type,... ({', '.join(TYPES)})")
     batch = parser.add_mutually_exclusive_group()
     batch.add_argument("--files-per-batch", type=int, default=None, help="at most this many files per micro-batch")
@@ -55,7 +75,15 @@ def register(subparsers) -> None:
     parser.add_argument("--run-dir", help="directory for Spark's log and the default checkpoint "
                                           "(default: a new temporary directory)")
     parser.add_argument("--follow", action="store_true", help="keep running for new files (default: stop when done)")
-    parser.add_argument("--timeout", type=float, default=None, help="with --follow: stop after this many seconds")
+    parser.add_argument("--timeout", type=float, default=None,
+                        help="stop after this many seconds (with --follow, or a rate or socket source)")
+    parser.add_argument("--max-batches", type=int, default=None, metavar="N",
+                        help="stop after N micro-batches (a later one is left for a run on the checkpoint)")
+    parser.add_argument("--progress", choices=PROGRESS_MODES, default=None,
+                        help="auto (default): a live line on a terminal, timestamped lines elsewhere; "
+                             "live, lines, or off")
+    parser.add_argument("--packages", metavar="GROUP:ARTIFACT:VERSION,...",
+                        help="jars for Spark's JVM from Maven (spark.jars.packages), e.g. the Kafka connector")
     parser.add_argument("--json", action="store_true",
                         help="print the run's summary as one JSON object on the last line of standard output")
     parser.add_argument("--no-adapt", dest="adapt", action="store_false",
@@ -121,14 +149,29 @@ def handle(args) -> int:
     from fissure.graph import PipelineError
     from fissure.spark.plans import describe_plan
     from fissure.spark.session import describe_failure
+    from fissure.spark.sources import SourceUnavailable
 
     pipeline = load_pipeline(args.pipeline)
-    if not os.path.isdir(args.source):
-        raise UsageError(f"--source {args.source!r} is not a directory; give the directory the input files arrive in")
+    if args.max_batches is not None and args.max_batches < 1:
+        raise UsageError(f"--max-batches must be a positive integer, got {args.max_batches}")
+    source_url = parse_source_url(args.source)
+    if source_url is None and not os.path.isdir(args.source):
+        raise UsageError(f"--source {args.source!r} is not a directory; give the directory the input files arrive in "
+                         f"(or a rate://, socket:// or kafka:// URL)")
+    if source_url is not None:
+        refuse_file_flags(args, args.source)
+    adapt = args.adapt
+    if adapt and source_url is not None and not source_url.replayable:
+        print(f"fissure run: a {source_url.scheme} source cannot replay what it sent: the plan stays as it starts "
+              f"(as with --no-adapt)", file=sys.stderr)
+        adapt = False
     try:
-        source = fissure.FileSource(args.source, format=args.format, schema=parse_schema(args.schema),
-                                    max_files_per_trigger=args.files_per_batch,
-                                    max_bytes_per_trigger=args.kb_per_batch * 1024 if args.kb_per_batch else None)
+        if source_url is None:
+            source = fissure.FileSource(args.source, format=args.format or "text", schema=parse_schema(args.schema),
+                                        max_files_per_trigger=args.files_per_batch,
+                                        max_bytes_per_trigger=args.kb_per_batch * 1024 if args.kb_per_batch else None)
+        else:
+            source = source_of(source_url, args.source)
         config = fissure.RunnerConfig(master=args.master, batch_size="all" if args.all_per_batch else "auto",
                                       batch_latency_bound_s=args.latency_bound)
     except ValueError as error:
@@ -144,15 +187,18 @@ def handle(args) -> int:
         sink = {name: fissure.FileSink(os.path.join(args.sink, name)) if args.sink else fissure.ConsoleSink()
                 for name in pipeline.sinks}
     dead_letters = fissure.FileSink(args.dead_letters, format="json") if args.dead_letters else None
+    if args.packages:
+        config = dataclasses.replace(config, spark_conf={**config.spark_conf, "spark.jars.packages": args.packages})
     print(f"fissure run: starting Spark (its output goes to {spark_log})", file=sys.stderr)
     try:
         report = fissure.run(pipeline, source, sink, plan=args.plan,
                              checkpoint=args.checkpoint or os.path.join(run_dir, "checkpoint"),
                              dead_letters=dead_letters,
                              config=dataclasses.replace(config, spark_log=spark_log),
-                             available_now=not args.follow, timeout_s=args.timeout, progress=True,
-                             adaptive=args.adapt, run_dir=run_dir)
-    except PipelineError as error:
+                             available_now=not (args.follow or source_url is not None and source_url.endless),
+                             timeout_s=args.timeout, max_batches=args.max_batches, progress=args.progress or True,
+                             adaptive=adapt, run_dir=run_dir)
+    except (PipelineError, SourceUnavailable) as error:
         raise UsageError(str(error)) from None
     except KeyboardInterrupt:
         print(f"\nfissure run: interrupted; Spark's output: {spark_log}", file=sys.stderr)

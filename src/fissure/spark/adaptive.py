@@ -12,7 +12,8 @@ through the `QueryManager` (fissure.spark.adaptive_queries). Every batch waits a
 (fissure.spark.batch_gate) until the loop has decided on the batches before it, so a switch takes
 effect exactly at a batch boundary. Plans come from the Spark model (`SparkModelSearch`,
 fissure.spark.spark_model_search). The run writes `timeline.json` and `timeline.png` and returns
-an `AdaptiveRunReport`; `LiveLine` is `fissure run`'s live line meanwhile.
+an `AdaptiveRunReport`; `DecisionProgress` shows its progress meanwhile
+(fissure.spark.progress_output).
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ import json
 import logging
 import os
 import shutil
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -35,6 +35,7 @@ from fissure.control.adaptive.decisions import Decision
 from fissure.control.driver import Timeline, TimelineEntry, plot_timeline, run_adaptive
 from fissure.control.model_correction import Correction
 from fissure.control.plan_change import plan_fingerprint
+from fissure.control.progress import ProgressState, requested_mode
 from fissure.graph import OperatorEstimate, Pipeline
 from fissure.model.types import Machine, Plan
 from fissure.profile.settings import ProfileSettings
@@ -43,6 +44,7 @@ from fissure.spark.adaptive_queries import QueryManager, canonical_plan
 from fissure.spark.adaptive_realizer import SparkPlanRealizer, SwitchRecord
 from fissure.spark.config import RunnerConfig
 from fissure.spark.plans import resolve_plan
+from fissure.spark.progress_output import ProgressOutput
 from fissure.spark.runner import RunReport
 from fissure.spark.session import create_session, default_parallelism
 from fissure.spark.sources import RateSource, SourceLike
@@ -65,32 +67,31 @@ class AdaptiveRunReport(RunReport):
     correction: str | None = None  # the model correction learned from the measured plans, described
 
 
-class LiveLine:
-    """`fissure run`'s live line: throughput, batch, records, plan in force, last decision."""
+class DecisionProgress:
+    """`fissure run`'s progress during an adaptive run: throughput, batch, records, plan in force,
+    last decision; in the form and at the moments `output`'s policy chooses."""
 
-    def __init__(self, queries: QueryManager, observations: SparkObservations, show: bool) -> None:
-        self.queries, self.observations, self.show = queries, observations, show
-        self.last: str | None = None
+    def __init__(self, queries: QueryManager, observations: SparkObservations, output: ProgressOutput) -> None:
+        self.queries, self.observations, self.output = queries, observations, output
+        self.last: ProgressState | None = None
 
     def __call__(self, decision: Decision, entry: TimelineEntry) -> None:
-        rate = f"{entry.throughput_per_s:,.0f}" if entry.throughput_per_s is not None else "-"
-        self.last = (f"fissure | {rate} records/s | batch {entry.batch_id} | {self.observations.input_records:,} records"
-                     f" | {self.queries.dead_letter_log.count} dead letters | plan {decision.plan_in_force}"
-                     f" | {decision.action.value}: {decision.reason}")
-        if self.show:
-            width = shutil.get_terminal_size((160, 20)).columns - 1
-            print("\r" + self.last[:width] + "\x1b[K", end="", file=sys.stderr, flush=True)
+        self.last = ProgressState(batch_id=entry.batch_id, records_per_s=entry.throughput_per_s,
+                                  input_records=self.observations.input_records,
+                                  dead_letters=self.queries.dead_letter_log.count, plan=decision.plan_in_force,
+                                  decision=f"{decision.action.value}: {decision.reason}")
+        self.output.show(self.last)
 
     def close(self) -> None:
-        if self.show and self.last is not None:
-            print(file=sys.stderr)
+        self.output.close(self.last)
 
 
 def run_adaptive_on_spark(
     pipeline: Pipeline | StreamGraph, source: SourceLike, sink, *, plan: object = "sequential", checkpoint: str | None = None,
     spark: SparkSession | None = None, dead_letters=None, estimates: Mapping[str, OperatorEstimate] | None = None,
     config: RunnerConfig = RunnerConfig(), available_now: bool = True, timeout_s: float | None = None,
-    progress: bool | None = None, profile: ProfileSettings | None = ProfileSettings(), profile_log: str | None = None,
+    max_batches: int | None = None, progress: bool | str | None = None,
+    profile: ProfileSettings | None = ProfileSettings(), profile_log: str | None = None,
     adaptive_config: AdaptiveConfig | None = None,
     switch_costs: SwitchCosts | None = None, run_dir: str | None = None, injections: Mapping[int, object] | None = None,
     repartition: Repartitioner = spark_repartitioner, clock: Callable[[], float] = time.monotonic,
@@ -105,7 +106,9 @@ def run_adaptive_on_spark(
     `timeline.png` into `run_dir` (default: a new temporary directory). `profile`, `profile_log`:
     the runner's profiling (None: none); operators without a measured profile are planned on their
     declared estimates. `repartition` replaces Spark's state repartitioner
-    (tests). `on_decision(decision, entry)` sees every decision as it is made.
+    (tests). `on_decision(decision, entry)` sees every decision as it is made. `max_batches`: the
+    run ends after that many micro-batches (the next one, held at its gate, is left for a run on
+    the checkpoint).
     """
     origin = clock()
 
@@ -131,11 +134,14 @@ def run_adaptive_on_spark(
     observations = SparkObservations(
         queries, OperatorProfiles(chain, profile), cores=cores,
         offered_rate_per_s=float(source.rows_per_second) if isinstance(source, RateSource) else None,
-        deadline_s=None if available_now or timeout_s is None else started + timeout_s, search=search, clock=run_clock)
-    live_line = LiveLine(queries, observations, sys.stderr.isatty() if progress is None else progress)
+        deadline_s=None if available_now or timeout_s is None else started + timeout_s, max_batches=max_batches,
+        search=search, clock=run_clock)
+    progress_output = ProgressOutput(requested_mode(progress, config.progress),
+                                     interval_s=config.progress_lines_interval_s, clock=clock)
+    decision_progress = DecisionProgress(queries, observations, progress_output)
 
     def decided(decision: Decision, entry: TimelineEntry) -> None:
-        live_line(decision, entry)
+        decision_progress(decision, entry)
         if on_decision is not None:
             on_decision(decision, entry)
 
@@ -148,7 +154,7 @@ def run_adaptive_on_spark(
                      timeline=timeline)
     finally:
         queries.close()
-        live_line.close()
+        decision_progress.close()
     correction = controller.correction
     paths = write_timeline(timeline, realizer.switches, run_dir, initial, controller.plan, correction)
     report = AdaptiveRunReport(

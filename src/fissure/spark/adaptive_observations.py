@@ -77,19 +77,25 @@ class SparkObservations:
 
     def __init__(self, queries: QueryManager, profiles: OperatorProfiles, *, cores: int,
                  offered_rate_per_s: float | None = None, deadline_s: float | None = None,
-                 search: SparkModelSearch | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+                 max_batches: int | None = None, search: SparkModelSearch | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.queries = queries
         self.profiles = profiles
         self.search = search  # told every batch's shape (records, keys)
         self.cores = cores
         self.offered_rate_per_s = offered_rate_per_s
         self.deadline_s = deadline_s
+        if max_batches is not None and (not isinstance(max_batches, int) or max_batches < 1):
+            raise ValueError(f"max_batches must be a positive integer, got {max_batches!r}")
+        self.max_batches = max_batches  # the run ends after this many batches
         self.clock = clock
         self.batches = 0
         self.input_records = 0
         self.times: list[BatchTime] = []  # every batch observed, over the run's queries
 
     def next_batch(self) -> BatchObservation | None:
+        if self.max_batches is not None and self.batches >= self.max_batches:
+            return None  # the next batch stays held at its gate; closing the queries abandons it
         while True:
             live = self.queries.current
             if live is None:

@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 # Spark logs at ERROR when fissure stops a query at a batch boundary on purpose: the query's end
 # (the abandoned batch's exception) and a broadcast cut short while it planned the next batch.
 # Quiet while fissure stops the query itself.
-_STOP_LOGGERS = ("org.apache.spark.sql.execution.streaming.runtime.MicroBatchExecution",
+STOP_LOGGERS = ("org.apache.spark.sql.execution.streaming.runtime.MicroBatchExecution",
                  "org.apache.spark.broadcast.TorrentBroadcast")
 
 
@@ -109,7 +109,7 @@ class QueryManager:
         if live is None:
             return StopResult(None, 0.0)
         live.ended_by_fissure = True
-        with _quiet_spark_loggers(self.spark, _STOP_LOGGERS):
+        with quiet_spark_loggers(self.spark, STOP_LOGGERS):
             live.gate.abandon()
             if live.query is not None and live.query.isActive:
                 live.query.stop()
@@ -134,13 +134,23 @@ class QueryManager:
             self.stop_at_boundary()
 
 
-class _quiet_spark_loggers:
-    """Set some JVM loggers' level to OFF for a while (log4j2), and put them back."""
+# py4j logs, with its traceback, the error a held batch raises in its foreachBatch call when
+# fissure stops the query; without a logging setup Python prints that on stderr.
+PY4J_CALLBACK_LOGGER = "py4j.clientserver"
+
+
+class quiet_spark_loggers:
+    """Set some JVM loggers' level to OFF for a while (log4j2), and py4j's callback logger in
+    Python, and put them back."""
 
     def __init__(self, spark: SparkSession, names: Sequence[str]) -> None:
         self._spark, self._names, self._levels = spark, tuple(names), {}
+        self._py4j_level = logging.NOTSET
 
     def __enter__(self):
+        py4j = logging.getLogger(PY4J_CALLBACK_LOGGER)
+        self._py4j_level = py4j.level
+        py4j.setLevel(logging.CRITICAL + 1)
         try:
             jvm = self._spark._jvm
             for name in self._names:
@@ -151,6 +161,7 @@ class _quiet_spark_loggers:
         return self
 
     def __exit__(self, *exc_info) -> None:
+        logging.getLogger(PY4J_CALLBACK_LOGGER).setLevel(self._py4j_level)
         try:
             for name, level in self._levels.items():
                 self._spark._jvm.org.apache.logging.log4j.core.config.Configurator.setLevel(name, level)

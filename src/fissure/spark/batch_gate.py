@@ -92,3 +92,46 @@ class BatchGate:
     def wait(self, timeout_s: float) -> None:
         with self._cond:
             self._cond.wait(timeout_s)
+
+
+class BatchLimit:
+    """A run that stops after `max_batches` micro-batches: wraps each query's `foreachBatch`,
+    lets the first `max_batches` batches write, and holds any later one at its entry until the
+    run stops (`stop()`), when it raises `BatchAbandoned`. That batch computed and wrote nothing
+    and is never committed: a run started again on the checkpoint reads its input. A batch
+    replayed after a restart on the checkpoint counts once.
+    """
+
+    def __init__(self, max_batches: int) -> None:
+        if not isinstance(max_batches, int) or max_batches < 1:
+            raise ValueError(f"max_batches must be a positive integer, got {max_batches!r}")
+        self.max_batches = max_batches
+        self._cond = threading.Condition()
+        self._admitted: list[int] = []  # batch ids let write, in order
+        self._stopping = False
+
+    def wrap(self, write: Callable) -> Callable:
+        def limited_write(frame, batch_id: int) -> None:
+            batch_id = int(batch_id)
+            with self._cond:
+                if batch_id not in self._admitted:
+                    if len(self._admitted) >= self.max_batches:
+                        while not self._stopping:
+                            self._cond.wait()
+                        raise BatchAbandoned(f"fissure: batch {batch_id} not run: the run stops after "
+                                             f"{self.max_batches} batches")
+                    self._admitted.append(batch_id)
+            write(frame, batch_id)
+
+        return limited_write
+
+    def last_batch(self) -> int | None:
+        """The id of the last batch the limit lets write, once it has arrived (None: not yet)."""
+        with self._cond:
+            return self._admitted[-1] if len(self._admitted) >= self.max_batches else None
+
+    def stop(self) -> None:
+        """The run is stopping its query: a held batch raises instead of writing."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()

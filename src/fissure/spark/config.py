@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from fissure.control.adaptive.config import AdaptiveConfig
+from fissure.control.progress import check_progress_mode
 from fissure.control.thread_level.config import ElasticityConfig, POLICY_NAMES
 from fissure.profile.settings import ProfileSettings
 from fissure.spark.graph_autopipeline import GraphAutopipelineConfig
@@ -46,8 +47,14 @@ class RunnerConfig:
     batch_size: str = "auto"
     batch_fixed_share: float = 0.1
     batch_latency_bound_s: float | None = None
-    # How often the live progress line is refreshed.
+    # How progress shows on stderr (fissure.control.progress): "auto" (a live line redrawn in
+    # place on a terminal, timestamped lines elsewhere), "live", "lines" or "off".
+    progress: str = "auto"
+    # How often the runner looks at its query (and the live line is redrawn).
     progress_interval_s: float = 1.0
+    # The lines form: at most one line per this many seconds, beside the first batch's, each plan
+    # change's and the end's.
+    progress_lines_interval_s: float = 10.0
     # Dead letters kept in the driver's memory when no dead-letter path is given (the count is
     # always exact; older letters are dropped from memory, never from a dead-letter path).
     dead_letters_kept: int = 1000
@@ -90,6 +97,9 @@ class RunnerConfig:
             raise ValueError(f"batch_latency_bound_s must be positive, got {self.batch_latency_bound_s!r}")
         if self.trigger_interval_s < 0 or self.progress_interval_s <= 0:
             raise ValueError("trigger_interval_s must be >= 0 and progress_interval_s > 0")
+        check_progress_mode(self.progress)
+        if self.progress_lines_interval_s <= 0:
+            raise ValueError(f"progress_lines_interval_s must be > 0, got {self.progress_lines_interval_s!r}")
         if self.query_restarts < 0:
             raise ValueError(f"query_restarts must be >= 0, got {self.query_restarts!r}")
         if self.dead_letters_kept < 0 or self.default_state_partitions < 1:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import shutil
 import tempfile
+import time
 from collections.abc import Iterable, Mapping
 
 from pyspark.sql import SparkSession
@@ -22,6 +23,8 @@ from pyspark.sql import SparkSession
 from fissure.graph import OperatorEstimate, Pipeline, PipelineError
 from fissure.profile.settings import ProfileSettings
 from fissure.spark.adaptive import run_adaptive_on_spark
+from fissure.spark.adaptive_queries import STOP_LOGGERS, quiet_spark_loggers
+from fissure.spark.batch_gate import POLL_S, BatchLimit
 from fissure.spark.config import RunnerConfig
 from fissure.spark.graph_autopipeline import GraphAutopipeliner
 from fissure.spark.runner import Runner, RunReport
@@ -43,7 +46,8 @@ FROM_CONFIG = _FromConfig()  # `profile=` left out: the config's profiling setti
 def run(program: Pipeline | StreamGraph, source=None, sink=None, *, plan: object = "sequential",
         checkpoint: str | None = None, spark: SparkSession | None = None, dead_letters=None,
         estimates: Mapping[str, OperatorEstimate] | None = None, config: RunnerConfig = RunnerConfig(),
-        available_now: bool = True, timeout_s: float | None = None, progress: bool | None = None,
+        available_now: bool = True, timeout_s: float | None = None, max_batches: int | None = None,
+        progress: bool | str | None = None,
         profile: ProfileSettings | None | _FromConfig = FROM_CONFIG, profile_log: str | None = None,
         adaptive: bool = False, adaptive_config=None, run_dir: str | None = None,
         autopipeline: bool = False, autopipeline_config=None, boundaries: Iterable[str] | None = None,
@@ -52,11 +56,13 @@ def run(program: Pipeline | StreamGraph, source=None, sink=None, *, plan: object
 
     For a graph, `source` and `sink` are dicts by name (or one object where it has one).
     available_now=True processes what the sources hold now and ends (file sources); otherwise the
-    query runs until `timeout_s` passes (or forever without it). adaptive=True re-plans while it
-    runs (`adaptive_config`: an AdaptiveConfig; `run_dir`: where its timeline goes) and returns an
-    AdaptiveRunReport; autopipeline=True places pipeline boundaries while it runs, starting from
-    `boundaries` (`autopipeline_config`: a GraphAutopipelineConfig; the report lists its
-    decisions). Settings not given here come from `config` (RunnerConfig: profiling, threads,
+    query runs until `timeout_s` passes (or forever without it). `max_batches`: the run ends after
+    that many micro-batches (a later batch is left for a run on the checkpoint). `progress`: how
+    progress shows on stderr (None: `config.progress`; False: not at all; fissure.control.progress).
+    adaptive=True re-plans while it runs (`adaptive_config`: an AdaptiveConfig; `run_dir`: where its
+    timeline goes) and returns an AdaptiveRunReport; autopipeline=True places pipeline boundaries
+    while it runs, starting from `boundaries` (`autopipeline_config`: a GraphAutopipelineConfig; the
+    report lists its decisions). Settings not given here come from `config` (RunnerConfig: profiling, threads,
     adaptation, autopipelining); profile=None turns profiling off.
     """
     if profile is FROM_CONFIG:
@@ -70,8 +76,10 @@ def run(program: Pipeline | StreamGraph, source=None, sink=None, *, plan: object
         return run_adaptive_on_spark(chain if chain is not None else program, source, sink, plan=plan,
                                      checkpoint=checkpoint, spark=spark, dead_letters=dead_letters,
                                      estimates=estimates, config=config, available_now=available_now,
-                                     timeout_s=timeout_s, progress=progress, profile=profile,
-                                     profile_log=profile_log, adaptive_config=adaptive_config, run_dir=run_dir)
+                                     timeout_s=timeout_s, max_batches=max_batches, progress=progress,
+                                     profile=profile, profile_log=profile_log, adaptive_config=adaptive_config,
+                                     run_dir=run_dir)
+    limit = BatchLimit(max_batches) if max_batches is not None else None
     owned_checkpoint = checkpoint is None
     checkpoint = checkpoint or tempfile.mkdtemp(prefix="fissure-checkpoint-")
     restarts = 0
@@ -83,9 +91,16 @@ def run(program: Pipeline | StreamGraph, source=None, sink=None, *, plan: object
                             state_partitions=state_partitions, profile_pieces=autopipeline)
             spark = runner.spark
             loop = GraphAutopipeliner(runner, autopipeline_config).attach() if autopipeline else None
+            if limit is not None:
+                runner.wrap_batch = limit.wrap
             try:
                 runner.start(available_now=available_now)
-                runner.await_termination(timeout_s)
+                if limit is None:
+                    runner.await_termination(timeout_s)
+                elif await_batch_limit(runner, limit, timeout_s):
+                    with quiet_spark_loggers(runner.spark, STOP_LOGGERS):
+                        limit.stop()  # a held batch raises instead of writing
+                        runner.query.stop()
             except Exception as error:
                 crash = worker_crash(error)
                 runner.stop()
@@ -102,6 +117,19 @@ def run(program: Pipeline | StreamGraph, source=None, sink=None, *, plan: object
     finally:
         if owned_checkpoint:
             shutil.rmtree(checkpoint, ignore_errors=True)
+
+
+def await_batch_limit(runner: Runner, limit: BatchLimit, timeout_s: float | None) -> bool:
+    """Wait until the limit's last batch is committed (True: stop the query now), the query ends
+    or `timeout_s` passes (False); raises the query's error."""
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    while not runner.await_termination(POLL_S):
+        last = limit.last_batch()
+        if last is not None and any(int(update["batchId"]) == last for update in runner.query.recentProgress):
+            return True
+        if deadline is not None and time.monotonic() >= deadline:
+            return False
+    return False
 
 
 def worker_crash(error: BaseException) -> str | None:

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import shutil
 import sys
 import tempfile
@@ -34,6 +33,7 @@ from pyspark.sql import Observation, SparkSession
 from pyspark.sql import functions as F
 
 from fissure.graph import OperatorEstimate, Pipeline, PipelineError
+from fissure.control.progress import ProgressState, requested_mode
 from fissure.model.types import Plan
 from fissure.profile.calibration import stored_spark_model
 from fissure.profile.collector import ProfileCollector
@@ -45,7 +45,8 @@ from fissure.spark.compile_graph import CompiledGraph, compile_graph, sink_frame
 from fissure.spark.stages import BOUNDARIES_PROPERTY, WorkerProfiling
 from fissure.spark.config import RunnerConfig
 from fissure.spark.elastic import ThreadLevels
-from fissure.spark.plans import describe_plan, plan_line, resolve_plan
+from fissure.spark.plans import describe_plan, resolve_plan
+from fissure.spark.progress_output import ProgressOutput
 from fissure.spark.session import QUERY_DEFAULTS, create_session, default_parallelism, is_local
 from fissure.spark.sinks import DeadLetterLog, write_dead_letters
 from fissure.spark.sources import open_source
@@ -57,33 +58,6 @@ from fissure.worker.graph_pe import ROUTE, plan_graph_stages, state_partitions_o
 from fissure.worker.profiling import ProfileTally, ProfileTallyParam
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Progress:
-    """The last completed micro-batch as the progress line shows it."""
-
-    batch_id: int
-    records_per_s: float  # input records processed per second in that batch
-    input_records: int  # total over the run so far
-    dead_letters: int  # total over the run so far
-    plan: str
-    threads: str = ""  # waiting operators' thread level per worker after the batch: "enrich 8,6"
-
-    def line(self, max_chars: int | None = None) -> str:
-        """The line; longer than `max_chars` (a terminal's width), its plan is abbreviated."""
-        threads = f"threads {self.threads} | " if self.threads else ""
-        return plan_line(f"fissure | {self.records_per_s:,.0f} records/s | batch {self.batch_id} | "
-                         f"{self.input_records:,} records | {self.dead_letters} dead letters | {threads}plan ",
-                         self.plan, max_chars)
-
-
-def terminal_columns() -> int | None:
-    """The width available to the progress line on a terminal (None: not a terminal)."""
-    try:
-        return os.get_terminal_size(sys.stderr.fileno()).columns - 1 if sys.stderr.isatty() else None
-    except (OSError, ValueError):
-        return None
 
 
 @dataclass(frozen=True)
@@ -249,6 +223,9 @@ class Runner:
     `spark`: an existing session; without one fissure creates `config.master` (local[*]).
     `dead_letters`: a sink for dead letters (e.g. FileSink); they are counted and the latest kept
     in `runner.dead_letter_log` either way.
+    `progress`: how progress shows on stderr: None, as `config.progress` says ("auto": a live line
+    on a terminal, timestamped lines elsewhere); False, not at all; True, shown (in the form the
+    configured mode, or "auto", gives); or a mode by name (fissure.control.progress).
     `profile`: how operators are profiled on the live stream (None: not at all); the statistics
     are in `runner.profile_summary()`, under the progress line, and in the profile log
     (`profile_log`, default `<checkpoint>/fissure/profile.jsonl` when a checkpoint is given) that
@@ -264,7 +241,7 @@ class Runner:
     def __init__(self, program: Pipeline | StreamGraph, source, sink, *, plan: object = "sequential",
                  checkpoint: str | None = None, spark: SparkSession | None = None,
                  dead_letters=None, estimates: Mapping[str, OperatorEstimate] | None = None,
-                 config: RunnerConfig = RunnerConfig(), progress: bool | None = None,
+                 config: RunnerConfig = RunnerConfig(), progress: bool | str | None = None,
                  query_name: str | None = None, profile: ProfileSettings | None = ProfileSettings(),
                  profile_log: str | None = None, boundaries: Iterable[str] | None = None,
                  state_partitions: int | None = None, profile_pieces: bool = False) -> None:
@@ -293,14 +270,15 @@ class Runner:
         self.checkpoint = checkpoint or tempfile.mkdtemp(prefix="fissure-checkpoint-")
         self.dead_letter_sink = dead_letters
         self.dead_letter_log = DeadLetterLog(kept=config.dead_letters_kept)
-        self.show_progress = sys.stderr.isatty() if progress is None else progress
+        self.progress_mode = requested_mode(progress, config.progress)
+        self.progress_output = self._new_progress_output()
         self.query_name = query_name
         self.query = None
         self.recovery: RepartitionRecovery | None = None  # an unfinished repartition start() finished
         self.compiled: CompiledGraph | None = None
         self._seen_batches: dict[int, int] = {}
         self._batch_seconds: dict[int, float] = {}
-        self._last_progress: Progress | None = None
+        self._last_progress: ProgressState | None = None
         self._started_at = 0.0
         self._watcher: threading.Thread | None = None
         self._stop_watching = threading.Event()
@@ -308,7 +286,6 @@ class Runner:
         self.profile_log = profile_log or (None if self._temporary_checkpoint else str(profile_log_path(self.checkpoint)))
         self.profiler: ProfileCollector | None = None
         self.threads: ThreadLevels | None = None  # waiting operators' thread levels (start())
-        self._table_lines = 0
         self._table_drawn_at = 0.0
 
     # --- lifecycle ---------------------------------------------------------------------------
@@ -372,6 +349,7 @@ class Runner:
         elif self.config.trigger_interval_s > 0:
             stream = stream.trigger(processingTime=f"{self.config.trigger_interval_s} seconds")
         self._started_at = time.monotonic()
+        self.progress_output = self._new_progress_output()  # the first batch's wait counts from here
         self.query = stream.start()
         self._watcher = threading.Thread(target=self._watch, name="fissure-progress", daemon=True)
         self._watcher.start()
@@ -413,10 +391,8 @@ class Runner:
         self._collect_progress()
         if self.profiler is not None:
             self.profiler.flush()
-        if self.show_progress and self._last_progress is not None:
-            # The last batches may have ended after the watcher's last look.
-            self._draw(self._last_progress.line(terminal_columns()))
-            print(file=sys.stderr)
+        # The last batches may have ended after the watcher's last look.
+        self.progress_output.close(self._last_progress)
         report = self.report()
         if self._temporary_checkpoint:
             shutil.rmtree(self.checkpoint, ignore_errors=True)
@@ -515,7 +491,7 @@ class Runner:
 
     # --- progress ----------------------------------------------------------------------------
     @property
-    def progress(self) -> Progress | None:
+    def progress(self) -> ProgressState | None:
         return self._last_progress
 
     def _require_started(self) -> None:
@@ -536,7 +512,7 @@ class Runner:
             if newest is None or batch_id >= int(newest["batchId"]):
                 newest = update
         if newest is not None:
-            self._last_progress = Progress(
+            self._last_progress = ProgressState(
                 batch_id=int(newest["batchId"]),
                 records_per_s=float(newest.get("processedRowsPerSecond") or 0.0),
                 input_records=sum(self._seen_batches.values()),
@@ -546,37 +522,33 @@ class Runner:
             )
 
     def _watch(self) -> None:
-        shown = None
         while not self._stop_watching.wait(self.config.progress_interval_s):
             try:
                 self._collect_progress()
             except Exception:  # noqa: BLE001 - the query ending mid-poll: nothing to show
                 continue
-            if self.show_progress and self._last_progress is not None and self._last_progress != shown:
-                shown = self._last_progress
-                self._draw(shown.line(terminal_columns()))
-            elif self.show_progress and self._last_progress is None:
-                self._draw(plan_line(f"fissure | first batch running for {time.monotonic() - self._started_at:.0f} s "
-                                     f"(Spark starts its Python workers) | plan ",
-                                     describe_plan(self.plan, self.pipeline), terminal_columns()))
+            self.progress_output.show(self._progress_state(), table=self._due_table)
             if self.query is not None and not self.query.isActive:
                 break
 
+    def _new_progress_output(self) -> ProgressOutput:
+        return ProgressOutput(self.progress_mode, interval_s=self.config.progress_lines_interval_s)
 
-    def _draw(self, line: str) -> None:
-        """The progress line; with profiling, the statistics table above it, redrawn in place
-        every `table_interval_s` (ANSI cursor moves: the line and the table stay put)."""
+    def _progress_state(self) -> ProgressState:
+        """The newest completed batch's progress, or the first batch still running."""
+        if self._last_progress is not None:
+            return self._last_progress
+        return ProgressState(batch_id=None, records_per_s=None, input_records=0,
+                             dead_letters=self.dead_letter_log.count, plan=describe_plan(self.plan, self.pipeline))
+
+    def _due_table(self) -> str | None:
+        """With profiling, the operators' statistics table every `table_interval_s` (None: not due)."""
         now = time.monotonic()
-        table = None
-        if self.profiler is not None and now - self._table_drawn_at >= self.profile_settings.table_interval_s:
-            summary = self.profiler.summary()
-            if summary.batches:
-                kinds = {name: self.pipeline.kind_of(name).value for name in self.pipeline.names}
-                table = render_table(summary, kinds)
-                self._table_drawn_at = now
-        if table is None:
-            print("\r" + line + "\x1b[K", end="", file=sys.stderr, flush=True)
-            return
-        up = f"\x1b[{self._table_lines}F" if self._table_lines else "\r"
-        print(up + "\x1b[J" + table + "\n" + line, end="", file=sys.stderr, flush=True)
-        self._table_lines = table.count("\n") + 1
+        if self.profiler is None or now - self._table_drawn_at < self.profile_settings.table_interval_s:
+            return None
+        summary = self.profiler.summary()
+        if not summary.batches:
+            return None
+        self._table_drawn_at = now
+        kinds = {name: self.pipeline.kind_of(name).value for name in self.pipeline.names}
+        return render_table(summary, kinds)

@@ -2,7 +2,13 @@
 
 A source is any streaming DataFrame, or a description that fissure turns into one once it has a
 session (the embedded default creates the session itself): FileSource for text, JSON, CSV and
-Parquet directories, RateSource, SocketSource, or any callable `spark -> streaming DataFrame`.
+Parquet directories, RateSource, SocketSource, KafkaSource, or any callable `spark -> streaming
+DataFrame`.
+
+The fields a program's first operators read (`reads=`) are the source's columns: a file
+source's schema (text: `value`); the rate source's `timestamp` (datetime) and `value` (int); the
+socket source's `value` (str); Kafka's `key` and `value` (bytes), `topic` (str), `partition`
+(int), `offset` (int), `timestamp` (datetime) and `timestampType` (int).
 """
 
 from __future__ import annotations
@@ -11,6 +17,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import pyarrow as pa
+from pyspark.errors import AnalysisException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 
@@ -101,7 +108,69 @@ class SocketSource:
         return spark.readStream.format("socket").option("host", self.host).option("port", str(self.port)).load()
 
 
-SourceLike = FileSource | RateSource | SocketSource | DataFrame | Callable[[SparkSession], DataFrame]
+KAFKA_FIELDS = ("key", "value", "topic", "partition", "offset", "timestamp", "timestampType")
+
+
+class SourceUnavailable(RuntimeError):
+    """A source this Spark cannot open (a connector missing from its classpath); the message says
+    how to add it."""
+
+
+def kafka_connector(spark_version: str, scala_version: str = "2.13") -> str:
+    """The Maven coordinate of Spark's Kafka connector for a Spark and Scala version."""
+    return f"org.apache.spark:spark-sql-kafka-0-10_{scala_version}:{spark_version}"
+
+
+@dataclass(frozen=True)
+class KafkaSource:
+    """Records of Kafka topics: fields KAFKA_FIELDS, `key` and `value` as bytes (decode them in the
+    first operator: `record["value"].decode()`).
+
+    Needs Spark's Kafka connector on the classpath when Spark's JVM starts: `spark.jars.packages`
+    set to `kafka_connector(spark version)` (`RunnerConfig(spark_conf=...)`, `fissure run
+    --packages`, `spark-submit --packages`); without it, opening the source raises
+    SourceUnavailable saying so. `options` go to Spark's Kafka reader as given (for instance
+    `startingOffsets`, `maxOffsetsPerTrigger`, `kafka.security.protocol`); run with
+    available_now=True, the query reads what the topics hold at its start and ends.
+    """
+
+    bootstrap_servers: str
+    topics: str  # one topic, or several separated by commas
+    options: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.bootstrap_servers or not self.topics:
+            raise ValueError(f"a Kafka source needs bootstrap servers and topics, got {self.bootstrap_servers!r} "
+                             f"and {self.topics!r}")
+
+    def open(self, spark: SparkSession) -> DataFrame:
+        reader = (spark.readStream.format("kafka").option("kafka.bootstrap.servers", self.bootstrap_servers)
+                  .option("subscribe", self.topics))
+        for name, value in self.options.items():
+            reader = reader.option(name, value)
+        try:
+            return reader.load()
+        except AnalysisException as error:
+            if error.getCondition() not in ("KAFKA_DATA_SOURCE_NOT_ENABLED", "DATA_SOURCE_NOT_FOUND"):
+                raise
+            coordinate = kafka_connector(spark.version, _scala_version(spark))
+            raise SourceUnavailable(
+                f"the Kafka source needs Spark's Kafka connector, which this Spark ({spark.version}) does not "
+                f"have on its classpath; add it when Spark starts: `fissure run --packages {coordinate}`, "
+                f"RunnerConfig(spark_conf={{'spark.jars.packages': '{coordinate}'}}) from Python, or "
+                f"`spark-submit --packages {coordinate}`") from None
+
+
+def _scala_version(spark: SparkSession) -> str:
+    """The Scala binary version Spark's JVM runs ("2.13"; Spark 4 has no other)."""
+    try:
+        return ".".join(spark.sparkContext._jvm.scala.util.Properties.versionNumberString().split(".")[:2])
+    except Exception:  # noqa: BLE001 - a remote session without a JVM here: Spark 4's only Scala
+        return "2.13"
+
+
+SourceLike = (FileSource | RateSource | SocketSource | KafkaSource | DataFrame
+              | Callable[[SparkSession], DataFrame])
 
 
 def open_source(source: SourceLike, spark: SparkSession) -> DataFrame:
@@ -113,7 +182,7 @@ def open_source(source: SourceLike, spark: SparkSession) -> DataFrame:
     elif callable(source):
         frame = source(spark)
     else:
-        raise TypeError(f"a source must be a streaming DataFrame, a FileSource/RateSource/SocketSource, "
+        raise TypeError(f"a source must be a streaming DataFrame, a FileSource/RateSource/SocketSource/KafkaSource, "
                         f"or a callable spark -> DataFrame; got {source!r}")
     if not isinstance(frame, DataFrame) or not frame.isStreaming:
         raise TypeError(f"the source {source!r} gave {type(frame).__name__}, not a streaming DataFrame; "
