@@ -42,6 +42,7 @@ from fissure.spark.adaptive_observations import OperatorProfiles, SparkObservati
 from fissure.spark.adaptive_queries import QueryManager, canonical_plan
 from fissure.spark.adaptive_realizer import SparkPlanRealizer, SwitchRecord
 from fissure.spark.config import RunnerConfig
+from fissure.spark.observed_metrics import Publication
 from fissure.spark.plans import resolve_plan
 from fissure.spark.runner import RunReport
 from fissure.spark.session import create_session, default_parallelism
@@ -135,6 +136,9 @@ def run_adaptive_on_spark(
     live_line = LiveLine(queries, observations, sys.stderr.isatty() if progress is None else progress)
 
     def decided(decision: Decision, entry: TimelineEntry) -> None:
+        # Before the loop releases the next batch: that batch's progress report carries it.
+        queries.publish(Publication(plan=decision.plan_in_force, decision=decision.action.value,
+                                    decision_reason=decision.reason, decision_batch=entry.batch_id))
         live_line(decision, entry)
         if on_decision is not None:
             on_decision(decision, entry)

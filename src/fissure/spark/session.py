@@ -59,7 +59,7 @@ def create_session(config: RunnerConfig = RunnerConfig()) -> SparkSession:
     """
     ensure_worker_python()
     settings = {"spark.master": config.master, "spark.app.name": config.app_name,
-                **SESSION_DEFAULTS, **config.spark_conf}
+                **SESSION_DEFAULTS, **({"spark.ui.enabled": "true"} if config.spark_ui else {}), **config.spark_conf}
     if config.spark_log:
         launch_jvm_with_output_to(config.spark_log, settings)
     builder = SparkSession.builder
@@ -67,7 +67,18 @@ def create_session(config: RunnerConfig = RunnerConfig()) -> SparkSession:
         builder = builder.config(name, value)
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("WARN" if config.spark_log else "ERROR")
+    if config.spark_ui:
+        print(ui_notice(session), file=sys.stderr)
     return session
+
+
+def ui_notice(session: SparkSession) -> str:
+    """Where Spark's web UI of `session` is, or why there is none (a session that existed before
+    with the UI off keeps it off)."""
+    url = session.sparkContext.uiWebUrl
+    if url:
+        return f"fissure: Spark UI at {url} (Structured Streaming tab: observedMetrics \"fissure\" per batch)"
+    return "fissure: no Spark UI: this process's session was created before with spark.ui.enabled=false"
 
 
 def launch_jvm_with_output_to(log_path: str, settings: dict[str, str]) -> bool:
