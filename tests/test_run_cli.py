@@ -174,3 +174,32 @@ def test_bad_schema_is_a_usage_error(tmp_path, capsys):
     assert main(["run", f"{tmp_path / 'pipeline.py'}:build", "--source", str(tmp_path), "--format", "json",
                  "--schema", "user:text"]) == 2
     assert "--schema item 'user:text' is not name:type" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flags, ui", [([], False), (["--spark-ui"], True)])
+def test_spark_ui_flag_turns_the_ui_on_only_when_asked(tmp_path, monkeypatch, flags, ui):
+    import fissure
+
+    (tmp_path / "pipeline.py").write_text(PIPELINE_FILE)
+    write_inputs(tmp_path / "in")
+    seen = {}
+
+    def fake_run(*args, config, **kwargs):
+        seen["config"] = config
+        raise KeyboardInterrupt  # stop before any session: what the run would get is known
+
+    monkeypatch.setattr(fissure, "run", fake_run)
+    assert main(["run", f"{tmp_path / 'pipeline.py'}:build", "--source", str(tmp_path / "in"),
+                 "--run-dir", str(tmp_path / "run"), *flags]) == 130
+    assert seen["config"].spark_ui is ui
+
+
+def test_the_ui_notice_gives_the_address_or_says_why_there_is_none():
+    from types import SimpleNamespace
+
+    from fissure.spark.session import SESSION_DEFAULTS, ui_notice
+
+    assert SESSION_DEFAULTS["spark.ui.enabled"] == "false"  # off unless asked for
+    running = SimpleNamespace(sparkContext=SimpleNamespace(uiWebUrl="http://host:4041"))
+    assert "Spark UI at http://host:4041" in ui_notice(running)
+    assert "no Spark UI" in ui_notice(SimpleNamespace(sparkContext=SimpleNamespace(uiWebUrl=None)))

@@ -43,6 +43,7 @@ from fissure.spark.adaptive_observations import OperatorProfiles, SparkObservati
 from fissure.spark.adaptive_queries import QueryManager, canonical_plan
 from fissure.spark.adaptive_realizer import SparkPlanRealizer, SwitchRecord
 from fissure.spark.config import RunnerConfig
+from fissure.spark.observed_metrics import Publication
 from fissure.spark.plans import resolve_plan
 from fissure.spark.progress_output import ProgressOutput
 from fissure.spark.runner import RunReport
@@ -141,6 +142,9 @@ def run_adaptive_on_spark(
     decision_progress = DecisionProgress(queries, observations, progress_output)
 
     def decided(decision: Decision, entry: TimelineEntry) -> None:
+        # Before the loop releases the next batch: that batch's progress report carries it.
+        queries.publish(Publication(plan=decision.plan_in_force, decision=decision.action.value,
+                                    decision_reason=decision.reason, decision_batch=entry.batch_id))
         decision_progress(decision, entry)
         if on_decision is not None:
             on_decision(decision, entry)

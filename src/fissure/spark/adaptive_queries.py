@@ -17,6 +17,7 @@ from fissure.model.throughput import canonical_regions
 from fissure.model.types import Plan
 from fissure.spark.batch_gate import BatchGate
 from fissure.spark.config import RunnerConfig
+from fissure.spark.observed_metrics import Publication
 from fissure.spark.runner import Runner
 from fissure.spark.sinks import DeadLetterLog
 from fissure.spark.sources import SourceLike
@@ -87,6 +88,7 @@ class QueryManager:
         self.queries_started = 0
         self.admissions: tuple = ()  # the batch sizes the latest query's runner chose
         self.fatal: str | None = None  # why no query runs after a failed switch
+        self.publication: Publication | None = None  # the latest decision, published by every query's batches
 
     def start(self, plan: Plan) -> LiveQuery:
         plan = canonical_plan(plan)
@@ -97,11 +99,20 @@ class QueryManager:
         runner.batch_log = self.batch_log
         gate = BatchGate(plan, self.clock)
         runner.wrap_batch = gate.wrap
+        if self.publication is not None:
+            runner.publish(self.publication)
         runner.start(available_now=self.available_now)
         self.admissions = runner.admissions
         self.queries_started += 1
         self.current = LiveQuery(plan, runner, gate)
         return self.current
+
+    def publish(self, publication: Publication) -> None:
+        """The plan in force and the latest decision, for the batches released from now on
+        (observedMetrics["fissure"]); a query started later publishes it too."""
+        self.publication = publication
+        if self.current is not None:
+            self.current.runner.publish(publication)
 
     def stop_at_boundary(self) -> StopResult:
         """Stop the current query between two batches: the held batch (if any) is abandoned."""

@@ -190,7 +190,8 @@ def compile_graph(graph: StreamGraph, source_frames: Mapping[str, DataFrame], *,
                                            piece_prefix, query_token, waiting, layouts[stage.position + 1],
                                            source_envelopes if stage.position == 0 else None,
                                            StageProfiling(operator_profiling.token, operator_profiling.timed_every_batches)
-                                           if operator_profiling is not None else None, packs[stage.position + 1])
+                                           if operator_profiling is not None else None, packs[stage.position + 1],
+                                           publishes=stage is stages[-1])
             if profiling is not None:
                 function = ProfiledGraphRegion(function, profiling.accumulator, stage.label,
                                                operators=profiling.operators, pieces=profiling.pieces)
@@ -208,7 +209,8 @@ def compile_graph(graph: StreamGraph, source_frames: Mapping[str, DataFrame], *,
         entering, leaving = layouts[stage.position], layouts[stage.position + 1]
         packed, pack_next = packs[stage.position] is not None, packs[stage.position + 1]
         processor = GraphStateProcessor(graph, schemas, entering, node.name, forward, leaving, operator_profiling,
-                                        packed_input=packed, pack_for=pack_next)
+                                        packed_input=packed, pack_for=pack_next, stage_position=stage.position,
+                                        publishes=stage is stages[-1])
         if not packed:
             frame = frame.withColumn(KEY, _join_key_column(node, entering, state_partitions))
         output_schema = spark_schema_of(leaving.schema if pack_next is None else PACKED_SCHEMA)

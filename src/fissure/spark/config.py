@@ -64,6 +64,10 @@ class RunnerConfig:
     # State partitions when a plan has no keyed region of its own to size them (a sequential plan
     # keeps everything on one partition).
     default_state_partitions: int = 1
+    # Spark's web UI (the Structured Streaming tab shows fissure's observed metrics) for the
+    # session fissure creates; its address is printed. Off by default: it costs start-up time
+    # (benchmarks/results/spark_ui_startup.md). A session passed in keeps its own setting.
+    spark_ui: bool = False
     # Extra Spark settings for the session fissure creates.
     spark_conf: dict[str, str] = field(default_factory=dict)
     # File for everything Spark prints (JVM log lines, its Python workers' output) when fissure

@@ -42,7 +42,8 @@ from fissure.profile.settings import ProfileSettings
 from fissure.profile.window import BatchProfile, ProfileSummary, render_table
 from fissure.spark.batch_admission import SourceAdmission, admit_file_sources, model_batch_cost, needs_size
 from fissure.spark.compile_graph import CompiledGraph, compile_graph, sink_frame
-from fissure.spark.stages import BOUNDARIES_PROPERTY, WorkerProfiling
+from fissure.spark.observed_metrics import Publication, observe_run
+from fissure.spark.stages import BOUNDARIES_PROPERTY, PUBLISHED_PROPERTY, WorkerProfiling
 from fissure.spark.config import RunnerConfig
 from fissure.spark.elastic import ThreadLevels
 from fissure.spark.plans import describe_plan, resolve_plan
@@ -286,6 +287,8 @@ class Runner:
         self.profile_log = profile_log or (None if self._temporary_checkpoint else str(profile_log_path(self.checkpoint)))
         self.profiler: ProfileCollector | None = None
         self.threads: ThreadLevels | None = None  # waiting operators' thread levels (start())
+        # The plan and latest decision each batch publishes in observedMetrics["fissure"].
+        self.publication = Publication(plan=describe_plan(self.plan, self.pipeline))
         self._table_drawn_at = 0.0
 
     # --- lifecycle ---------------------------------------------------------------------------
@@ -335,13 +338,15 @@ class Runner:
         self.compiled = compile_graph(self.graph, frames, plan=self.plan, boundaries=self.boundaries,
                                       state_partitions=state_partitions, threads=self.threads.worker, profiling=profiling,
                                       resource_profile_for=_resource_profiles(self.spark))
+        frame = observe_run(self.compiled.frame, [operator.name for operator in self.graph.operators],
+                            counted=self.profile_settings is not None)
         writer = self._write_batch
         if self.profiler is not None:
             writer = self.profiler.wrap(writer)
         writer = self.threads.wrap(writer)
         if self.wrap_batch is not None:
             writer = self.wrap_batch(writer)
-        stream = self.compiled.frame.writeStream.foreachBatch(writer).option("checkpointLocation", self.checkpoint)
+        stream = frame.writeStream.foreachBatch(writer).option("checkpointLocation", self.checkpoint)
         if self.query_name:
             stream = stream.queryName(self.query_name)
         if available_now:
@@ -427,6 +432,12 @@ class Runner:
         with self._lock:
             self.boundaries = chosen
 
+    def publish(self, publication: Publication) -> None:
+        """What the micro-batches that start from now on publish as their plan and latest decision
+        (`observedMetrics["fissure"]`, fissure.spark.observed_metrics)."""
+        with self._lock:
+            self.publication = publication
+
     def profile_tally(self) -> ProfileTally:
         """Everything the stages reported so far (its `pieces`: node by node, with `profile_pieces`)."""
         return self.accumulator.value.copy() if self.accumulator is not None else ProfileTally()
@@ -436,8 +447,10 @@ class Runner:
         persisted once, its dead letters and every sink written from it."""
         batch_id = int(batch_id)
         with self._lock:
-            boundaries = self.boundaries
-        self.spark.sparkContext.setLocalProperty(BOUNDARIES_PROPERTY, json.dumps({self.graph.name: list(boundaries)}))
+            boundaries, publication = self.boundaries, self.publication
+        context = self.spark.sparkContext
+        context.setLocalProperty(BOUNDARIES_PROPERTY, json.dumps({self.graph.name: list(boundaries)}))
+        context.setLocalProperty(PUBLISHED_PROPERTY, publication.text())
         started_s = time.monotonic()
         frame = frame.persist()
         try:

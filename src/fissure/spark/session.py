@@ -59,7 +59,7 @@ def create_session(config: RunnerConfig = RunnerConfig()) -> SparkSession:
     """
     ensure_worker_python()
     settings = {"spark.master": config.master, "spark.app.name": config.app_name,
-                **SESSION_DEFAULTS, **config.spark_conf}
+                **SESSION_DEFAULTS, **({"spark.ui.enabled": "true"} if config.spark_ui else {}), **config.spark_conf}
     if config.spark_log:
         launch_jvm_with_output_to(config.spark_log, settings)
     builder = SparkSession.builder
@@ -68,6 +68,8 @@ def create_session(config: RunnerConfig = RunnerConfig()) -> SparkSession:
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("WARN" if config.spark_log else "ERROR")
     quiet_per_record_loggers(session)
+    if config.spark_ui:
+        print(ui_notice(session), file=sys.stderr)
     return session
 
 
@@ -87,6 +89,15 @@ def quiet_per_record_loggers(session: SparkSession) -> None:
             jvm.org.apache.logging.log4j.core.config.Configurator.setLevel(name, level)
     except Exception:  # noqa: BLE001 - a JVM without log4j 2 keeps its logging as it is
         pass
+
+
+def ui_notice(session: SparkSession) -> str:
+    """Where Spark's web UI of `session` is, or why there is none (a session that existed before
+    with the UI off keeps it off)."""
+    url = session.sparkContext.uiWebUrl
+    if url:
+        return f"fissure: Spark UI at {url} (Structured Streaming tab: observedMetrics \"fissure\" per batch)"
+    return "fissure: no Spark UI: this process's session was created before with spark.ui.enabled=false"
 
 
 def launch_jvm_with_output_to(log_path: str, settings: dict[str, str]) -> bool:

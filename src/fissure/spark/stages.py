@@ -28,7 +28,8 @@ from fissure.worker.graph_local import SOURCE_SHIFT
 from fissure.worker.graph_pe import EnvelopeLayout, GraphStage, StageProfiling, build_pieces
 from fissure.worker.keyed import StatefulStep, run_group, run_keys
 from fissure.worker.packing import PACKED_KEY, PackSpec, pack, unpack
-from fissure.worker.profiling import ProfiledUpdate
+from fissure.worker.profiling import RECORDS_IN, ProfiledUpdate
+from fissure.worker.report_rows import report_envelope, report_text, reported_counts
 from fissure.worker.source_rows import carried_source_batch
 from fissure.worker.region import processing_element
 
@@ -36,6 +37,8 @@ KEY = PACKED_KEY  # the grouping column of every keyed stage, packed or not
 SPREAD_PREFIX = "~"
 KEY_MARK = "="
 BOUNDARIES_PROPERTY = "fissure.graph.boundaries"  # JSON {graph name: [operator, ...]}, per micro-batch
+# JSON {plan, decision, ...} the driver publishes for a micro-batch (fissure.spark.observed_metrics).
+PUBLISHED_PROPERTY = "fissure.published"
 
 
 @dataclass(frozen=True)
@@ -75,13 +78,21 @@ def pandas_frame(batch: pa.RecordBatch) -> pd.DataFrame:
                          for name, column in zip(batch.schema.names, batch.columns)}, copy=False)
 
 
-def task_boundaries(graph_name: str) -> list[str] | None:
-    """The boundaries the driver set for this task's micro-batch (None: unset)."""
+def task_property(name: str) -> str | None:
+    """A Spark local property as this task sees it (None: unset, or no task here)."""
     try:
         from pyspark import TaskContext
 
         context = TaskContext.get()
-        text = context.getLocalProperty(BOUNDARIES_PROPERTY) if context is not None else None
+        return context.getLocalProperty(name) if context is not None else None
+    except Exception:  # noqa: BLE001 - unreadable: as if unset
+        return None
+
+
+def task_boundaries(graph_name: str) -> list[str] | None:
+    """The boundaries the driver set for this task's micro-batch (None: unset)."""
+    try:
+        text = task_property(BOUNDARIES_PROPERTY)
         return json.loads(text).get(graph_name) if text else None
     except Exception:  # noqa: BLE001 - unreadable: run the compiled boundaries
         return None
@@ -94,8 +105,13 @@ class GraphRegionFunction:
                  boundaries: Iterable[str], profile_prefix: str | None, query_token: str,
                  waiting: Mapping[str, WaitingOperator] | None = None,
                  output_layout: EnvelopeLayout | None = None, source_envelopes=None,
-                 stage_profiling: StageProfiling | None = None, pack_for: PackSpec | None = None) -> None:
+                 stage_profiling: StageProfiling | None = None, pack_for: PackSpec | None = None,
+                 publishes: bool = False) -> None:
         self.graph, self.schemas, self.layout, self.stages, self.stage = graph, schemas, layout, stages, stage
+        # The query's last stage carries the driver's published text into the report rows: its
+        # tasks read their own batch's local properties, while (measured on Spark 4.3) a
+        # mapInArrow before the query's round-robin repartition read the previous batch's.
+        self.publishes = publishes
         self.pack_for = pack_for  # set: the output is packed for the keyed stage that follows
         self.source_envelopes = source_envelopes  # set: the input is the source's rows, not envelopes
         self.stage_profiling = stage_profiling
@@ -117,7 +133,9 @@ class GraphRegionFunction:
                                                              self.stage_profiling)
         return pieces
 
-    def __call__(self, batches: Iterator[pa.RecordBatch], pieces=None) -> Iterator[pa.RecordBatch]:
+    def __call__(self, batches: Iterator[pa.RecordBatch], pieces=None, report: bool = True) -> Iterator[pa.RecordBatch]:
+        """The stage's envelopes; with `report`, then its report row (fissure.worker.report_rows)
+        when it has one (ProfiledGraphRegion asks for it itself, with the call's counts)."""
         pieces = pieces if pieces is not None else self.pieces_for_call()
         element = processing_element([[piece] for piece in pieces], self.region_id)
         if self.source_envelopes is not None:
@@ -126,6 +144,20 @@ class GraphRegionFunction:
             if batch.num_rows:
                 batch = self.output_layout.conform(batch)
                 yield batch if self.pack_for is None else pack(batch, self.pack_for)
+        if report:
+            row = self.report_batch(None)
+            if row is not None:
+                yield row
+
+    def report_batch(self, operators: Mapping[str, Sequence[float]] | None) -> pa.RecordBatch | None:
+        """This task's report row: the operators' counts of the call, the published text in the
+        last stage; None when there is neither."""
+        if not operators and not self.publishes:
+            return None
+        text = report_text(self.stage.position, task_property(PUBLISHED_PROPERTY) if self.publishes else None,
+                           operators)
+        envelope = report_envelope(self.output_layout.schema, text)
+        return envelope if self.pack_for is None else pack(envelope, self.pack_for)
 
 
 class GraphStateProcessor(StatefulProcessor):
@@ -147,8 +179,10 @@ class GraphStateProcessor(StatefulProcessor):
     def __init__(self, graph: StreamGraph, schemas, layout: EnvelopeLayout, node_name: str,
                  forward_inputs: Sequence[str], output_layout: EnvelopeLayout | None = None,
                  profiling: WorkerProfiling | None = None, packed_input: bool = False,
-                 pack_for: PackSpec | None = None) -> None:
+                 pack_for: PackSpec | None = None, stage_position: int = 0, publishes: bool = False) -> None:
         self.graph, self.schemas, self.layout = graph, schemas, layout
+        self.stage_position = stage_position
+        self.publishes = publishes  # the query's last stage: see GraphRegionFunction
         self.profiling = profiling
         self.packed_input = packed_input  # groups arrive packed (fissure.worker.packing)
         self.pack_for = pack_for  # set: the output is packed for the keyed stage that follows
@@ -183,6 +217,9 @@ class GraphStateProcessor(StatefulProcessor):
             frame = frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)
             batch = carried_batch_from_pandas(frame, self.input_schema).select(self.layout.schema.names)
             spread = str(key[0]).startswith(SPREAD_PREFIX)
+        update = self._step.fn if self._step is not None else None
+        counted = update.live_counts() if not spread and isinstance(update, ProfiledUpdate) else None
+        counted_before = list(counted) if counted is not None else None
         if spread:
             result = self.output_layout.conform(batch)  # rows of other nodes: through, no state
         elif self._direct:
@@ -193,6 +230,14 @@ class GraphStateProcessor(StatefulProcessor):
             parts = [self.output_layout.wrap(self._run(batch), self.node.name)]
             parts += [self.output_layout.conform(self._rows_of(batch, stream)) for stream in self.forward_inputs]
             result = assemble(parts, self.output_layout.schema)
+        operators = None
+        if counted is not None:
+            delta = [now - then for now, then in zip(counted, counted_before)]
+            operators = {self.node.name: reported_counts(delta)} if delta[RECORDS_IN] else None
+        if operators or self.publishes:
+            text = report_text(self.stage_position, task_property(PUBLISHED_PROPERTY) if self.publishes else None,
+                               operators)
+            result = assemble([result, report_envelope(self.output_layout.schema, text)], self.output_layout.schema)
         if result.num_rows:
             yield pandas_frame(result if self.pack_for is None else pack(result, self.pack_for))
 

@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable, Iterator
 
 from fissure.worker.profiling import ProfileTally, attach_tally, shared_counters
+from fissure.worker.report_rows import reported_counts
 
 NODE_FIELDS = ("records_in", "records_out", "cpu_s")
 PIECE_FIELDS = ("batches", "cpu_s")
@@ -74,18 +75,31 @@ class ProfiledGraphRegion:
         piece_profiles = [piece.bind_profile() for piece in pieces] if self.pieces else []
         stage_profiles = [unit.stage.bind_profile() for piece in pieces for unit in piece.nodes
                           if unit.stage is not None] if self.operators else []
+        # A function that emits a report row (GraphRegionFunction) leaves it to this wrapper,
+        # which knows the call's counts only once the function is done.
+        report_batch = getattr(self.function, "report_batch", None)
         started_s = time.perf_counter()
-        yield from self.function(batches, pieces)
+        yield from (self.function(batches, pieces) if report_batch is None
+                    else self.function(batches, pieces, report=False))
+        report = None
         try:
             wall_s = time.perf_counter() - started_s
             tally = attach_tally(self.accumulator)
             for profile in piece_profiles:
                 if profile is not None:
                     profile.report(tally, wall_s)
+            operators = None
             if self.operators:
                 tally.add_region_call(self.region_id, wall_s)
+                call = ProfileTally()  # this call's counts: into the task's tally and the report row
                 for profile in stage_profiles:
                     if profile is not None:
-                        profile.report(tally)
+                        profile.report(call)
+                tally.merge(call)
+                operators = {name: reported_counts(values) for name, values in call.operators.items()}
+            if report_batch is not None:
+                report = report_batch(operators)
         except Exception:  # noqa: BLE001 - profiling must never fail a task
             pass
+        if report is not None:
+            yield report

@@ -7,6 +7,8 @@ accumulator's value back with the task's result and merges it into the driver's 
 task counts as done, so the driver reads a micro-batch's statistics right after the batch's
 `foreachBatch` action: no extra Spark job, no extra column or row through the stages, nothing
 lost on empty outputs, and only successful tasks count (Spark drops failed attempts' updates).
+(Spark's own progress reports get a copy of the operators' counts through report rows instead:
+fissure.worker.report_rows, fissure.spark.observed_metrics.)
 
 Forked PE children: a PE pipeline other than the first runs in a child process forked by the
 worker, whose memory is a copy. Fused stages therefore keep their counters in an anonymous
@@ -305,10 +307,16 @@ class ProfiledUpdate:
     def __setstate__(self, state) -> None:
         self.__init__(**state)
 
+    def live_counts(self) -> list[float]:
+        """The operator's counts in this task's live tally (OPERATOR_FIELDS order), as they grow."""
+        if self._values is None:
+            self._values = attach_tally(self.accumulator).operator_values(self.operator)
+        return self._values
+
     def __call__(self, state: Any, record: dict) -> Any:
         values = self._values
         if values is None:
-            values = self._values = attach_tally(self.accumulator).operator_values(self.operator)
+            values = self.live_counts()
         if state is not self._last_state:
             self._last_state = state
             values[CALLS] += 1
