@@ -277,7 +277,7 @@ class Run:
     Create it first (it records the load before anything runs)."""
 
     def __init__(self, script: str, argv: Sequence[str] | None = None, *, quick: bool = False,
-                 out: str | Path | None = None, master: str = "local[2]", timed: bool = True,
+                 out: str | Path | None = None, master: str | None = "local[2]", timed: bool = True,
                  tree: Path = REPOSITORY) -> None:
         self.script, self.quick, self.timed = script, quick, timed
         self.command = command_line(script, argv)
