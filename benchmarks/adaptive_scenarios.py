@@ -7,7 +7,7 @@ It answers "does the loop decide well when the model is right about the system";
 behaves while plans switch is for the Spark realizer's benchmarks. Writes, with the results
 header of benchmarks/method.py, under --out (default benchmarks/results/; --quick: a temporary
 folder):
-  adaptive_scenarios.md            the Done-when bounds per scenario, over seeds
+  adaptive_scenarios.md            the bounds each scenario must meet, over seeds
   adaptive_scenarios.json          every figure behind it
   adaptive_<scenario>.png/.json    the timeline of seed 0 (throughput per batch, decisions, threads)
 
@@ -62,7 +62,7 @@ def share_of_best(run: ScenarioRun, since_s: float, until_s: float) -> float:
 
 
 def measure(run: ScenarioRun) -> dict:
-    """The Done-when figures of one run."""
+    """The figures of one run that the bounds are checked on."""
     name, end_s = run.scenario.name, run.system.clock()
     final_ratio = capacity_at(run, run.timeline.batches()[-1].plan_after, end_s - 1.0) / best_at(run, end_s - 1.0)
     switches = run.timeline.switches()
@@ -130,7 +130,7 @@ def retried_blacklisted(run: ScenarioRun) -> bool:
 
 
 def bounds(name: str, runs: list[dict]) -> list[str]:
-    """The Done-when verdict lines of one scenario."""
+    """The verdict lines of one scenario: its bounds, met or not."""
     worst_final = min(run["final_share_of_best"] for run in runs)
     if name == "reach-best":
         most = max(run["switches"] for run in runs)

@@ -9,13 +9,13 @@ through the Spark realizer.
   batch left out), and the adaptive run starts from the sequential plan: all of them in one block
   of --repeats repeats, the order rotated each repeat, after a warm-up run. Reported:
   plan changes, the plan it ends on, and the median throughput of its last batches against the
-  best static plan's (Done when: within 10 % of it in at most 3 plan changes).
+  best static plan's (the bound: within 10 % of it in at most 3 plan changes).
 - (b) cost-change: the map `parse` burns as many microseconds per record as the record's
   `cost_us` field says; the generated files quadruple that field from file --change-at on (a
   data-dependent cost, as when the input's mix changes). Every static candidate plan runs alone
   on post-change input (the new best static plan), and the adaptive run starts from the
   sequential plan on the whole input: one block, as in (a). Reported: when the loop re-opened, the re-plans after the
-  change until the plan in force measured within 10 % of the new best static plan (Done when:
+  change until the plan in force measured within 10 % of the new best static plan (the bound:
   at most 3), the plan it ends on, and the timeline with the new best as a reference line.
 - (c) bad-injection: the adaptive run starts on a cheap chain's best plan and is made to try a
   plan with two exchanges and a repartitioned keyed region at batch --inject-at. Reported: how

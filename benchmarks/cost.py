@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3, help="repeats of every run (at least 3 unless --quick)")
     method.add_arguments(parser, repeats=None)
     parser.add_argument("--goal", action="store_true",
-                        help="the efficiency goals' shape: 1,000,000 records in 20 files, 5 files (250,000 records) "
+                        help="the large shape: 1,000,000 records in 20 files, 5 files (250,000 records) "
                              "a micro-batch, LogWatch and the word counts, plain loop and planner only")
     args = parser.parse_args(argv)
     if args.quick:

@@ -15,7 +15,7 @@ confirmed best is the best candidate over the confirmation blocks (a few candida
 measured in every block). Each elastic run's settled throughput (median period throughput over
 the last quarter of a phase; settled level = most frequent level there) is divided by the
 confirmed best level's throughput in the two blocks around that run (the same stretch of time),
-and the table reports the median of those ratios. The goal: within 5 % of the best static thread
+and the table reports the median of those ratios. The target: within 5 % of the best static thread
 count, and settled again after the latency change.
 
 `--sim-only` runs the policies on seeded synthetic curves instead (no timing, deterministic): the

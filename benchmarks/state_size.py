@@ -11,7 +11,7 @@ The method of benchmarks/method.py: a warm-up query first (not counted), then --
 3) repeats of both queries, their order rotated; results state_size.md/.json under --out.
 
     ./dev python benchmarks/state_size.py                 # 200,000 keys, 3 repeats (about 15 minutes)
-    ./dev python benchmarks/state_size.py --keys 1000000  # the efficiency goal's size (about 45 minutes)
+    ./dev python benchmarks/state_size.py --keys 1000000  # a million keys (about 45 minutes)
     ./dev python benchmarks/state_size.py --quick         # 5,000 keys, one repeat, a temporary folder
 """
 
