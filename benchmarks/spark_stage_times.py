@@ -142,7 +142,7 @@ def main(argv=None) -> int:
     if args.quick:
         args.repeats, records = 1, (1_200, 2_000)
     method.check_repeats(args.repeats, args.quick)
-    run = method.Run("spark_stage_times.py", argv, quick=args.quick, out=args.out, master=args.master)
+    bench_run = method.Run("spark_stage_times.py", argv, quick=args.quick, out=args.out, master=args.master)
     model_accuracy.LOOPS_PER_US = model_accuracy.busy_loops_per_us()
     document = {"master": args.master, "quick": args.quick}
     from fissure.spark.session import create_session
@@ -174,7 +174,7 @@ def main(argv=None) -> int:
                                          "stages_ms": run["stages_ms"], "stages": summarize(run["positions"])})
     spark.stop()
     document["results"] = results
-    run.write_results("spark_stage_times_quick" if args.quick else "spark_stage_times", report(document), document)
+    bench_run.write_results("spark_stage_times_quick" if args.quick else "spark_stage_times", report(document), document)
     return 0
 
 
