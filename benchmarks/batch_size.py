@@ -56,6 +56,8 @@ def fixed_cost_fit(runs: dict[str, list[dict]]) -> tuple[float, float]:
     also starts the query): a LogWatch micro-batch's measured fixed cost and cost per line."""
     points = [(records, seconds) for items in runs.values() for item in items
               for records, seconds in item["batch_times"][1:] if records]
+    if len({records for records, _ in points}) < 2:  # one batch size only (a --quick input): no fit
+        return float("nan"), float("nan")
     mean_r = statistics.fmean(r for r, _ in points)
     mean_t = statistics.fmean(t for _, t in points)
     slope = (sum((r - mean_r) * (t - mean_t) for r, t in points) / sum((r - mean_r) ** 2 for r, _ in points))
