@@ -249,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     size, size_name = (QUICK, "quick") if args.quick else (FULL, "full")
     method.check_repeats(size.repeats, args.quick)
-    run_record = method.Run("pe_overheads.py", argv, quick=args.quick, out=args.out)
+    run_record = method.Run("pe_overheads.py", argv, quick=args.quick, out=args.out, master=None)
     started_s = time.monotonic()
     results = run(size)
     report = {
