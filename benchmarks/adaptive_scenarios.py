@@ -4,9 +4,10 @@ A simulation of the throughput model, not a Spark run and not a timing: every ba
 throughput is the model's throughput of the plan in force on the scenario's true operator
 statistics, times seeded noise; switches lose the default switch costs; time is a fake clock.
 It answers "does the loop decide well when the model is right about the system"; how Spark
-behaves while plans switch is for the Spark realizer's benchmarks. Writes under
-benchmarks/results/:
-  adaptive_scenarios.md            the Done-when bounds per scenario, over seeds
+behaves while plans switch is for the Spark realizer's benchmarks. Writes, with the results
+header of benchmarks/method.py, under --out (default benchmarks/results/; --quick: a temporary
+folder):
+  adaptive_scenarios.md            the bounds each scenario must meet, over seeds
   adaptive_scenarios.json          every figure behind it
   adaptive_<scenario>.png/.json    the timeline of seed 0 (throughput per batch, decisions, threads)
 
@@ -17,20 +18,17 @@ benchmarks/results/:
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
-from datetime import datetime, timezone
 from pathlib import Path
 
-from planner_model import git_revision, machine_description
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from fissure.control.adaptive.decisions import Action
-from fissure.control.driver import ReferenceLine, plot_timeline
-from fissure.control.plan_change import parse_fingerprint
-from fissure.control.scenarios import CHAIN, MACHINE, SCENARIO_NAMES, ScenarioRun, run_scenario, scenario
-
-RESULTS = Path(__file__).resolve().parent / "results"
+import method  # noqa: E402
+from fissure.control.adaptive.decisions import Action  # noqa: E402
+from fissure.control.driver import ReferenceLine, plot_timeline  # noqa: E402
+from fissure.control.plan_change import parse_fingerprint  # noqa: E402
+from fissure.control.scenarios import CHAIN, MACHINE, SCENARIO_NAMES, ScenarioRun, run_scenario, scenario  # noqa: E402
 WITHIN = 0.9  # "within 10 % of the best static plan"
 
 
@@ -64,7 +62,7 @@ def share_of_best(run: ScenarioRun, since_s: float, until_s: float) -> float:
 
 
 def measure(run: ScenarioRun) -> dict:
-    """The Done-when figures of one run."""
+    """The figures of one run that the bounds are checked on."""
     name, end_s = run.scenario.name, run.system.clock()
     final_ratio = capacity_at(run, run.timeline.batches()[-1].plan_after, end_s - 1.0) / best_at(run, end_s - 1.0)
     switches = run.timeline.switches()
@@ -132,7 +130,7 @@ def retried_blacklisted(run: ScenarioRun) -> bool:
 
 
 def bounds(name: str, runs: list[dict]) -> list[str]:
-    """The Done-when verdict lines of one scenario."""
+    """The verdict lines of one scenario: its bounds, met or not."""
     worst_final = min(run["final_share_of_best"] for run in runs)
     if name == "reach-best":
         most = max(run["switches"] for run in runs)
@@ -165,7 +163,7 @@ def bounds(name: str, runs: list[dict]) -> list[str]:
             f"back within 10 % of the best once the rate returns: worst {worst_final:.3f}"]
 
 
-def markdown(results: dict, command: str) -> str:
+def markdown(results: dict) -> str:
     lines = [
         "# The adaptive loop's scenarios on the model simulator",
         "",
@@ -174,9 +172,7 @@ def markdown(results: dict, command: str) -> str:
         "times seeded noise (3 % per batch, 5 % on operator estimates); switches lose the default switch costs",
         "(in-PE 0.5 s, restart 5 s, restart with state repartition 13 s); the clock is simulated.",
         "",
-        f"- command: `{command}`",
-        f"- machine: {results['machine']} (irrelevant to the figures: nothing is timed)",
-        f"- date: {results['date']}, revision {results['revision']}",
+        "- the machine and its load are irrelevant to the figures: nothing is timed",
         f"- chain: {', '.join(f'{op.name} ({op.kind.value}, {op.cost_us:g} us, s={op.selectivity:g})' for op in CHAIN)};"
         f" model machine: {MACHINE.cores} cores, delta {MACHINE.thread_switch_overhead_us:g} us,"
         f" c_p {MACHINE.replication_cost_us:g} us; {results['seeds']} seeds per scenario",
@@ -204,37 +200,33 @@ def markdown(results: dict, command: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main() -> int:
+def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="3 seeds, shortened phases")
+    method.add_arguments(parser, repeats=None)
     parser.add_argument("--seeds", type=int, help="seeds per scenario (default 20, quick 3)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    run = method.Run("adaptive_scenarios.py", argv, quick=args.quick, out=args.out, master=None, timed=False)
     seeds = args.seeds or (3 if args.quick else 20)
     stem = "adaptive_scenarios_quick" if args.quick else "adaptive_scenarios"
     prefix = "adaptive_quick_" if args.quick else "adaptive_"
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    results = {"machine": machine_description(), "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-               "revision": git_revision(), "seeds": seeds, "simulation": "model-level, no Spark", "scenarios": {}}
+    results = {"seeds": seeds, "simulation": "model-level, no Spark", "scenarios": {}}
     for name in SCENARIO_NAMES:
         runs = []
         for seed in range(seeds):
-            run = run_scenario(scenario(name, seed, quick=args.quick))
-            runs.append(measure(run))
+            simulated = run_scenario(scenario(name, seed, quick=args.quick))
+            runs.append(measure(simulated))
             if seed == 0:
                 plot = f"{prefix}{name}.png"
-                phases = run.scenario.simulation.phases
-                ends = [phase.start_s for phase in phases[1:]] + [run.system.clock()]
-                references = [ReferenceLine("best static plan" if i == 0 else None, best_at(run, phase.start_s),
+                phases = simulated.scenario.simulation.phases
+                ends = [phase.start_s for phase in phases[1:]] + [simulated.system.clock()]
+                references = [ReferenceLine("best static plan" if i == 0 else None, best_at(simulated, phase.start_s),
                                             phase.start_s, end) for i, (phase, end) in enumerate(zip(phases, ends))]
-                plot_timeline(run.timeline, RESULTS / plot, references)
-                run.timeline.write_json(RESULTS / f"{prefix}{name}.json")
-                title = run.scenario.title
+                plot_timeline(simulated.timeline, run.path(plot), references)
+                simulated.timeline.write_json(run.path(f"{prefix}{name}.json"))
+                title = simulated.scenario.title
         results["scenarios"][name] = {"title": title, "plot": plot, "runs": runs}
         print(f"{name}: " + "; ".join(bounds(name, runs)))
-    command = "./dev python benchmarks/adaptive_scenarios.py" + (" --quick" if args.quick else "")
-    (RESULTS / f"{stem}.json").write_text(json.dumps(results, indent=1) + "\n")
-    (RESULTS / f"{stem}.md").write_text(markdown(results, command))
-    print(f"wrote {RESULTS / stem}.md and .json (a model simulation, no Spark)")
+    run.write_results(stem, markdown(results), results)
     return 0
 
 

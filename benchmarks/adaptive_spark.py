@@ -4,17 +4,18 @@ Not a simulation: a real streaming query on the local Spark session (local[N], N
 files of generated records (one file per micro-batch), re-planned by the AdaptiveController
 through the Spark realizer.
 
-- (a) reach-best: start sequential on a chain of two CPU-heavy maps and a keyed count. First
-  every static candidate plan runs alone on the same input (its median throughput per batch,
-  the first batch left out); then the adaptive run starts from the sequential plan. Reported:
+- (a) reach-best: start sequential on a chain of two CPU-heavy maps and a keyed count. Every
+  static candidate plan runs alone on the same input (its median throughput per batch, the first
+  batch left out), and the adaptive run starts from the sequential plan: all of them in one block
+  of --repeats repeats, the order rotated each repeat, after a warm-up run. Reported:
   plan changes, the plan it ends on, and the median throughput of its last batches against the
-  best static plan's (Done when: within 10 % of it in at most 3 plan changes).
+  best static plan's (the bound: within 10 % of it in at most 3 plan changes).
 - (b) cost-change: the map `parse` burns as many microseconds per record as the record's
   `cost_us` field says; the generated files quadruple that field from file --change-at on (a
-  data-dependent cost, as when the input's mix changes). First every static candidate plan runs
-  alone on post-change input (the new best static plan); then the adaptive run starts from the
-  sequential plan on the whole input. Reported: when the loop re-opened, the re-plans after the
-  change until the plan in force measured within 10 % of the new best static plan (Done when:
+  data-dependent cost, as when the input's mix changes). Every static candidate plan runs alone
+  on post-change input (the new best static plan), and the adaptive run starts from the
+  sequential plan on the whole input: one block, as in (a). Reported: when the loop re-opened, the re-plans after the
+  change until the plan in force measured within 10 % of the new best static plan (the bound:
   at most 3), the plan it ends on, and the timeline with the new best as a reference line.
 - (c) bad-injection: the adaptive run starts on a cheap chain's best plan and is made to try a
   plan with two exchanges and a repartitioned keyed region at batch --inject-at. Reported: how
@@ -30,28 +31,27 @@ Every adaptive run plans with the Spark model corrected by its own measurements
 (fissure.control.model_correction); the decisions' reasons say when the correction changed the
 ranking, and the report lists the factors it learned.
 
-Writes under benchmarks/results/ (suffix _quick with --quick): adaptive_spark.md and .json, and
-the timelines adaptive_spark_<scenario>.json/.png. A shared, noisy machine gives no figures:
-run it on a quiet one; --quick (small inputs, one repeat) is an end-to-end check only.
+Writes under --out (default benchmarks/results/; --quick: suffix _quick, in a temporary folder):
+adaptive_spark.md and .json, and the timelines adaptive_spark_<scenario>.json/.png, with the
+header of benchmarks/method.py. A shared, noisy machine gives no figures: run it on a quiet one;
+--quick (small inputs, one repeat) is an end-to-end check only.
 
-    ./dev python benchmarks/adaptive_spark.py            # the measurement (quiet machine!)
+    ./dev python benchmarks/adaptive_spark.py            # the measurement, 3 repeats (quiet machine!)
     ./dev python benchmarks/adaptive_spark.py --quick    # a few minutes, not figures
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import statistics
 import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 
-from planner_model import git_revision, machine_description
+import method
 
 import fissure
 from fissure import Pipeline
@@ -68,7 +68,7 @@ from fissure.spark.session import create_session
 from fissure.spark.sinks import NoopSink
 from fissure.testing import record_files
 
-RESULTS = Path(__file__).resolve().parent / "results"
+OUT = [Path(__file__).resolve().parent / "results"]  # the results folder of this run (--out)
 WITHIN = 0.9
 USERS = 50
 
@@ -84,6 +84,7 @@ class Size:
 
 
 QUICK = Size(files=24, records_per_file=400, heavy_us=150.0, repeats=1)
+WARM_UP = Size(files=3, records_per_file=200, heavy_us=150.0, repeats=1)
 FULL = Size(files=80, records_per_file=2000, heavy_us=150.0, repeats=3)
 
 
@@ -208,30 +209,53 @@ def adaptive_config(quick: bool) -> AdaptiveConfig:
     return AdaptiveConfig()
 
 
-def reach_best(spark, work: Path, size: Size, quick: bool, stem: str) -> dict:
+def fresh(work: Path, counter=[0]) -> Path:
+    """A new folder under `work` for one run's input and checkpoint."""
+    counter[0] += 1
+    return work / f"run-{counter[0]}"
+
+
+def reach_best(spark, work: Path, size: Size, quick: bool, stem: str, repeats: int) -> dict:
+    """Every static candidate and the adaptive run in one block (benchmarks/method.py): a warm-up
+    run, then `repeats` repeats, the order rotated each repeat."""
     pipeline = heavy_chain(size.heavy_us)
-    statics = {}
-    for name, static_plan in STATIC_CANDIDATES.items():
-        statics[name] = static_throughput(spark, pipeline, static_plan, work / f"static-{len(statics)}", size)
-        print(f"  static {name} {plan_fingerprint(static_plan)}: {statics[name] or 0:,.0f} records/s", file=sys.stderr)
-    best_name = max((name for name in statics if statics[name]), key=lambda name: statics[name])
-    report = run_adaptive_on_spark(pipeline, inputs(work / "adaptive-in", size), NoopSink(), spark=spark,
-                                   checkpoint=str(work / "adaptive-ckpt"), run_dir=str(work / "adaptive-run"),
-                                   adaptive_config=adaptive_config(quick), progress=False)
-    batches = report.timeline.batches()
-    last = [entry.throughput_per_s for entry in batches if entry.plan == plan_fingerprint(report.plan)][-5:]
-    final = median_throughput(last)
-    best = statics[best_name]
+    variants = {name: (lambda static_plan=static_plan: static_throughput(spark, pipeline, static_plan, fresh(work),
+                                                                          size))
+                for name, static_plan in STATIC_CANDIDATES.items()}
+
+    def adaptive():
+        where = fresh(work)
+        report = run_adaptive_on_spark(pipeline, inputs(where / "in", size), NoopSink(), spark=spark,
+                                       checkpoint=str(where / "ckpt"), run_dir=str(where / "run"),
+                                       adaptive_config=adaptive_config(quick), progress=False)
+        last = [entry.throughput_per_s for entry in report.timeline.batches()
+                if entry.plan == plan_fingerprint(report.plan)][-5:]
+        return report, median_throughput(last)
+
+    variants["adaptive"] = adaptive
+    block = method.measure_block(
+        variants, repeats, quick=quick, value=lambda result: (result[1] if isinstance(result, tuple) else result) or 0.0,
+        warm_up=lambda: static_throughput(spark, pipeline, SEQUENTIAL, fresh(work), WARM_UP),
+        warm_up_label="the sequential plan on a small input", log=lambda line: print(f"  (a) {line}", file=sys.stderr))
+    medians = block.medians()
+    share, best_name = block.over_best_of_others("adaptive", among=list(STATIC_CANDIDATES))
+    report = block.details["adaptive"][0][0]  # the first repeat's run: its timeline and decisions
+    best = medians[best_name]
     save_timeline(report.timeline, stem + "_reach-best", [ReferenceLine(f"best static plan ({best_name})", best)])
     return {
-        "static_throughput_per_s": {name: statics[name] for name in statics},
+        "block": block.to_dict(),
+        "static_throughput_per_s": {name: medians[name] for name in STATIC_CANDIDATES},
         "static_plans": {name: plan_fingerprint(p) for name, p in STATIC_CANDIDATES.items()},
         "best_static": best_name,
-        "plan_changes": sum(1 for switch in report.switches if switch.error is None),
+        "plan_changes_per_repeat": [sum(1 for switch in run.switches if switch.error is None)
+                                    for run, _ in block.details["adaptive"]],
+        "final_plan_per_repeat": [plan_fingerprint(run.plan) for run, _ in block.details["adaptive"]],
+        "plan_changes": max(sum(1 for switch in run.switches if switch.error is None)
+                            for run, _ in block.details["adaptive"]),
         "final_plan": plan_fingerprint(report.plan),
-        "final_throughput_per_s": final,
-        "share_of_best": final / best if final and best else None,
-        "within_10_percent": bool(final and best and final >= WITHIN * best),
+        "final_throughput_per_s": medians["adaptive"],
+        "share_of_best": share,
+        "within_10_percent": share >= WITHIN,
         "decisions": [f"batch {e.batch_id} {e.action}: {e.reason}" for e in report.timeline.entries
                       if e.action != "observe"],
         "model_correction": report.correction,
@@ -263,21 +287,37 @@ def settled_throughput(segments: list[dict], final_plan: str) -> float | None:
     return median_throughput(values)
 
 
-def cost_change(spark, work: Path, change: CostChange, quick: bool, stem: str) -> dict:
+def cost_change(spark, work: Path, change: CostChange, quick: bool, stem: str, repeats: int) -> dict:
+    """Every static candidate on post-change input and the adaptive run on the whole input, in one
+    block (benchmarks/method.py): a warm-up run, then `repeats` repeats, the order rotated."""
     pipeline = data_cost_chain(change.before_us)
-    statics = {}
-    for name, static_plan in STATIC_CANDIDATES.items():
-        source = cost_inputs(work / f"after-{len(statics)}", change, change.static_files, first_cost_file=change.change_at)
-        statics[name] = static_throughput(spark, pipeline, static_plan, work / f"after-static-{len(statics)}", QUICK,
-                                          source=source)
-        print(f"  static on post-change input {name} {plan_fingerprint(static_plan)}: {statics[name] or 0:,.0f}"
-              " records/s", file=sys.stderr)
-    best_name = max((name for name in statics if statics[name]), key=lambda name: statics[name])
+
+    def static(static_plan):
+        where = fresh(work)
+        source = cost_inputs(where / "in", change, change.static_files, first_cost_file=change.change_at)
+        return static_throughput(spark, pipeline, static_plan, where, QUICK, source=source)
+
+    def adaptive():
+        where = fresh(work)
+        report = run_adaptive_on_spark(pipeline, cost_inputs(where / "in", change, change.files), NoopSink(),
+                                       spark=spark, checkpoint=str(where / "ckpt"), run_dir=str(where / "run"),
+                                       adaptive_config=adaptive_config(quick), progress=False)
+        segments = plan_segments(report.timeline.batches(), change.change_at)
+        return report, settled_throughput(segments, plan_fingerprint(report.plan))
+
+    variants = {name: (lambda static_plan=static_plan: static(static_plan))
+                for name, static_plan in STATIC_CANDIDATES.items()}
+    variants["adaptive"] = adaptive
+    block = method.measure_block(
+        variants, repeats, quick=quick, value=lambda result: (result[1] if isinstance(result, tuple) else result) or 0.0,
+        warm_up=lambda: static_throughput(spark, pipeline, SEQUENTIAL, fresh(work), WARM_UP,
+                                          source=cost_inputs(fresh(work) / "in", change, 4)),
+        warm_up_label="the sequential plan on a small input", log=lambda line: print(f"  (b) {line}", file=sys.stderr))
+    medians = block.medians()
+    statics = {name: medians[name] for name in STATIC_CANDIDATES}
+    share, best_name = block.over_best_of_others("adaptive", among=list(STATIC_CANDIDATES))
     best = statics[best_name]
-    report = run_adaptive_on_spark(pipeline, cost_inputs(work / "change-in", change, change.files), NoopSink(),
-                                   spark=spark, checkpoint=str(work / "change-ckpt"),
-                                   run_dir=str(work / "change-run"), adaptive_config=adaptive_config(quick),
-                                   progress=False)
+    report = block.details["adaptive"][0][0]  # the first repeat's run: its timeline and decisions
     batches = report.timeline.batches()
     change_s = next((entry.time_s for entry in batches if entry.batch_id >= change.change_at), None)
     segments = plan_segments(batches, change.change_at)
@@ -290,12 +330,12 @@ def cost_change(spark, work: Path, change: CostChange, quick: bool, stem: str) -
         replans += 1
     entries = [entry for entry in report.timeline.entries if entry.batch_id >= change.change_at]
     reopen = next((entry for entry in entries if entry.action == "reopen"), None)
-    final = settled_throughput(segments, plan_fingerprint(report.plan))
     for segment in segments:
         del segment["throughputs"]
     references = [ReferenceLine(f"best static plan after the change ({best_name})", best, change_s)]
     save_timeline(report.timeline, stem + "_cost-change", references)
     return {
+        "block": block.to_dict(),
         "change_at_batch": change.change_at,
         "cost_us_before_after": [change.before_us, change.after_us],
         "static_throughput_after_change_per_s": statics,
@@ -306,8 +346,9 @@ def cost_change(spark, work: Path, change: CostChange, quick: bool, stem: str) -
         "segments_after_change": segments,
         "replans_until_within_10_percent": replans if reached is not None else None,
         "final_plan": plan_fingerprint(report.plan),
-        "final_throughput_per_s": final,  # over all post-change batches under the final plan
-        "share_of_best": final / best if final and best else None,
+        "final_plan_per_repeat": [plan_fingerprint(run.plan) for run, _ in block.details["adaptive"]],
+        "final_throughput_per_s": medians["adaptive"],  # median over the repeats of the post-change settled rate
+        "share_of_best": share,
         "decisions_after_change": [f"batch {e.batch_id} {e.action}: {e.reason}" for e in entries
                                    if e.action not in ("observe",)],
         "model_correction": report.correction,
@@ -408,9 +449,9 @@ def switch_costs(spark, work: Path, size: Size, every: int = 3) -> dict:
 
 
 def save_timeline(timeline: Timeline, stem: str, references=()) -> None:
-    timeline.write_json(RESULTS / f"{stem}.json")
+    timeline.write_json(OUT[0] / f"{stem}.json")
     try:
-        plot_timeline(timeline, RESULTS / f"{stem}.png", references)
+        plot_timeline(timeline, OUT[0] / f"{stem}.png", references)
     except RuntimeError as error:
         print(f"no plot: {error}", file=sys.stderr)
 
@@ -421,25 +462,24 @@ def markdown(document: dict) -> str:
     lines = [
         "# The adaptive loop on Spark",
         "",
-        f"- command: `{document['command']}`",
-        f"- machine: {document['machine']}; Spark master local[{document['cores']}]",
-        f"- date: {document['date']}, revision {document['revision']}",
+        f"- Spark master local[{document['cores']}]; (a) and (b): every static plan and the adaptive run in one "
+        f"block, a warm-up run first, {document['repeats']} repeat(s) in an order rotated each repeat, medians; "
+        "the adaptive run's timeline and decisions below are those of its first repeat",
         f"- input: {document['size']['files']} files of {document['size']['records_per_file']:,} records"
         f" (one per micro-batch); (b): {document['cost_change_input']['files']} files of"
         f" {document['cost_change_input']['records_per_file']:,} records",
         "",
     ]
-    if document["quick"]:
-        lines += ["**Quick mode on a shared machine: an end-to-end check, not figures.**", ""]
     if reach is not None:
         lines += ["## (a) start sequential, reach the best static plan", "",
                   "| static plan | | records/s |", "| --- | --- | ---: |"]
         for name, value in reach["static_throughput_per_s"].items():
             lines.append(f"| {name} | `{reach['static_plans'][name]}` | {value or 0:,.0f} |")
         share = reach["share_of_best"]
-        lines += ["", f"Adaptive from sequential: {reach['plan_changes']} plan change(s), ends on"
-                  f" `{reach['final_plan']}` at {reach['final_throughput_per_s'] or 0:,.0f} records/s, "
-                  f"{'n/a' if share is None else f'{share:.2f}'} of the best static plan ({reach['best_static']});"
+        lines += ["", f"Adaptive from sequential: plan changes per repeat {reach['plan_changes_per_repeat']}, ends on"
+                  f" {', '.join(f'`{plan}`' for plan in reach['final_plan_per_repeat'])}; median"
+                  f" {reach['final_throughput_per_s'] or 0:,.0f} records/s over its last batches,"
+                  f" {'n/a' if share is None else f'{share:.2f}'} of the best static plan ({reach['best_static']});"
                   f" within 10 %: {reach['within_10_percent']}. Model correction at the end:"
                   f" {reach['model_correction'] or 'none'}.", ""]
         lines += [f"- {decision}" for decision in reach["decisions"]]
@@ -494,29 +534,34 @@ def markdown(document: dict) -> str:
     return "\n".join(lines)
 
 
-def main() -> int:
+def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="small inputs, one repeat: an end-to-end check")
+    method.add_arguments(parser)
     parser.add_argument("--cores", type=int, default=2, help="Spark task slots, local[N] (default 2)")
     parser.add_argument("--inject-at", type=int, default=8, help="(c): the batch the bad plan is injected at")
     parser.add_argument("--only", choices=("reach-best", "cost-change", "bad-injection", "switch-costs"),
                         action="append", help="run only these parts (repeatable; default all)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.repeats = 1
+    method.check_repeats(args.repeats, args.quick)
+    run = method.Run("adaptive_spark.py", argv, quick=args.quick, out=args.out, master=f"local[{args.cores}]")
+    OUT[0] = run.out
     size = QUICK if args.quick else FULL
     change = QUICK_CHANGE if args.quick else FULL_CHANGE
     parts = set(args.only or ("reach-best", "cost-change", "bad-injection", "switch-costs"))
     stem = "adaptive_spark_quick" if args.quick else "adaptive_spark"
-    RESULTS.mkdir(parents=True, exist_ok=True)
+    run.out.mkdir(parents=True, exist_ok=True)
     spark = create_session(RunnerConfig(master=f"local[{args.cores}]", app_name="fissure-adaptive-bench"))
     work = Path(tempfile.mkdtemp(prefix="fissure-adaptive-bench-"))
     try:
         reach = change_result = bad = costs = None
         if "reach-best" in parts:
             print("(a) reach-best", file=sys.stderr)
-            reach = reach_best(spark, work, size, args.quick, stem)
+            reach = reach_best(spark, work, size, args.quick, stem, args.repeats)
         if "cost-change" in parts:
             print("(b) cost-change", file=sys.stderr)
-            change_result = cost_change(spark, work, change, args.quick, stem)
+            change_result = cost_change(spark, work, change, args.quick, stem, args.repeats)
         if "bad-injection" in parts:
             print("(c) bad-injection", file=sys.stderr)
             bad = bad_injection(spark, work, size, args.quick, stem, args.inject_at)
@@ -527,15 +572,10 @@ def main() -> int:
         spark.stop()
         shutil.rmtree(work, ignore_errors=True)
     document = {
-        "command": "./dev python benchmarks/adaptive_spark.py" + (" --quick" if args.quick else ""),
-        "machine": machine_description(), "cores": args.cores, "quick": args.quick,
-        "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "revision": git_revision(),
-        "size": asdict(size), "cost_change_input": asdict(change), "stem": stem, "reach_best": reach,
+        "cores": args.cores, "quick": args.quick, "repeats": args.repeats, "size": asdict(size), "cost_change_input": asdict(change), "stem": stem, "reach_best": reach,
         "cost_change": change_result, "bad_injection": bad, "switch_costs": costs,
     }
-    (RESULTS / f"{stem}.json").write_text(json.dumps(document, indent=1) + "\n")
-    (RESULTS / f"{stem}.md").write_text(markdown(document))
-    print(markdown(document))
+    run.write_results(stem, markdown(document), document)
     return 0
 
 

@@ -3,7 +3,8 @@
     ./dev python benchmarks/autopipeline_graph.py            # the measurement (quiet machine!)
     ./dev python benchmarks/autopipeline_graph.py --quick    # tiny end-to-end check, no figures
 
-Variants, alternating A B C A B C ... `--repeats` times, each a fresh query over the same input:
+Variants, in an order rotated each repeat (A B C, B C A, C A B, ...; at least 3 repeats unless
+--quick) after --warmup uncounted runs, each a fresh query over the same input (benchmarks/method.py):
 - unpipelined: every graph PE in one process;
 - hand-placed: boundaries at `--hand` (default `events,failures`: lines-parsed-raw_events,
   events and failures each in a process of their own in the first graph PE);
@@ -11,29 +12,27 @@ Variants, alternating A B C A B C ... `--repeats` times, each a fresh query over
   place boundaries while it runs (its first windows run unpipelined: that cost is included).
 Throughput: input lines / the summed wall time of the micro-batches (foreachBatch, which runs
 the whole batch), so Spark's start is left out. Medians over the repeats, and each variant's ratio
-to unpipelined. Results: benchmarks/results/autopipeline_graph.md and .json (with --quick: a
-temporary directory).
+to unpipelined. Results: autopipeline_graph.md and .json under --out (default
+benchmarks/results/; with --quick: a temporary directory).
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import os
-import platform
-import statistics
 import sys
 import tempfile
 from pathlib import Path
 
 REPOSITORY = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPOSITORY / "examples"))
+sys.path.insert(0, str(REPOSITORY / "benchmarks"))
 
 import fissure  # noqa: E402
 from fissure.spark.graph_autopipeline import GraphAutopipelineConfig  # noqa: E402
 from generators.loglines import generate, split_into_files  # noqa: E402
 from logwatch_graph import build_graph  # noqa: E402
+import method  # noqa: E402
 
 
 def measure(spark, source_dir: str, batch_kb: int, lines: int, boundaries, autopipeline: bool, beta: float,
@@ -53,11 +52,10 @@ def measure(spark, source_dir: str, batch_kb: int, lines: int, boundaries, autop
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="tiny end-to-end run (no figures)")
+    method.add_arguments(parser)
     parser.add_argument("--lines", type=int, default=200_000)
     parser.add_argument("--files", type=int, default=8)
     parser.add_argument("--batch-kb", type=int, default=2048)
-    parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--warmup", type=int, default=1, help="uncounted runs first (the session's first "
                                                              "queries start Python workers and JIT)")
     parser.add_argument("--hand", default="events,failures", help="hand-placed boundaries")
@@ -66,6 +64,10 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.quick:
         args.lines, args.files, args.batch_kb, args.repeats, args.warmup = 3000, 3, 64, 1, 0
+    method.check_repeats(args.repeats, args.quick)
+    if args.warmup < 1 and not args.quick:
+        parser.error("--warmup: at least one uncounted run unless --quick")
+    run = method.Run("autopipeline_graph.py", argv, quick=args.quick, out=args.out, master=args.master)
     work = tempfile.mkdtemp(prefix="fissure-bench-graph-")
     source_dir = os.path.join(work, "input")
     split_into_files(list(generate(args.lines)), source_dir, args.files)
@@ -74,45 +76,36 @@ def main(argv=None) -> int:
     spark = create_session(fissure.RunnerConfig(master=args.master))
     hand = [name for name in args.hand.split(",") if name]
     variants = {"unpipelined": ([], False), "hand-placed": (hand, False), "autopipelined": ([], True)}
-    started = datetime.datetime.now(datetime.timezone.utc)
-    runs: dict[str, list[dict]] = {name: [] for name in variants}
-    for _ in range(args.warmup):
-        measure(spark, source_dir, args.batch_kb, args.lines, [], False, args.beta, work)
-    for repeat in range(args.repeats):
-        for name, (boundaries, autopipeline) in variants.items():
-            result = measure(spark, source_dir, args.batch_kb, args.lines, boundaries, autopipeline, args.beta, work)
-            runs[name].append(result)
-            print(f"repeat {repeat + 1} {name}: {result['lines_per_s']:,.0f} lines/s, boundaries at the end "
-                  f"{','.join(result['boundaries_at_end']) or 'none'}", file=sys.stderr)
-    medians = {name: statistics.median(run["lines_per_s"] for run in results) for name, results in runs.items()}
-    base = medians["unpipelined"]
+    block = method.measure_block(
+        {name: (lambda boundaries=boundaries, autopipeline=autopipeline: measure(
+            spark, source_dir, args.batch_kb, args.lines, boundaries, autopipeline, args.beta, work))
+         for name, (boundaries, autopipeline) in variants.items()},
+        args.repeats, quick=args.quick, value=lambda result: result["lines_per_s"],
+        warm_up=(lambda: [measure(spark, source_dir, args.batch_kb, args.lines, [], False, args.beta, work)
+                          for _ in range(args.warmup)]) if args.warmup else None,
+        warm_up_label=f"{args.warmup} unpipelined run(s)", log=lambda line: print(line, file=sys.stderr))
+    runs = block.details
+    medians = block.medians()
     document = {
-        "command": "./dev python benchmarks/autopipeline_graph.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-        "date": started.isoformat(timespec="seconds"), "machine": f"{platform.node()} {platform.machine()}",
-        "cores": os.cpu_count(), "master": args.master, "quick": args.quick, "lines": args.lines,
-        "batch_kb": args.batch_kb, "repeats": args.repeats, "hand_placed": hand,
+        "master": args.master, "quick": args.quick, "lines": args.lines,
+        "batch_kb": args.batch_kb, "repeats": args.repeats, "hand_placed": hand, "orders": block.orders,
         "median_lines_per_s": medians,
-        "ratio_to_unpipelined": {name: (rate / base if base > 0 else None) for name, rate in medians.items()},
+        "ratio_to_unpipelined": {name: block.ratio(name, "unpipelined") for name in medians if name != "unpipelined"},
         "runs": runs,
     }
-    out_dir = Path(work) if args.quick else REPOSITORY / "benchmarks" / "results"
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "autopipeline_graph.json").write_text(json.dumps(document, indent=2))
     lines = ["# Autopipelining on the LogWatch graph (Spark)\n",
-             f"`{document['command']}` on {document['machine']} ({document['cores']} cores, {args.master}), "
-             f"{document['date']}; {args.lines:,} lines, {args.batch_kb} KiB per micro-batch, median of "
-             f"{args.repeats}\n", "| variant | boundaries at the end (last run) | lines/s | ratio to unpipelined |",
+             f"{args.lines:,} lines, {args.batch_kb} KiB per micro-batch; {args.warmup} uncounted warm-up run(s), then "
+             f"{args.repeats} repeat(s) of the variants in an order rotated each repeat; medians\n",
+             "| variant | boundaries at the end (last run) | lines/s | ratio to unpipelined |",
              "| --- | --- | --- | --- |"]
     for name, rate in medians.items():
-        ratio = document["ratio_to_unpipelined"][name]
+        ratio = document["ratio_to_unpipelined"].get(name)
         lines.append(f"| {name} | {','.join(runs[name][-1]['boundaries_at_end']) or 'none'} | {rate:,.0f} | "
-                     f"{ratio:.2f} |" if ratio is not None else f"| {name} | | {rate:,.0f} | |")
+                     + (f"{ratio:.2f} |" if ratio is not None else "1 |"))
     lines.append("\nAutopipelining decisions of the last run:\n")
     lines += [f"- {decision}" for decision in runs["autopipelined"][-1]["decisions"]] or ["- none"]
-    (out_dir / "autopipeline_graph.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
-    print(f"\nwritten to {out_dir}")
     spark.stop()
+    run.write_results("autopipeline_graph", "\n".join(lines) + "\n", document)
     return 0
 
 

@@ -6,7 +6,8 @@ with every file in one batch (`batch_size="all"`), and with the size fissure cho
 Spark model (`batch_size="auto"`, fissure.control.batch_size). Per run: the drain rate (records
 over the summed batch durations, the first batch included: every variant pays one), the batches
 and the longest batch (what a record may wait). Variants rotate each round; medians of the
-rounds; one uncounted warm-up run starts Spark's Python workers first.
+rounds (at least 3 unless --quick); one uncounted warm-up run starts Spark's Python workers first
+(benchmarks/method.py). Results: batch_size.md/.json under --out (default benchmarks/results/).
 
     ./dev python benchmarks/batch_size.py              # 1,000,000 lines, 3 rounds (about 15 minutes)
     ./dev python benchmarks/batch_size.py --quick      # tiny input, one round: a smoke test
@@ -15,7 +16,6 @@ rounds; one uncounted warm-up run starts Spark's Python workers first.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import tempfile
@@ -29,7 +29,7 @@ sys.path.insert(0, str(REPOSITORY / "benchmarks"))
 import fissure  # noqa: E402
 from fissure.spark.config import RunnerConfig  # noqa: E402
 from fissure.spark.plans import describe_plan, planner_plan  # noqa: E402
-from provenance import load, load_note, machine, now, revision  # noqa: E402
+import method  # noqa: E402
 
 FILES = 200  # small files: Spark admits whole files, so sizes are met to a file (about 0.5 MiB)
 FIXED_KIB = (2048, 8192, 32768)
@@ -56,6 +56,8 @@ def fixed_cost_fit(runs: dict[str, list[dict]]) -> tuple[float, float]:
     also starts the query): a LogWatch micro-batch's measured fixed cost and cost per line."""
     points = [(records, seconds) for items in runs.values() for item in items
               for records, seconds in item["batch_times"][1:] if records]
+    if len({records for records, _ in points}) < 2:  # one batch size only (a --quick input): no fit
+        return float("nan"), float("nan")
     mean_r = statistics.fmean(r for r, _ in points)
     mean_t = statistics.fmean(t for _, t in points)
     slope = (sum((r - mean_r) * (t - mean_t) for r, t in points) / sum((r - mean_r) ** 2 for r, _ in points))
@@ -64,10 +66,7 @@ def fixed_cost_fit(runs: dict[str, list[dict]]) -> tuple[float, float]:
 
 def report_text(document: dict) -> str:
     lines = ["# Micro-batch size: chosen by fissure against sizes given by hand (LogWatch)", "",
-             f"Command: `{document['command']}`  ", f"Date: {document['date']}  ",
-             f"Machine: {document['machine']}  ", f"Revision: {document['revision']}  ",
-             f"Load average before / after: {document['load_before']} / {document['load_after']}"
-             + load_note(document["load_before"]), "",
+             "One uncounted warm-up run, then every variant once per round, the order rotated each round.", "",
              f"{document['lines']:,} lines ({document['input_kib']:,} KiB) in {FILES} files; planner's plan "
              f"`{document['plan']}`; medians of {document['rounds']} rounds.", "",
              "| batch size | drain rate, lines/s | x best | batches | longest batch, s |", "| --- | --- | --- | --- | --- |"]
@@ -76,7 +75,9 @@ def report_text(document: dict) -> str:
     for name, item in medians.items():
         lines.append(f"| {name} | {item['rate']:,.0f} | {item['rate'] / best:.2f} | {item['batches']:.0f} | "
                      f"{item['longest_batch_s']:.1f} |")
-    lines += ["", f"fissure's choice: {document['auto_reason']}", "",
+    lines += ["", "x best: over the best median of all variants, for reading the table; the ratio quoted is the "
+              "last line's, auto over the best of the *fixed* sizes.", "",
+              f"fissure's choice: {document['auto_reason']}", "",
               f"Measured fixed cost per batch (least squares over every batch after each run's first): "
               f"{document['fixed_s']:.2f} s, and {document['per_line_us']:.1f} us a line.", "",
               f"auto against the best fixed size (median of the per-round ratios): {document['auto_over_best']:.2f}"]
@@ -85,18 +86,19 @@ def report_text(document: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    method.add_arguments(parser, repeats=None)
     parser.add_argument("--lines", type=int, default=1_000_000)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--quick", action="store_true", help="tiny input, one round, results to a temporary folder")
+    parser.add_argument("--rounds", type=int, default=3, help="repeats of every variant (at least 3 unless --quick)")
     args = parser.parse_args(argv)
     if args.quick:
         args.lines, args.rounds = 20_000, 1
+    method.check_repeats(args.rounds, args.quick)
+    run = method.Run("batch_size.py", argv, quick=args.quick, out=args.out)
     from generators.loglines import generate, split_into_files
     from logwatch import build_pipeline
 
     from fissure.spark.session import create_session
 
-    load_before = load()
     spark = create_session(RunnerConfig(master="local[2]"))
     work = Path(tempfile.mkdtemp(prefix="fissure-batch-size-"))
     split_into_files(list(generate(args.lines)), work / "input", FILES)
@@ -114,8 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     runs: dict[str, list[dict]] = {name: [] for name in variants}
     names = list(variants)
     for round_number in range(args.rounds):
-        shift = round_number * 2 % len(names)
-        for name in names[shift:] + names[:shift]:
+        for name in method.run_order(names, round_number):
             source, config = variants[name]
             runs[name].append(drain(spark, pipeline, plan, source, config))
         print(f"round {round_number + 1}: " + ", ".join(f"{name} {items[-1]['rate']:,.0f}"
@@ -133,16 +134,11 @@ def main(argv: list[str] | None = None) -> int:
     cost = model_batch_cost(pipeline.operator_stats(), plan, 2, settings)
     _, (admission,) = admit_file_sources({"input": auto_source}, cost, fixed_share=RunnerConfig().batch_fixed_share,
                                          latency_bound_s=None)
-    document = {"command": " ".join(["./dev python benchmarks/batch_size.py", *(argv if argv is not None else sys.argv[1:])]),
-                "date": now(), "machine": machine(), "revision": revision(REPOSITORY), "load_before": load_before,
-                "load_after": load(), "lines": args.lines, "input_kib": input_kib, "rounds": args.rounds,
+    document = {"lines": args.lines, "input_kib": input_kib, "rounds": args.rounds,
                 "plan": describe_plan(plan, pipeline), "model": model_source, "runs": runs, "medians": medians,
                 "auto_over_best": auto_over_best, "auto_reason": admission.describe()}
     document["fixed_s"], document["per_line_us"] = fixed_cost_fit(runs)
-    out = REPOSITORY / "benchmarks" / "results" if not args.quick else Path(tempfile.mkdtemp())
-    (out / "batch_size.json").write_text(json.dumps(document, indent=2))
-    (out / "batch_size.md").write_text(report_text(document))
-    print(report_text(document))
+    run.write_results("batch_size", report_text(document), document)
     return 0
 
 

@@ -5,8 +5,10 @@ git worktree of `--base`, and this checkout); the processes alternate, the order
 round. A process starts one Spark session (local[2]), makes one uncounted warm-up run, then
 measures every workload under the sequential plan and the planner's plan: steady records per
 second (the micro-batches after the first). Reported: per workload and plan, each revision's
-median over rounds and the median of the paired ratios (this / base, round by round). The
-inputs are generated once and shared, so both revisions read the same files.
+median over rounds (at least 3 unless --quick) and the median of the paired ratios (this / base,
+round by round). The inputs are generated once and shared, so both revisions read the same files.
+The method and the results header: benchmarks/method.py; results compare_revisions.md/.json under
+--out (default benchmarks/results/).
 
     ./dev python benchmarks/compare_revisions.py --base ba355d4            # 3 rounds
     ./dev python benchmarks/compare_revisions.py --base HEAD~1 --quick     # tiny inputs, one round
@@ -26,7 +28,8 @@ from pathlib import Path
 REPOSITORY = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPOSITORY / "benchmarks"))
 
-from provenance import load, load_note, machine, now, revision  # noqa: E402
+import method  # noqa: E402
+from provenance import revision  # noqa: E402
 WORKLOADS = ("cpu", "logwatch")
 PLANS = ("sequential", "planner")
 
@@ -77,8 +80,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--records", type=int, default=20000)
     parser.add_argument("--lines", type=int, default=30000)
     parser.add_argument("--files", type=int, default=5)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--rounds", type=int, default=3, help="repeats of both revisions (at least 3 unless --quick)")
+    method.add_arguments(parser, repeats=None)
     parser.add_argument("--point", nargs=2, metavar=("TREE", "INPUTS"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.point:
@@ -86,18 +89,18 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.quick:
         args.records, args.lines, args.files, args.rounds = 2000, 3000, 3, 1
+    method.check_repeats(args.rounds, args.quick)
+    run = method.Run("compare_revisions.py", argv, quick=args.quick, out=args.out)
     work = Path(tempfile.mkdtemp(prefix="fissure-compare-"))
     base_tree = work / "base"
     subprocess.run(["git", "worktree", "add", "--detach", str(base_tree), args.base], cwd=REPOSITORY, check=True,
                    capture_output=True)
-    load_before = load()
     try:
         write_inputs(work / "inputs", args.records, args.lines, args.files)
         trees = {"base": base_tree, "this": REPOSITORY}
         rates: dict[str, dict[str, list[float]]] = {name: {} for name in trees}
         for round_number in range(args.rounds):
-            order = list(trees) if round_number % 2 == 0 else list(reversed(trees))
-            for name in order:
+            for name in method.run_order(list(trees), round_number):
                 finished = subprocess.run([sys.executable, __file__, "--base", args.base, "--point",
                                            str(trees[name]), str(work / "inputs")],
                                           capture_output=True, text=True,
@@ -116,30 +119,21 @@ def main(argv: list[str] | None = None) -> int:
                                                                        for key, rate in result["rates"].items()),
                       flush=True)
         document = {
-            "command": "./dev python benchmarks/compare_revisions.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-            "date": now(), "machine": machine(),
-            "base": revision(base_tree), "this": revision(REPOSITORY),
-            "load_before": load_before, "load_after": load(),
-            "rates": rates,
-            "this_over_base": {key: statistics.median(this / base for this, base in
-                                                      zip(rates["this"][key], rates["base"][key]))
+            "base": revision(base_tree), "this": run.revision, "rates": rates,
+            "this_over_base": {key: method.paired_ratio({"this": rates["this"][key], "base": rates["base"][key]},
+                                                        "this", "base")
                                for key in rates["this"]},
         }
     finally:
         subprocess.run(["git", "worktree", "remove", "--force", str(base_tree)], cwd=REPOSITORY, capture_output=True)
-    out = REPOSITORY / "benchmarks" / "results" if not args.quick else Path(tempfile.mkdtemp())
-    (out / "compare_revisions.json").write_text(json.dumps(document, indent=2))
-    (out / "compare_revisions.md").write_text(report(document))
-    print(report(document))
+    run.write_results("compare_revisions", report(document), document)
     return 0
 
 
 def report(document: dict) -> str:
     lines = ["# This revision against an earlier one, same chains and plans", "",
-             f"Command: `{document['command']}`  ", f"Date: {document['date']}  ",
-             f"Machine: {document['machine']}  ", f"Revisions: this {document['this']}, base {document['base']}  ",
-             f"Load average before / after: {document['load_before']} / {document['load_after']}"
-             + load_note(document["load_before"]), "",
+             f"Revisions: this {document['this']}, base {document['base']}. Each revision's process makes one "
+             "uncounted warm-up run; the two revisions' order rotates each round.", "",
              "| workload / plan | base, median records/s | this, median records/s | this / base (median of paired ratios) |",
              "| --- | --- | --- | --- |"]
     for key, ratio in document["this_over_base"].items():

@@ -15,8 +15,9 @@ Workloads (the functions of the examples):
 Method: the inputs are written once, as files read one per micro-batch. A round runs, per
 workload, the plain loop and both plans, in an order rotated each round; a fissure run's rate is
 its steady rate (the records of the micro-batches after the first over their summed durations).
-Reported: medians over rounds, and the median of the per-round ratios to the plain loop. One
-uncounted warm-up run starts Spark's Python workers first.
+Reported: medians over rounds (at least 3 unless --quick), and the median of the per-round ratios
+to the plain loop. One uncounted warm-up run starts Spark's Python workers first (the method of
+benchmarks/method.py). Results: cost.md/.json (cost_1m.* with --goal) under --out.
 
     ./dev python benchmarks/cost.py                 # 3 rounds, the default sizes (about 15 minutes)
     ./dev python benchmarks/cost.py --scale 10      # 10x the records per workload
@@ -28,7 +29,6 @@ uncounted warm-up run starts Spark's Python workers first.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import tempfile
@@ -45,7 +45,7 @@ from fissure.graph import Action  # noqa: E402
 from fissure.model.types import Kind  # noqa: E402
 from fissure.spark.plans import describe_plan, planner_plan, sequential_plan  # noqa: E402
 from fissure.testing import text_files  # noqa: E402
-from provenance import load, load_note, machine, now, revision  # noqa: E402
+import method  # noqa: E402
 from spark_chain import cpu_pipeline, cpu_source, logwatch_source, measure_fissure  # noqa: E402
 
 # Records per workload at --scale 1, and files (one micro-batch each).
@@ -109,10 +109,8 @@ def workloads(scale: float, work: Path, files: int = FILES, files_per_batch: int
 
 def report(document: dict) -> str:
     lines = ["# What a record costs: fissure against one plain Python process", "",
-             f"Command: `{document['command']}`  ", f"Date: {document['date']}  ",
-             f"Machine: {document['machine']}  ", f"Revision: {document['revision']}  ",
-             f"Load average before / after: {document['load_before']} / {document['load_after']}"
-             + load_note(document["load_before"]), ""]
+             "One uncounted warm-up run, then per workload every run once per round, the order rotated each "
+             "round; medians, and the median of the per-round ratios to the plain loop.", ""]
     for name, workload in document["workloads"].items():
         rates = workload["rates"]
         lines += [f"## {name}", "", f"{workload['records']:,} records in {document['files']} files, "
@@ -128,14 +126,16 @@ def report(document: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--scale", type=float, default=1.0, help="records per workload, times the defaults")
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--quick", action="store_true", help="tiny inputs, one round, results to a temporary folder")
+    parser.add_argument("--rounds", type=int, default=3, help="repeats of every run (at least 3 unless --quick)")
+    method.add_arguments(parser, repeats=None)
     parser.add_argument("--goal", action="store_true",
-                        help="the efficiency goals' shape: 1,000,000 records in 20 files, 5 files (250,000 records) "
+                        help="the large shape: 1,000,000 records in 20 files, 5 files (250,000 records) "
                              "a micro-batch, LogWatch and the word counts, plain loop and planner only")
     args = parser.parse_args(argv)
     if args.quick:
         args.scale, args.rounds = 0.05, 1
+    method.check_repeats(args.rounds, args.quick)
+    run = method.Run("cost.py", argv, quick=args.quick, out=args.out)
     shape = {"files": FILES, "files_per_batch": 1, "records": None, "names": tuple(SIZES)}
     runs = ("plain", "sequential", "planner")
     if args.goal:
@@ -145,12 +145,9 @@ def main(argv: list[str] | None = None) -> int:
     from fissure.spark.config import RunnerConfig
     from fissure.spark.session import create_session
 
-    load_before = load()
     spark = create_session(RunnerConfig(master="local[2]"))
     work = Path(tempfile.mkdtemp(prefix="fissure-cost-"))
-    document = {"command": " ".join(["./dev python benchmarks/cost.py", *(argv if argv is not None else sys.argv[1:])]),
-                "date": now(), "machine": machine(), "revision": revision(REPOSITORY), "load_before": load_before,
-                "files": shape["files"], "files_per_batch": shape["files_per_batch"], "workloads": {}}
+    document = {"files": shape["files"], "files_per_batch": shape["files_per_batch"], "workloads": {}}
     prepared = list(workloads(args.scale, work, **shape))
     warm_pipeline = cpu_pipeline(4)  # small: starts the Python workers, whatever the workloads' size
     measure_fissure(spark, warm_pipeline, cpu_source(work / "warm-up", 2_000, 2), sequential_plan(warm_pipeline),
@@ -159,25 +156,18 @@ def main(argv: list[str] | None = None) -> int:
         plans = {"sequential": sequential_plan(pipeline), "planner": planner_plan(pipeline, 2)}
         rates: dict[str, list[float]] = {run: [] for run in runs}
         for round_number in range(args.rounds):
-            shift = round_number % len(runs)
-            order = list(runs[shift:] + runs[:shift])
-            for run in order:
-                if run == "plain":
-                    rates[run].append(plain_loop_rate(pipeline, records))
+            for variant in method.run_order(runs, round_number):
+                if variant == "plain":
+                    rates[variant].append(plain_loop_rate(pipeline, records))
                 else:
-                    rates[run].append(measure_fissure(spark, pipeline, source, plans[run], tempfile.mkdtemp()))
+                    rates[variant].append(measure_fissure(spark, pipeline, source, plans[variant], tempfile.mkdtemp()))
             print(f"{name} round {round_number + 1}: " + ", ".join(f"{run} {values[-1]:,.0f}"
                                                                    for run, values in rates.items()), flush=True)
         document["workloads"][name] = {
             "records": len(records), "planner_plan": describe_plan(plans["planner"], pipeline), "rates": rates,
-            "over_plain": {run: statistics.median(rate / plain for rate, plain in zip(rates[run], rates["plain"]))
-                           for run in runs if run != "plain"}}
-    document["load_after"] = load()
-    out = REPOSITORY / "benchmarks" / "results" if not args.quick else Path(tempfile.mkdtemp())
-    name = "cost_1m" if args.goal else "cost"
-    (out / f"{name}.json").write_text(json.dumps(document, indent=2))
-    (out / f"{name}.md").write_text(report(document))
-    print(report(document))
+            "over_plain": {variant: method.paired_ratio(rates, variant, "plain") for variant in runs if variant != "plain"}}
+    spark.stop()
+    run.write_results("cost_1m" if args.goal else "cost", report(document), document)
     return 0
 
 

@@ -13,7 +13,10 @@ again in the same session (--session-queries, 4 micro-batches each, as in the mo
 benchmark): whether the driver's part grows with the queries a session has run (the adaptive
 loop restarts the query at every plan change).
 
+Results: driver_part.md/.json under --out (default benchmarks/results/).
+
     ./dev python benchmarks/driver_part.py [--files 10] [--repeats 3] [--session-queries 40]
+    ./dev python benchmarks/driver_part.py --quick   # 3 batches, one repeat, 2 session queries: a check
 """
 
 from __future__ import annotations
@@ -31,8 +34,8 @@ from fissure.spark.plans import sequential_plan  # noqa: E402
 from fissure.spark.stage_log import STAGE_LOG_CONF, StageLog  # noqa: E402
 
 import model_accuracy  # noqa: E402
-from model_accuracy import (header_lines, logwatch_source, mixed_pipeline, publish, run_header,  # noqa: E402
-                            stateless_pipeline, synthetic_source, write_json)
+import method  # noqa: E402
+from model_accuracy import logwatch_source, mixed_pipeline, stateless_pipeline, synthetic_source  # noqa: E402
 
 
 def run_query(spark, log: StageLog, pipeline, source, work: Path) -> dict[int, tuple[float, float]]:
@@ -56,13 +59,17 @@ def run_query(spark, log: StageLog, pipeline, source, work: Path) -> dict[int, t
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    method.add_arguments(parser)
     parser.add_argument("--files", type=int, default=10, help="micro-batches per query")
-    parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--session-queries", type=int, default=40)
     parser.add_argument("--master", default="local[2]")
     args = parser.parse_args(argv)
+    if args.quick:
+        args.files, args.repeats, args.session_queries = 3, 1, 2
+    method.check_repeats(args.repeats, args.quick)
+    run = method.Run("driver_part.py", argv, quick=args.quick, out=args.out, master=args.master)
     model_accuracy.LOOPS_PER_US = model_accuracy.busy_loops_per_us()
-    document = run_header("driver_part.py", argv, args.master, False)
+    document = {"master": args.master, "quick": args.quick}
     from fissure.spark.session import create_session
     from logwatch import build_pipeline as logwatch_pipeline
 
@@ -76,8 +83,11 @@ def main(argv=None) -> int:
         "logwatch": (logwatch_pipeline(), logwatch_source(work / "logs", 7_500 * args.files, args.files)),
     }
     runs: dict[str, list[dict[int, tuple[float, float]]]] = {name: [] for name in workloads}
-    for repeat in range(args.repeats):
-        for name, (pipeline, source) in workloads.items():
+    warm_pipeline = stateless_pipeline()  # starts the Python workers: not counted
+    run_query(spark, log, warm_pipeline, synthetic_source(work / "warm-up", 2_000, 2), work)
+    for repeat in range(args.repeats):  # the workloads' order rotated each repeat
+        for name in method.run_order(list(workloads), repeat):
+            pipeline, source = workloads[name]
             print(f"repeat {repeat + 1}/{args.repeats}: {name}", flush=True)
             runs[name].append(run_query(spark, log, pipeline, source, work))
     pipeline, short_source = stateless_pipeline(), synthetic_source(work / "short", 20_000, 4)
@@ -99,13 +109,13 @@ def main(argv=None) -> int:
                          for batch in positions]
     document["results"] = results
     document["session"] = session
-    publish(document, "driver_part", write_outputs)
+    run.write_results("driver_part_quick" if args.quick else "driver_part", report(document), document)
     return 0
 
 
-def write_outputs(document: dict, out_dir: Path, stem: str) -> None:
-    write_json(document, out_dir, stem)
-    lines = header_lines(document, "The driver's part of a micro-batch by its position in the query") + [
+def report(document: dict) -> str:
+    lines = ["# The driver's part of a micro-batch by its position in the query", "",
+             "One uncounted warm-up query first; the workloads' order rotated each repeat.", "",
              "Each workload's sequential plan, one query per repeat; per micro-batch (0: the first, which "
              "the benchmarks leave out) the median over the repeats of the rest of the batch outside its "
              "stages and of the time in its stages, in ms. The model-accuracy benchmark measures batches "
@@ -141,7 +151,7 @@ def write_outputs(document: dict, out_dir: Path, stem: str) -> None:
         lines += ["", f"- rest: median {1e3 * statistics.median(i['rest_s'] for i in session[1:quarter + 1]):.0f} ms "
                       f"over queries 1-{quarter}, {1e3 * statistics.median(i['rest_s'] for i in session[-quarter:]):.0f} "
                       f"ms over the last {quarter}."]
-    (out_dir / f"{stem}.md").write_text("\n".join(lines) + "\n")
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":

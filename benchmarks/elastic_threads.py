@@ -15,7 +15,7 @@ confirmed best is the best candidate over the confirmation blocks (a few candida
 measured in every block). Each elastic run's settled throughput (median period throughput over
 the last quarter of a phase; settled level = most frequent level there) is divided by the
 confirmed best level's throughput in the two blocks around that run (the same stretch of time),
-and the table reports the median of those ratios. The goal: within 5 % of the best static thread
+and the table reports the median of those ratios. The target: within 5 % of the best static thread
 count, and settled again after the latency change.
 
 `--sim-only` runs the policies on seeded synthetic curves instead (no timing, deterministic): the
@@ -26,8 +26,11 @@ papers' rules as written against the improved policies, the share of the best le
     ./dev python benchmarks/elastic_threads.py --quick     # smoke test, seconds (numbers mean nothing)
     ./dev python benchmarks/elastic_threads.py --sim-only  # policies on synthetic curves
 
-Results go to benchmarks/results/ (or --out): elastic_threads.md / .json / .png, or
-elastic_sim_policies.md / .json / .png for --sim-only; --quick adds a _quick suffix.
+Results go to --out (default benchmarks/results/; --quick: a temporary folder): elastic_threads.md /
+.json / .png and elastic_sim_policies.md / .json / .png (only these with --sim-only); --quick adds a
+_quick suffix. The method of benchmarks/method.py: one uncounted warm-up run per operator, the
+confirmation blocks' order rotated, at least 3 elastic runs per policy unless --quick, the header
+of every results file written by method.Run.
 """
 
 from __future__ import annotations
@@ -42,14 +45,11 @@ import argparse  # noqa: E402
 import http.client  # noqa: E402
 import json  # noqa: E402
 import multiprocessing  # noqa: E402
-import platform  # noqa: E402
-import shlex  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402
 import threading  # noqa: E402
 import time  # noqa: E402
 from dataclasses import asdict, dataclass, replace  # noqa: E402
-from datetime import datetime, timezone  # noqa: E402
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer  # noqa: E402
 from pathlib import Path  # noqa: E402
 
@@ -64,7 +64,8 @@ from fissure.control.thread_level.config import ElasticityConfig, POLICY_NAMES  
 from fissure.control.thread_level.policies import make_policy  # noqa: E402
 from fissure.worker.elastic_runner import ElasticOperatorRunner, ThreadLevelSample  # noqa: E402
 
-RESULTS = Path(__file__).resolve().parent / "results"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import method  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -286,6 +287,9 @@ def summarize_phase(timeline: tuple[ThreadLevelSample, ...], start: float, end: 
 
 
 def static_sweep(operator, settings: Settings, log) -> dict[int, list[float]]:
+    """A coarse screen of every level (which levels the confirmation blocks measure), after one
+    uncounted warm-up run at the highest level."""
+    run_static(operator, max(settings.static_levels), settings.static_seconds, settings)  # warm-up
     rates: dict[int, list[float]] = {level: [] for level in settings.static_levels}
     for repeat in range(settings.sweep_repeats):
         # Alternate the order between repeats, so that a slow drift of the machine averages out.
@@ -308,8 +312,8 @@ def confirmation_levels(sweep: dict[int, list[float]], settled: list[int], setti
 def confirmation_block(
     operator, levels: tuple[int, ...], settings: Settings, block: int, log, label: str
 ) -> dict[int, float]:
-    """Each level measured for confirm_seconds; the order alternates between blocks."""
-    order = levels if block % 2 == 0 else tuple(reversed(levels))
+    """Each level measured for confirm_seconds; the order rotated each block."""
+    order = method.run_order(levels, block)
     rates = {level: run_static(operator, level, settings.confirm_seconds, settings) for level in order}
     log(f"  {label} confirmation block {block + 1}: " + " ".join(f"{level}:{rates[level]:.0f}" for level in order))
     return rates
@@ -523,23 +527,12 @@ def simulate_benchmark_shape(seeds: int) -> dict:
 
 
 # -- output -------------------------------------------------------------------------------------------
-def header(title: str, quick: bool) -> list[str]:
-    command = "./dev python benchmarks/elastic_threads.py " + " ".join(shlex.quote(arg) for arg in sys.argv[1:])
-    lines = [f"# {title}", ""]
-    if quick:
-        lines += ["**Quick mode: a smoke test of the script, not a measurement.**", ""]
-    lines += [
-        f"- command: `{command.strip()}`",
-        f"- machine: {platform.machine()}, {os.cpu_count()} logical CPUs, {platform.system()} {platform.release()}, "
-        f"Python {platform.python_version()}",
-        f"- date: {datetime.now(timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}",
-        "",
-    ]
-    return lines
+def header(title: str) -> list[str]:
+    return [f"# {title}", ""]
 
 
 def markdown_benchmark(results: dict, settings: Settings, quick: bool) -> str:
-    lines = header("Elastic thread level against every static thread count", quick)
+    lines = header("Elastic thread level against every static thread count")
     lines += [
         f"Settings: {json.dumps(asdict(settings))}",
         "",
@@ -585,7 +578,7 @@ def markdown_benchmark(results: dict, settings: Settings, quick: bool) -> str:
 
 
 def markdown_simulation(table: dict, shape: dict, count: int, quick: bool) -> str:
-    lines = header("Thread-level policies on synthetic curves: as written and improved", quick)
+    lines = header("Thread-level policies on synthetic curves: as written and improved")
     lines += [
         f"{count} seeded specs of 3 phases each (`fissure.cli.elastic_sim_curves.random_workload_spec`: rise-peak-fall",
         "as a smooth bump, a tent or the universal scalability law with the peak anywhere in 1..32, or a plateau",
@@ -673,21 +666,21 @@ def plot_simulation(table: dict, path: Path) -> None:
     plt.close(figure)
 
 
-def main() -> int:
+def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="smoke test: few levels, short runs")
+    method.add_arguments(parser, repeats=None)
     parser.add_argument("--sim-only", action="store_true", help="only the policies on synthetic curves")
-    parser.add_argument("--out", type=Path, default=RESULTS, help="results folder (default: benchmarks/results)")
     parser.add_argument("--repeats", type=int, default=None,
-                        help=f"elastic runs per policy (default {Settings().repeats}; more give a steadier median)")
-    args = parser.parse_args()
+                        help=f"elastic runs per policy (default {Settings().repeats}; at least {method.MIN_REPEATS} "
+                             "unless --quick)")
+    args = parser.parse_args(argv)
     settings = QUICK if args.quick else Settings()
     if args.repeats is not None:
-        if args.repeats < 1:
-            parser.error("--repeats must be at least 1")
         settings = replace(settings, repeats=args.repeats)
+    method.check_repeats(settings.repeats, args.quick)
     suffix = "_quick" if args.quick else ""
-    args.out.mkdir(parents=True, exist_ok=True)
+    simulation = method.Run("elastic_threads.py", argv, quick=args.quick, out=args.out, master=None, timed=False)
+    measurement = method.Run("elastic_threads.py", argv, quick=args.quick, out=simulation.out, master=None)
 
     def log(message: str) -> None:
         print(message, flush=True)
@@ -695,20 +688,15 @@ def main() -> int:
     table = simulate_policies(settings.sim_specs)
     shape = simulate_benchmark_shape(2 if args.quick else 20)
     document = {"random_specs": table, "benchmark_shape": shape}
-    (args.out / f"elastic_sim_policies{suffix}.json").write_text(json.dumps(document, indent=1) + "\n")
-    report = markdown_simulation(table, shape, settings.sim_specs, args.quick)
-    (args.out / f"elastic_sim_policies{suffix}.md").write_text(report)
-    plot_simulation(table, args.out / f"elastic_sim_policies{suffix}.png")
-    log(report)
+    simulation.write_results(f"elastic_sim_policies{suffix}", markdown_simulation(table, shape, settings.sim_specs,
+                                                                                  args.quick), document)
+    plot_simulation(table, simulation.path(f"elastic_sim_policies{suffix}.png"))
     if args.sim_only:
         return 0
     results = benchmark(settings, log)
     results["settings"] = asdict(settings)
-    (args.out / f"elastic_threads{suffix}.json").write_text(json.dumps(results, indent=1, default=str) + "\n")
-    report = markdown_benchmark(results, settings, args.quick)
-    (args.out / f"elastic_threads{suffix}.md").write_text(report)
-    plot_benchmark(results, args.out / f"elastic_threads{suffix}.png")
-    log(report)
+    measurement.write_results(f"elastic_threads{suffix}", markdown_benchmark(results, settings, args.quick), results)
+    plot_benchmark(results, measurement.path(f"elastic_threads{suffix}.png"))
     return 0
 
 

@@ -10,7 +10,8 @@ Plans per workload: the sequential plan, the paper model's and the Spark model's
 fixed-seed sample of the other valid plans (at most --max-threads threads).
 
 Every plan's query is built anew for every run (collecting one DataFrame twice reuses its shuffle output), over the
-same input (one file per micro-batch); runs alternate between plans; a run's throughput = source
+same input (one file per micro-batch); the sequential plan's profiling runs come first and are the
+warm-up (not counted); then every plan once per repeat, the order rotated each repeat; a run's throughput = source
 records / batch time over the micro-batches after the first (steady state; the model predicts
 steady state). A plan's measured throughput is the median over the repeats of its run's ratio to
 the sequential plan's run in the same repeat, times the sequential plan's median: the machine
@@ -22,10 +23,12 @@ calibration (`fissure calibrate`; documented defaults without one). Reported per
 and worst relative error; the same for the other plans once every prediction is scaled by the
 sequential plan's measured / predicted throughput (what the adaptive loop learns from the plan it
 runs: it takes out how far the machine's speed moved since the calibration); and whether the plan
-the model ranks first is within 5 % of the best measured plan. Per plan, each Spark stage of a
+the model ranks first is within 5 % of the best of the other measured plans. The first-ranked plan
+follows the tie rule of benchmarks/method.py: predictions within 1 % of the highest are ties, which
+go to the simpler plan (fewer threads, then regions, then pipelines, then the plan's text). Per plan, each Spark stage of a
 steady micro-batch measured (Spark's monitoring REST API: the session runs the Spark UI) against
-the model's, and the rest of the batch. Writes markdown, JSON and a scatter plot under
-benchmarks/results/.
+the model's, and the rest of the batch. Writes model_accuracy.md/.json/.png under --out (default
+benchmarks/results/; --quick: model_accuracy_quick.* in a temporary folder, not a result).
 
     ./dev python benchmarks/model_accuracy.py            # the real measurement: a quiet machine, ~20 min
     ./dev python benchmarks/model_accuracy.py --quick    # end to end in a few minutes (not figures)
@@ -34,10 +37,6 @@ benchmarks/results/.
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
-import os
-import platform
 import random
 import statistics
 import sys
@@ -60,6 +59,7 @@ from fissure.profile.calibration import load_calibration, stored_spark_model  # 
 from fissure.spark.plans import describe_plan, sequential_plan  # noqa: E402
 from fissure.testing import record_files  # noqa: E402
 from spark_chain import valid_plans  # noqa: E402
+import method  # noqa: E402
 
 LOOPS_PER_US = 28.0  # busy-loop multiplications per microsecond, measured at start (see busy_loops_per_us)
 
@@ -199,37 +199,6 @@ def profiled_operators(pipeline, summaries):
 # -- the benchmark ----------------------------------------------------------------------------------
 
 
-def run_header(script: str, argv, master: str, quick: bool) -> dict:
-    """What every results document starts with: the command, the date, the machine, its load."""
-    return {
-        "command": f"./dev python benchmarks/{script} " + " ".join(argv if argv is not None else sys.argv[1:]),
-        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "machine": f"{os.cpu_count()} cores, {platform.processor() or platform.machine()}, "
-                   f"Python {platform.python_version()}",
-        "master": master, "quick": quick, "load_before": [round(value, 2) for value in os.getloadavg()],
-    }
-
-
-def header_lines(document: dict, title: str) -> list[str]:
-    """A results file's title and where its figures come from: command, date, machine, load."""
-    return [f"# {title}", "", f"Command: `{document['command']}`  ", f"Date: {document['date']}  ",
-            f"Machine: {document['machine']}, Spark master {document['master']}  ",
-            f"Load average before / after: {document['load_before']} / {document['load_after']}", ""]
-
-
-def write_json(document: dict, out_dir: Path, stem: str) -> None:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / f"{stem}.json").write_text(json.dumps(document, indent=2))
-
-
-def publish(document: dict, stem: str, write) -> None:
-    """Note the load after the runs, write the results with `write`, print the markdown."""
-    document["load_after"] = [round(value, 2) for value in os.getloadavg()]
-    out_dir = REPOSITORY / "benchmarks" / "results"
-    write(document, out_dir, stem)
-    print((out_dir / f"{stem}.md").read_text())
-
-
 def paper_machine(cores: int) -> tuple[Machine, str]:
     calibration = load_calibration()
     if calibration is not None and calibration.replication_cost_us is not None:
@@ -275,14 +244,17 @@ def run_workload(name, spark, pipeline, source, args, work, cores, settings, sta
     plans = choose_plans(pipeline, operators, cores, args.plans, args.max_threads, settings)
     measured: dict[str, list[float]] = {describe_plan(plan): [] for _, plan in plans}
     stages: dict[str, list[dict | None]] = {describe_plan(plan): [] for _, plan in plans}
-    # Every plan, the sequential one too, is measured in the alternating repeats: the profiling
-    # runs above come first and double as the workload's warm-up (the JVM and the Python workers
-    # get faster over the first runs), so their throughput would bias the sequential plan low.
-    for repeat in range(args.repeats):  # alternate the plans within each repeat
-        for label, plan in plans:
-            key = describe_plan(plan)
+    # Every plan, the sequential one too, is measured in one block of repeats, the order rotated
+    # each repeat (benchmarks/method.py): the profiling runs above come first and are the block's
+    # warm-up (the JVM and the Python workers get faster over the first runs), not counted.
+    orders = []
+    for repeat in range(args.repeats):
+        order = method.run_order([describe_plan(plan) for _, plan in plans], repeat)
+        orders.append(order)
+        by_key = {describe_plan(plan): plan for _, plan in plans}
+        for key in order:
             print(f"[{name}] repeat {repeat + 1}/{args.repeats}: {key}", flush=True)
-            run = measure_run(spark, pipeline, source, plan, work, stage_log=stage_log)
+            run = measure_run(spark, pipeline, source, by_key[key], work, stage_log=stage_log)
             measured[key].append(run["records_per_s"])
             stages[key].append(run["stages"])
     machine, paper_constants = paper_machine(cores)
@@ -293,7 +265,8 @@ def run_workload(name, spark, pipeline, source, args, work, cores, settings, sta
         ratios = [run / base for run, base in zip(measured[key], reference)]
         predicted = evaluate_spark(operators, plan, cores, settings.constants, workload)
         rows.append({
-            "label": label, "plan": key, "threads": plan.threads,
+            "label": label, "plan": key, "threads": plan.threads, "regions": len(plan.regions),
+            "pipelines": sum(len(region.pipelines) for region in plan.regions),
             "measured_per_s": statistics.median(ratios) * statistics.median(reference),
             "runs": measured[key], "ratios_to_sequential": ratios,
             "paper_per_s": evaluate(operators, plan, machine).throughput_per_s,
@@ -302,7 +275,8 @@ def run_workload(name, spark, pipeline, source, args, work, cores, settings, sta
             "stages_predicted": {"stage_s": [stage.time_s for stage in predicted.stages],
                                  "rest_s": predicted.batch_time_s - sum(stage.time_s for stage in predicted.stages)},
         })
-    return {"rows": rows, "batch_records": batch_records, "keys_per_batch": keys,
+    return {"rows": rows, "batch_records": batch_records, "keys_per_batch": keys, "orders": orders,
+            "warm_up": f"the {args.repeats} profiling runs of the sequential plan, not counted",
             "operators": [{"name": item.name, "kind": item.kind.value, "cost_us": item.cost_us,
                            "selectivity": item.selectivity} for item in operators],
             "paper_constants": paper_constants}
@@ -327,11 +301,25 @@ def anchored_errors(rows, model: str) -> list[float]:
             for row in rows if row is not sequential]
 
 
+def simplicity(row) -> tuple:
+    """The tie rule's order (benchmarks/method.py): fewer threads, regions, pipelines, then the text."""
+    return method.plan_simplicity(row["threads"], row.get("regions", 0), row.get("pipelines", 0), row["plan"])
+
+
 def top_ranked(rows, model: str) -> dict:
-    best = max(rows, key=lambda row: row["measured_per_s"])
-    pick = max(rows, key=lambda row: row[f"{model}_per_s"])
-    return {"plan": pick["plan"], "measured_per_s": pick["measured_per_s"], "best_plan": best["plan"],
-            "share_of_best": pick["measured_per_s"] / best["measured_per_s"]}
+    """The plan the model ranks first among the measured ones: the highest prediction, predictions
+    within method.TIE_TOLERANCE of it being ties, broken by the simpler plan (never by the rows'
+    order, never by what was measured). Its measured throughput over the best of the *other* plans
+    measured (above 1: it measured best)."""
+    by_plan = {row["plan"]: row for row in rows}
+    tied = method.ties({row["plan"]: row[f"{model}_per_s"] for row in rows})
+    first = method.first_ranked({row["plan"]: row[f"{model}_per_s"] for row in rows},
+                                lambda plan: simplicity(by_plan[plan]))
+    measured = {row["plan"]: row["measured_per_s"] for row in rows}
+    over_best, best_other = method.over_best_of_others(measured, first)
+    return {"plan": first, "label": by_plan[first]["label"], "tied_with": [plan for plan in tied if plan != first],
+            "measured_per_s": measured[first], "best_other_plan": best_other,
+            "best_other_label": by_plan[best_other]["label"], "over_best_other": over_best}
 
 
 def summary(results: dict) -> dict:
@@ -344,29 +332,27 @@ def summary(results: dict) -> dict:
                       "anchored_median_abs_error": statistics.median(anchored),
                       "anchored_worst_abs_error": max(anchored),
                       "top_ranked": {name: top_ranked(result["rows"], model) for name, result in results.items()}}
-        out[model]["top_ranked_within_5pct"] = all(item["share_of_best"] >= 0.95
+        out[model]["top_ranked_within_5pct"] = all(item["over_best_other"] >= 0.95
                                                    for item in out[model]["top_ranked"].values())
     return out
 
 
-def write_outputs(document: dict, out_dir: Path, stem: str) -> None:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / f"{stem}.json").write_text(json.dumps(document, indent=2))
+def report(document: dict, stem: str) -> str:
     totals = document["summary"]
     lines = ["# Model accuracy: predicted against measured throughput on Spark", "",
-             f"Command: `{document['command']}`  ", f"Date: {document['date']}  ",
-             f"Machine: {document['machine']}, Spark master {document['master']} ({document['cores']} task slots)  ",
-             f"Load average before / after: {document['load_before']} / {document['load_after']}  ",
-             f"Spark model constants: {document['spark_constants_from']}", ""]
-    if document["quick"]:
-        lines += ["**Quick mode** (tiny inputs, few plans, one run each): a smoke test, not figures.", ""]
+             f"Spark task slots: {document['cores']}; Spark model constants: {document['spark_constants_from']}", "",
+             "Method (benchmarks/method.py): per workload, the sequential plan's profiling runs first (the warm-up, "
+             "not counted), then every plan in one block of repeats, the order rotated each repeat. A model's "
+             "first-ranked plan: the highest prediction among the measured plans, predictions within "
+             f"{100 * method.TIE_TOLERANCE:g} % of it being ties, broken by the simpler plan (fewer threads, then "
+             "regions, then pipelines, then the plan's text); it is compared with the best of the other plans.", ""]
     by_ratio = all("ratios_to_sequential" in row for result in document["results"].values() for row in result["rows"])
     lines += ["Measured: the median over the repeats of a plan's throughput relative to the sequential plan's in "
               "the same repeat (`× sequential`), times the sequential plan's median." if by_ratio else
               "Measured: the median of each plan's runs (results of a version before the ratios to the sequential "
               "plan; `× sequential` is the ratio of the medians).", ""]
     lines += ["| model | plans | median abs. error | worst abs. error | the other plans, scaled by the sequential "
-              "plan's measured / predicted: median, worst | top-ranked plan within 5 % of best |",
+              "plan's measured / predicted: median, worst | first-ranked plan within 5 % of the best other |",
               "| --- | --- | --- | --- | --- | --- |"]
     for model in ("spark", "paper"):
         item = totals[model]
@@ -377,14 +363,17 @@ def write_outputs(document: dict, out_dir: Path, stem: str) -> None:
     for name, result in document["results"].items():
         lines += ["", f"## {name} ({result['batch_records']:,} records per micro-batch; paper constants: "
                       f"{result['paper_constants']})", "",
-                  "| plan | threads | × sequential | measured rec/s | Spark model | error | paper model | error |",
-                  "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+                  "| plan | threads | × sequential | measured rec/s | Spark model | error | paper model | error "
+                  "| ranked first by |",
+                  "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+        firsts = {model: totals[model]["top_ranked"][name]["plan"] for model in ("spark", "paper")}
         for row in result["rows"]:
             ratio = (statistics.median(row["ratios_to_sequential"]) if "ratios_to_sequential" in row
                      else row["measured_per_s"] / sequential_row(result["rows"])["measured_per_s"])
             lines.append(f"| {row['label']}: `{row['plan']}` | {row['threads']} | {ratio:.3f} | {row['measured_per_s']:,.0f} | "
                          f"{row['spark_per_s']:,.0f} | {100 * (row['spark_per_s'] / row['measured_per_s'] - 1):+.0f} % | "
-                         f"{row['paper_per_s']:,.0f} | {100 * (row['paper_per_s'] / row['measured_per_s'] - 1):+.0f} % |")
+                         f"{row['paper_per_s']:,.0f} | {100 * (row['paper_per_s'] / row['measured_per_s'] - 1):+.0f} % | "
+                         + (", ".join(model for model, plan in firsts.items() if plan == row["plan"]) or "-") + " |")
         staged = [row for row in result["rows"] if row.get("stages_measured")]
         if staged:
             lines += ["", "Per plan, each Spark stage of a steady micro-batch's computing job, then the rest of the batch "
@@ -403,11 +392,13 @@ def write_outputs(document: dict, out_dir: Path, stem: str) -> None:
                              f"{1e3 * predicted['rest_s']:.0f} |")
         for model in ("spark", "paper"):
             pick = totals[model]["top_ranked"][name]
-            lines.append(f"\n{model} model ranks `{pick['plan']}` first: {100 * pick['share_of_best']:.0f} % of the "
-                         f"best measured (`{pick['best_plan']}`).")
+            tied = f" (tied with {', '.join(f'`{plan}`' for plan in pick['tied_with'])}: the simpler plan)" \
+                if pick["tied_with"] else ""
+            lines.append(f"\n{model} model ranks {pick['label']} `{pick['plan']}` first{tied}: "
+                         f"{pick['over_best_other']:.2f} x the best of the other plans measured "
+                         f"({pick['best_other_label']} `{pick['best_other_plan']}`).")
     lines += ["", f"![scatter]({stem}.png)"]
-    (out_dir / f"{stem}.md").write_text("\n".join(lines) + "\n")
-    plot(document, out_dir / f"{stem}.png")
+    return "\n".join(lines) + "\n"
 
 
 def plot(document: dict, path: Path) -> None:
@@ -442,19 +433,19 @@ def plot(document: dict, path: Path) -> None:
 def main(argv=None) -> int:
     global LOOPS_PER_US
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="tiny end-to-end run (not figures)")
+    method.add_arguments(parser)
     parser.add_argument("--records", type=int, default=40_000, help="synthetic workload records")
     parser.add_argument("--lines", type=int, default=60_000, help="logwatch workload lines")
     parser.add_argument("--files", type=int, default=4, help="input files = micro-batches (the first is warm-up)")
     parser.add_argument("--plans", type=int, default=8, help="plans per workload (at least 20 in all)")
-    parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--max-threads", type=int, default=4)
     parser.add_argument("--master", default="local[2]")
     args = parser.parse_args(argv)
     if args.quick:
         args.records, args.lines, args.files, args.plans, args.repeats = 1500, 1500, 3, 3, 1
+    method.check_repeats(args.repeats, args.quick)
+    run = method.Run("model_accuracy.py", argv, quick=args.quick, out=args.out, master=args.master)
     LOOPS_PER_US = busy_loops_per_us()
-    document = run_header("model_accuracy.py", argv, args.master, args.quick)
     work = Path(tempfile.mkdtemp(prefix="fissure-accuracy-"))
     from fissure.spark.session import create_session, default_parallelism
     from fissure.spark.stage_log import STAGE_LOG_CONF, StageLog
@@ -472,11 +463,13 @@ def main(argv=None) -> int:
     }
     results = {name: run_workload(name, spark, pipeline, source, args, work, cores, settings, stage_log)
                for name, (pipeline, source) in workloads.items()}
-    document.update({"cores": cores, "spark_constants_from": constants_from,
-                     "spark_constants": settings.constants.to_dict(), "loops_per_us": LOOPS_PER_US,
-                     "results": results, "summary": summary(results)})
-    publish(document, "model_accuracy_quick" if args.quick else "model_accuracy", write_outputs)
     spark.stop()
+    document = {"master": args.master, "quick": args.quick, "cores": cores, "spark_constants_from": constants_from,
+                "spark_constants": settings.constants.to_dict(), "loops_per_us": LOOPS_PER_US,
+                "results": results, "summary": summary(results)}
+    stem = "model_accuracy_quick" if args.quick else "model_accuracy"
+    run.write_results(stem, report(document, stem), document)
+    plot(document, run.path(f"{stem}.png"))
     return 0
 
 

@@ -6,8 +6,9 @@
 (c) the fixed cost per call (per micro-batch) of going through the child processes, and the
     cost of starting them (a new cut).
 
-Each configuration alternates its one-process and two-process runs and keeps the medians.
-Results go to benchmarks/results/pe_overheads.{md,json,png}.
+Each configuration warms both up (not counted), then runs one process and two processes in an order
+rotated each repeat (at least 3) and keeps the medians (benchmarks/method.py). Results go to
+pe_overheads.{md,json,png} under --out (default benchmarks/results/; --quick: a temporary folder).
 
     ./dev python benchmarks/pe_overheads.py           # the real measurement (a few minutes)
     ./dev python benchmarks/pe_overheads.py --quick   # end to end in well under a minute
@@ -16,8 +17,6 @@ Results go to benchmarks/results/pe_overheads.{md,json,png}.
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import os
 import platform
 import statistics
@@ -28,7 +27,10 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from fissure.worker.calibrate import (
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import method  # noqa: E402
+from fissure.worker.calibrate import (  # noqa: E402
     BoundaryMeasurement,
     CallOverheadMeasurement,
     busy_loops_per_us,
@@ -36,7 +38,6 @@ from fissure.worker.calibrate import (
     measure_call_overhead,
 )
 
-RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
 
 @dataclass(frozen=True)
@@ -78,10 +79,6 @@ def machine_description() -> dict:
         "pyarrow": pa.__version__,
         "platform": platform.platform(),
     }
-
-
-def load_average() -> list[float]:
-    return [round(value, 2) for value in os.getloadavg()]
 
 
 def boundary_row(measurement: BoundaryMeasurement) -> dict:
@@ -146,17 +143,15 @@ def markdown_report(report: dict) -> str:
     lines = [
         "# Processing element overheads",
         "",
-        f"Command: `{report['command']}`  ",
-        f"Date: {report['date']}  ",
-        f"Machine: {machine['nproc']} cores, {machine['cpu_model']}, Python {machine['python']}, "
+        f"CPU: {machine['nproc']} cores, {machine['cpu_model']}, Python {machine['python']}, "
         f"pyarrow {machine['pyarrow']}  ",
-        f"Load average before / after: {report['load_before']} / {report['load_after']}  ",
-        f"Size: {report['size_name']} ({report['size']['repeats']} alternating repeats, medians)",
+        f"Size: {report['size_name']} ({report['size']['repeats']} repeats, the order rotated each repeat, "
+        "after an uncounted warm-up; medians)",
         "",
         "Throughputs are steady-state rates (from the first output batch to the last).",
         "",
     ]
-    if max(report["load_before"][0], report["load_after"][0]) > machine["nproc"] / 2:
+    if max(report["load_before"][0], report["load_after"][0]) > machine["nproc"] / 2:  # stricter than the method
         lines += [
             f"**Busy machine**: a load average above {machine['nproc'] / 2:g} means the two-process "
             "runs did not have two free cores; their rates, delta and the speedup measure "
@@ -242,7 +237,7 @@ def plot(report: dict, path: Path) -> None:
     speedup_axis.axhline(2.0, color="grey", linestyle="--", linewidth=1)
     speedup_axis.set_ylabel("T_p / T_s")
     speedup_axis.set_title("Two processes vs one")
-    figure.suptitle(f"{report['machine']['nproc']} cores, {report['date']} ({report['size_name']})")
+    figure.suptitle(f"{report['machine']['nproc']} cores ({report['size_name']})")
     figure.tight_layout()
     figure.savefig(path, dpi=120)
     plt.close(figure)
@@ -250,30 +245,24 @@ def plot(report: dict, path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="small runs: checks the script end to end")
-    parser.add_argument("--out", type=Path, default=RESULTS_DIR, help="directory for the results")
+    method.add_arguments(parser, repeats=None)
     args = parser.parse_args(argv)
     size, size_name = (QUICK, "quick") if args.quick else (FULL, "full")
-    command = "python benchmarks/pe_overheads.py" + (" --quick" if args.quick else "")
-    load_before = load_average()
+    method.check_repeats(size.repeats, args.quick)
+    run_record = method.Run("pe_overheads.py", argv, quick=args.quick, out=args.out, master=None)
     started_s = time.monotonic()
     results = run(size)
     report = {
-        "command": command,
-        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "machine": machine_description(),
-        "load_before": load_before,
-        "load_after": load_average(),
+        "load_before": run_record.load_before,
+        "load_after": method.load(),
         "duration_s": round(time.monotonic() - started_s, 1),
         "size_name": size_name,
         "size": asdict(size),
         "results": results,
     }
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "pe_overheads.json").write_text(json.dumps(report, indent=2) + "\n")
-    (args.out / "pe_overheads.md").write_text(markdown_report(report))
-    plot(report, args.out / "pe_overheads.png")
-    print(markdown_report(report))
+    run_record.write_results("pe_overheads", markdown_report(report), report)
+    plot(report, run_record.path("pe_overheads.png"))
     return 0
 
 

@@ -7,29 +7,32 @@ plan scored by the throughput model. Writes under benchmarks/results/:
   planner_model_*.png one plot per sweep, the running times and the heuristic/optimal ratios
 
     ./dev python benchmarks/planner_model.py            # full run (several minutes)
-    ./dev python benchmarks/planner_model.py --quick    # a smoke run
+    ./dev python benchmarks/planner_model.py --quick    # a smoke run (a temporary folder unless --out)
+
+Quality figures are model values (no timing); the planning times are medians of at least 3 timed
+calls after one uncounted call (benchmarks/method.py), and are machine-dependent: the results
+header (benchmarks/method.py) says whether the machine was busy.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import platform
 import random
 import statistics
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, replace
-from datetime import datetime, timezone
 from pathlib import Path
 
-from fissure.model.types import Kind, Machine, OperatorStats
-from fissure.optimize import plan_chain
-from fissure.optimize.chain import ChainModel
-from fissure.optimize.exhaustive import SearchSpace, count_configurations
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-RESULTS = Path(__file__).resolve().parent / "results"
+import method as bench  # noqa: E402
+
+from fissure.model.types import Kind, Machine, OperatorStats  # noqa: E402
+from fissure.optimize import plan_chain  # noqa: E402
+from fissure.optimize.chain import ChainModel  # noqa: E402
+from fissure.optimize.exhaustive import SearchSpace, count_configurations  # noqa: E402
 METHODS = ("optimal", "heuristic", "paper-heuristic", "fission-only", "pipelining-only", "sequential")
 KEY_FIELDS = ("k1", "k2")
 
@@ -114,12 +117,11 @@ def ratio_summary(ratios: list[float]) -> dict:
     }
 
 
-def time_method(operators, machine, method: str, repeats: int) -> float:
-    """Median planning time in ms (each call builds its model anew)."""
-    times = []
-    for _ in range(repeats):
-        times.append(plan_chain(operators, machine, method).solve_ms)
-    return statistics.median(times)
+def time_method(operators, machine, planner: str, repeats: int) -> float:
+    """Median planning time in ms over `repeats` calls after one uncounted call (each call builds
+    its model anew)."""
+    plan_chain(operators, machine, planner)  # warm-up: not counted
+    return bench.median(plan_chain(operators, machine, planner).solve_ms for _ in range(repeats))
 
 
 def running_times(quick: bool) -> dict:
@@ -136,7 +138,7 @@ def running_times(quick: bool) -> dict:
                 "cores": size,
                 "configurations": count_configurations(size, SearchSpace(2 * size), ChainModel(operators, machine).replicable),
                 "heuristic_ms": time_method(operators, machine, "heuristic", 5),
-                "optimal_ms": time_method(operators, machine, "optimal", 1 if size > 6 else 3),
+                "optimal_ms": time_method(operators, machine, "optimal", bench.MIN_REPEATS),
             }
         )
     targets = []
@@ -209,38 +211,14 @@ def plot(results: dict, prefix: Path) -> list[str]:
     return written
 
 
-def machine_description() -> str:
-    cpu = "unknown CPU"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    import os
-
-    return f"{os.cpu_count()} cores, {cpu}, Python {platform.python_version()}"
-
-
-def git_revision() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
-def markdown(results: dict, command: str) -> str:
+def markdown(results: dict) -> str:
     default = results["default_summary"]
     overall = results["overall_summary"]
     lines = [
         "# Planner quality and speed on the model (pipelined fission paper, Section 5.2)",
         "",
-        f"- command: `{command}`",
-        f"- machine: {results['machine']}",
-        f"- date: {results['date']}, revision {results['revision']}"
-        + (f" (quality figures from the run of {results['quality_from']}; planning times from this run)"
-           if "quality_from" in results else ""),
+        (f"- quality figures from the run of {results['quality_from']}; planning times from this run"
+         if "quality_from" in results else "- quality figures and planning times from this run"),
         f"- instances: {results['instances_per_point']} seeded random chains per point (Table 1 parameters; "
         "selectivity drawn from a normal clipped to [0.01, 1], cost from a normal clipped to >= 1 us, "
         f"partitioned operators keyed on one of {len(KEY_FIELDS)} fields); M = 2 C threads",
@@ -279,9 +257,9 @@ def markdown(results: dict, command: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main() -> int:
+def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="few instances, to check the script runs")
+    bench.add_arguments(parser, repeats=None)
     parser.add_argument("--instances", type=int, help="random chains per sweep point (default 200, quick 5)")
     parser.add_argument("--default-instances", type=int, help="chains at the Table 1 defaults (default 1000)")
     parser.add_argument(
@@ -289,14 +267,14 @@ def main() -> int:
         help="reuse the quality figures of an earlier run's JSON and only time the planners again "
         "(quality does not depend on the machine's load; timing does)",
     )
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    run = bench.Run("planner_model.py", argv, quick=args.quick, out=args.out, master=None)
     instances = args.instances or (5 if args.quick else 200)
     default_instances = args.default_instances or (20 if args.quick else 1000)
     started = time.monotonic()
     results = {
-        "machine": machine_description(),
-        "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "revision": git_revision(),
+        "date": run.date,
+        "revision": run.revision,
         "instances_per_point": instances,
         "workload_defaults": Workload().__dict__,
         "sweeps": {},
@@ -310,14 +288,10 @@ def main() -> int:
         quality(results, instances, default_instances, started)
     print(f"[{time.monotonic() - started:6.1f} s] timing the planners", file=sys.stderr)
     results["running_times"] = running_times(args.quick)
-    RESULTS.mkdir(parents=True, exist_ok=True)
     suffix = "_quick" if args.quick else ""
-    prefix = RESULTS / f"planner_model{suffix}"
+    prefix = run.path(f"planner_model{suffix}")
     results["plots"] = plot(results, prefix)
-    command = " ".join(["./dev python benchmarks/planner_model.py", *sys.argv[1:]])
-    prefix.with_suffix(".json").write_text(json.dumps(results, indent=1))
-    prefix.with_suffix(".md").write_text(markdown(results, command))
-    print(markdown(results, command).split("## Sweeps")[0])
+    run.write_results(prefix.name, markdown(results), results)
     print(f"wrote {prefix}.md, .json and {len(results['plots'])} plots in {time.monotonic() - started:.0f} s", file=sys.stderr)
     return 0
 

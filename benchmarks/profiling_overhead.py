@@ -28,12 +28,15 @@ against the same operators timed alone.
 
     ./dev python benchmarks/profiling_overhead.py            # the real measurement (quiet machine!)
     ./dev python benchmarks/profiling_overhead.py --quick    # end to end in a few minutes (not figures)
+
+The method of benchmarks/method.py (warm-up, rotation, medians of at least 3, one writer); results:
+profiling_overhead.md/.json/.png under --out (default benchmarks/results/; --quick: a temporary
+folder).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing
 import statistics
 import sys
@@ -43,6 +46,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import method  # noqa: E402
 import model_accuracy as shared  # noqa: E402
 from fissure import Pipeline  # noqa: E402
 from fissure.model.types import Plan, RegionPlan  # noqa: E402
@@ -176,7 +180,7 @@ def overhead(spark, name, pipeline, source, args, work) -> dict:
     rates = {"profiled": [], "unprofiled": []}
     durations = {"profiled": [], "unprofiled": []}
     for repeat in range(args.repeats):
-        for label, profile in variants if repeat % 2 == 0 else variants[::-1]:  # ABBA: no order bias
+        for label, profile in method.run_order(variants, repeat):  # rotated: AB BA AB ...
             print(f"[{name}] repeat {repeat + 1}/{args.repeats}: {label}", flush=True)
             run = shared.measure_run(spark, pipeline, source, plan, work, profile)
             rates[label].append(run["records_per_s"])
@@ -227,14 +231,8 @@ def accuracy(spark, source, args, work) -> dict:
             "neighbour_slowdown": statistics.median(row["isolated_loaded_us"] / row["isolated_us"] for row in works)}
 
 
-def write_outputs(document: dict, out_dir: Path, stem: str) -> None:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / f"{stem}.json").write_text(json.dumps(document, indent=2))
-    lines = ["# Profiling overhead and accuracy on Spark", "", f"Command: `{document['command']}`  ",
-             f"Date: {document['date']}  ", f"Machine: {document['machine']}, Spark master {document['master']}  ",
-             f"Load average before / after: {document['load_before']} / {document['load_after']}", ""]
-    if document["quick"]:
-        lines += ["**Quick mode** (tiny inputs, on a shared machine): a smoke test, not figures.", ""]
+def report(document: dict, stem: str) -> str:
+    lines = ["# Profiling overhead and accuracy on Spark", ""]
     lines += ["## Overhead (target: at most 2 %)", "",
               "Runs alternate in adjacent pairs (ABBA) after one discarded warm-up pair; overhead = 1 - the "
               "median of the pairs' profiled / unprofiled ratios (pair ratios listed; the ratio of the two "
@@ -284,8 +282,7 @@ def write_outputs(document: dict, out_dir: Path, stem: str) -> None:
               f" (against the loaded reference: {100 * acc['worst_deviation_work_loaded']:.1f} %). A busy neighbour "
               f"core multiplies a work-defined operator's CPU time by {acc['neighbour_slowdown']:.3f} (median)."]
     lines += ["", f"![overhead]({stem}.png)"]
-    (out_dir / f"{stem}.md").write_text("\n".join(lines) + "\n")
-    plot(document, out_dir / f"{stem}.png")
+    return "\n".join(lines) + "\n"
 
 
 def plot(document: dict, path: Path) -> None:
@@ -321,18 +318,20 @@ def plot(document: dict, path: Path) -> None:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="tiny end-to-end run (not figures)")
+    method.add_arguments(parser, repeats=9)
     parser.add_argument("--records", type=int, default=100_000)
     parser.add_argument("--files", type=int, default=5, help="input files = micro-batches (the first is warm-up)")
-    parser.add_argument("--repeats", type=int, default=9)
     parser.add_argument("--accuracy-repeats", type=int, default=5, help="Spark runs of the known-cost chain")
     parser.add_argument("--accuracy-records", type=int, default=30_000, help="records of the known-cost chain's input")
     parser.add_argument("--master", default="local[2]")
     args = parser.parse_args(argv)
     if args.quick:
         args.records, args.files, args.repeats, args.accuracy_repeats, args.accuracy_records = 2000, 3, 3, 2, 2000
+    method.check_repeats(args.repeats, args.quick)
+    method.check_repeats(args.accuracy_repeats, args.quick)
+    run = method.Run("profiling_overhead.py", argv, quick=args.quick, out=args.out, master=args.master)
     shared.LOOPS_PER_US = shared.busy_loops_per_us()
-    document = shared.run_header("profiling_overhead.py", argv, args.master, args.quick)
+    document = {"master": args.master, "quick": args.quick}
     work = Path(tempfile.mkdtemp(prefix="fissure-profiling-"))
     import fissure
     from fissure.spark.session import create_session
@@ -344,8 +343,10 @@ def main(argv=None) -> int:
                             "mixed": overhead(spark, "mixed", shared.mixed_pipeline(), source, args, work)}
     known_source = shared.synthetic_source(work / "known-input", args.accuracy_records, args.files)
     document["accuracy"] = accuracy(spark, known_source, args, work)
-    shared.publish(document, "profiling_overhead_quick" if args.quick else "profiling_overhead", write_outputs)
     spark.stop()
+    stem = "profiling_overhead_quick" if args.quick else "profiling_overhead"
+    run.write_results(stem, report(document, stem), document)
+    plot(document, run.path(f"{stem}.png"))
     return 0
 
 

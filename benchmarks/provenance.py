@@ -1,5 +1,6 @@
 """Where a benchmark's figures come from: the revision (and whether the tree had uncommitted
-changes), the machine, the date and the load, written the same way by every script that uses it.
+changes), the machine, the date and the load; benchmarks/method.py writes them into every results
+file.
 No fissure import here: a script may run it before choosing which checkout of fissure to load."""
 
 from __future__ import annotations
@@ -19,8 +20,9 @@ def revision(tree: Path, ref: str = "HEAD") -> str:
     return head + (" (dirty)" if dirty else "")
 
 
-def machine(master: str = "local[2]") -> str:
-    return f"{platform.node()} {platform.machine()} ({os.cpu_count()} cores), Spark {master}"
+def machine(master: str | None = "local[2]") -> str:
+    """The host, its architecture and cores, and the Spark master (None: the script runs no Spark)."""
+    return f"{platform.node()} {platform.machine()} ({os.cpu_count()} cores)" + (f", Spark {master}" if master else "")
 
 
 def now() -> str:
@@ -31,6 +33,3 @@ def load() -> list[float]:
     return [round(value, 2) for value in os.getloadavg()]
 
 
-def load_note(before: list[float]) -> str:
-    """What the report says of the load before the run: a busy machine's figures are not results."""
-    return " (busy machine: not a result to quote)" if before[0] > (os.cpu_count() or 1) else ""

@@ -11,12 +11,14 @@ tests/fault_injection.py (tests/test_faults.py runs five of these points).
 
     ./dev python benchmarks/reliability.py            # every plan x program x moment, 2 seeds (about 15 minutes)
     ./dev python benchmarks/reliability.py --seeds 1  # one seed each
+    ./dev python benchmarks/reliability.py --quick    # two kill points, a temporary folder: a check
+
+Results: reliability.md/.json under --out (default benchmarks/results/), header by benchmarks/method.py.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 from dataclasses import asdict
@@ -27,7 +29,7 @@ sys.path.insert(0, str(REPOSITORY / "benchmarks"))
 sys.path.insert(0, str(REPOSITORY / "tests"))
 
 from fault_injection import run_case  # noqa: E402
-from provenance import load, load_note, machine, now, revision  # noqa: E402
+import method  # noqa: E402
 
 
 def kill_points(seeds: int) -> list[tuple[str, str, str, int]]:
@@ -44,12 +46,16 @@ def kill_points(seeds: int) -> list[tuple[str, str, str, int]]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=2, help="random kill moments per plan and program")
-    parser.add_argument("--out", default=str(REPOSITORY / "benchmarks" / "results"), help="results folder")
+    method.add_arguments(parser, repeats=None)
     args = parser.parse_args(argv)
-    load_before, tree = load(), revision(REPOSITORY)  # the revision measured, before anything else changes
+    # not a timing: a busy machine changes when the kills land, not whether recovery is exact
+    run = method.Run("reliability.py", argv, quick=args.quick, out=args.out, timed=False)
+    points = kill_points(args.seeds)
+    if args.quick:  # two kill points: a check of the script
+        points = points[:2]
     outcomes = []
     with tempfile.TemporaryDirectory(prefix="fissure-reliability-") as work:
-        for number, (plan, program, moment, seed) in enumerate(kill_points(args.seeds)):
+        for number, (plan, program, moment, seed) in enumerate(points):
             outcome = run_case(Path(work) / str(number), plan, program, moment, seed)
             outcomes.append(outcome)
             print(f"{plan:>10} {program:>5} {moment:>11} seed {seed}: "
@@ -57,17 +63,9 @@ def main(argv: list[str] | None = None) -> int:
                   f" {outcome.detail}", flush=True)
     tried = [outcome for outcome in outcomes if outcome.killed]
     passed = [outcome for outcome in tried if outcome.passed]
-    document = {"command": " ".join(["./dev python benchmarks/reliability.py", *(argv if argv is not None else sys.argv[1:])]),
-                "date": now(), "machine": machine(), "revision": tree, "load_before": load_before,
-                "kill_points_tried": len(tried), "kill_points_passed": len(passed),
+    document = {"kill_points_tried": len(tried), "kill_points_passed": len(passed),
                 "outcomes": [asdict(outcome) for outcome in outcomes]}
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "reliability.json").write_text(json.dumps(document, indent=1) + "\n")
     lines = ["# Reliability under driver kills", "",
-             f"Command: `{document['command']}`  ", f"Date: {document['date']}  ", f"Machine: {document['machine']}  ",
-             f"Revision: {document['revision']}  ", f"Load before: {document['load_before']}"
-             + load_note(document["load_before"]), "",
              f"**{len(passed)} of {len(tried)} kill points passed** (a kill point counts when the driver was killed"
              " before it finished; passed: after restarts on the same checkpoint, every input's result is in the"
              " sinks exactly once and every word's counts are exactly 1..n).", "",
@@ -76,8 +74,8 @@ def main(argv: list[str] | None = None) -> int:
         lines.append(f"| {outcome.plan} | {outcome.program} | {outcome.moment} | {outcome.seed} | "
                      f"{'yes' if outcome.killed else 'no (ended first)'} | {outcome.restarts} | "
                      f"{'passed' if outcome.passed else 'FAILED: ' + outcome.detail} |")
-    (out / "reliability.md").write_text("\n".join(lines) + "\n")
-    print(f"{len(passed)} of {len(tried)} kill points passed; {out / 'reliability.md'}")
+    run.write_results("reliability", "\n".join(lines) + "\n", document)
+    print(f"{len(passed)} of {len(tried)} kill points passed")
     return 0 if len(passed) == len(tried) else 1
 
 

@@ -8,12 +8,16 @@ Variants, each measured on a freshly built query (no reused shuffle output):
       one stage, default settings (cpu only: LogWatch's stateful operators are no UDFs);
   (b) sequential: fissure's sequential plan (one partition, one process);
   (c) planner: the plan the planner picks from the given operator costs;
-  (d) best: every valid plan with at most --max-threads threads, each measured, the best kept.
+  (d) the best of the others: every valid plan with at most --max-threads threads, screened once
+      on a share of the input (--screen-share); the --finalists fastest join the block.
 Throughput is the steady rate of a query: records over the summed durations of its micro-batches
 after the first (the first also pays for starting the query and its Python workers); the same
-measure for every variant. Medians of --repeats alternating runs. Writes JSON and Markdown under benchmarks/results/
-(--quick: tiny inputs, one run, one plan of (d), results in a temporary folder: a smoke test,
-not figures).
+measure for every variant. The method of benchmarks/method.py: one uncounted warm-up run, then
+every variant of (a)-(d) in one block of --repeats (at least 3) repeats, the order rotated each
+repeat; medians. planner_over_best_other divides the planner's plan by the best of the *other*
+plans of the block (sequential and the finalists), so it exceeds 1 when the planner's plan measured
+best. Writes spark_chain[_ONLY].md/.json under --out (default benchmarks/results/; --quick: tiny
+inputs, one repeat, one finalist, a temporary folder: a check of the script, not a result).
 
     ./dev python benchmarks/spark_chain.py            # the real measurement (quiet machine!)
     ./dev python benchmarks/spark_chain.py --quick    # end to end in a minute or two
@@ -22,25 +26,23 @@ not figures).
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
-import platform
-import statistics
 import sys
 import tempfile
-import time
 from itertools import combinations
 from pathlib import Path
 
 REPOSITORY = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPOSITORY / "examples"))
+sys.path.insert(0, str(REPOSITORY / "benchmarks"))
 
 import fissure  # noqa: E402
 from fissure import Pipeline  # noqa: E402
 from fissure.model.types import Kind, Plan, RegionPlan  # noqa: E402
 from fissure.spark.plans import check_plan, describe_plan, planner_plan, sequential_plan  # noqa: E402
 from fissure.testing import record_files  # noqa: E402
+import method  # noqa: E402
 
 BUSY_LOOPS = 3000  # multiplications per record and operator (tens of microseconds)
 CPU_OPERATORS = 4
@@ -172,8 +174,9 @@ def model_shortlist(pipeline: Pipeline, plans: list[Plan], cores: int, keep: int
 
 
 def run_workload(name, spark, pipeline, source, screen_source, with_handwritten, args, work) -> dict:
-    """(a)-(c) alternating, medians of `repeats`; (d) in two stages: every candidate once on the
-    smaller `screen_source`, then the `finalists` fastest with `repeats` runs on `source`."""
+    """(d)'s finalists first: every candidate once on the smaller `screen_source`, the `finalists`
+    fastest kept. Then one block on `source`: a warm-up run (not counted), and `repeats` repeats of
+    every variant, (a)-(c) and the finalists, in an order rotated each repeat; medians."""
     cores = spark.sparkContext.defaultParallelism
     variants = {"sequential": sequential_plan(pipeline), "planner": planner_plan(pipeline, cores)}
     candidates = valid_plans(pipeline, args.max_threads)
@@ -182,20 +185,12 @@ def run_workload(name, spark, pipeline, source, screen_source, with_handwritten,
         candidates = model_shortlist(pipeline, candidates, cores, args.shortlist)
     if args.quick:
         candidates = candidates[:1] + candidates[-1:]
-    measured: dict[str, list[float]] = {}
     counter = [0]
 
     def checkpoint():
         counter[0] += 1
         return os.path.join(work, f"{name}-ckpt-{counter[0]}")
 
-    for repeat in range(args.repeats):  # alternate the variants inside each repeat
-        if with_handwritten:
-            measured.setdefault("handwritten", []).append(measure_handwritten(spark, source, checkpoint()))
-        for label, plan in variants.items():
-            measured.setdefault(label, []).append(measure_fissure(spark, pipeline, source, plan, checkpoint()))
-        print(f"[{name}] repeat {repeat + 1}: " + ", ".join(f"{k} {v[-1]:,.0f}/s" for k, v in measured.items()),
-              file=sys.stderr, flush=True)
     screened = {}
     earlier = (args.earlier or {}).get(name, {}).get("screened_records_per_s")
     if earlier:  # reuse an earlier run's screening (same plans, same share of the input)
@@ -206,36 +201,67 @@ def run_workload(name, spark, pipeline, source, screen_source, with_handwritten,
         screened[describe_plan(plan)] = (measure_fissure(spark, pipeline, screen_source, plan, checkpoint()), plan)
         print(f"[{name}] screened {number}/{len(candidates)}: {describe_plan(plan)} "
               f"{screened[describe_plan(plan)][0]:,.0f}/s", file=sys.stderr, flush=True)
-    finalists = sorted(screened.values(), key=lambda item: item[0], reverse=True)[: args.finalists]
-    best = {}
-    for _, plan in finalists:
-        best[describe_plan(plan)] = statistics.median(
-            measure_fissure(spark, pipeline, source, plan, checkpoint()) for _ in range(args.repeats))
-    medians = {label: statistics.median(values) for label, values in measured.items()}
-    best_plan = max(best, key=best.get) if best else None
-    result = {"records_per_s": medians, "runs": measured,
-              "plans": {label: describe_plan(plan) for label, plan in variants.items()},
-              "best_plan": best_plan, "best_records_per_s": best.get(best_plan),
+    ranked = sorted(screened.items(), key=lambda item: (-item[1][0], item[0]))  # equal rates: by the plan's text
+    finalists = {label: plan for label, (_, plan) in ranked[: args.finalists]}
+    labels = {label: describe_plan(plan) for label, plan in variants.items()}
+    measured = {}
+    if with_handwritten:
+        measured["handwritten"] = lambda: measure_handwritten(spark, source, checkpoint())
+    for label, plan in variants.items():
+        measured[label] = lambda plan=plan: measure_fissure(spark, pipeline, source, plan, checkpoint())
+    for text, plan in finalists.items():
+        if text not in labels.values():  # a finalist that is the planner's (or the sequential) plan runs once
+            measured[f"finalist {text}"] = lambda plan=plan: measure_fissure(spark, pipeline, source, plan, checkpoint())
+            labels[f"finalist {text}"] = text
+    block = method.measure_block(
+        measured, args.repeats, quick=args.quick,
+        warm_up=lambda: measure_fissure(spark, pipeline, screen_source, variants["sequential"], checkpoint()),
+        warm_up_label="the sequential plan once on the screening input",
+        log=lambda line: print(f"[{name}] {line}", file=sys.stderr, flush=True))
+    medians = block.medians()
+    plans = [label for label in labels if label != "planner"]  # every fissure plan but the planner's
+    over_best, best_other = block.over_best_of_others("planner", among=plans)
+    result = {"records_per_s": medians, "block": block.to_dict(), "plans": labels,
+              "best_other_plan": labels[best_other], "best_other_records_per_s": medians[best_other],
               "plans_enumerated": enumerated, "plans_screened": len(screened),
               "screened_records_per_s": {label: rate for label, (rate, _) in screened.items()},
-              "finalists_records_per_s": best}
-    best_reference = max(best.get(best_plan) or 0.0, *medians.values())
-    result["planner_over_best"] = medians["planner"] / best_reference
-    result["planner_over_sequential"] = medians["planner"] / medians["sequential"]
+              "finalists": list(finalists),
+              "planner_over_best_other": over_best,
+              "planner_over_sequential": block.ratio("planner", "sequential")}
     if with_handwritten:
-        result["planner_over_handwritten"] = medians["planner"] / medians["handwritten"]
+        result["planner_over_handwritten"] = block.ratio("planner", "handwritten")
     return result
+
+
+def report(args, results) -> str:
+    lines = ["# Spark runner benchmark", "",
+             f"One block per workload: a warm-up run (not counted), then {args.repeats} repeat(s) of every variant "
+             "in an order rotated each repeat; medians (benchmarks/method.py). (d)'s finalists are chosen by "
+             f"screening: every candidate once on {args.screen_share:.0%} of the input"
+             f"{' (in the run of --screen-from)' if args.screen_from else ''}, the {args.finalists} fastest kept; "
+             "they are measured in the block beside (a)-(c). planner_over_best_other: the planner's plan over "
+             "the best of the other fissure plans measured in the block (it exceeds 1 when the planner's plan "
+             "measured best)."]
+    for workload, result in results.items():
+        lines.append(f"\n## {workload}\n\n{result['plans_enumerated']} valid plans, {result['plans_screened']} screened."
+                     "\n\n| variant | plan | records/s (median) |\n| --- | --- | --- |")
+        for label, rate in result["records_per_s"].items():
+            lines.append(f"| {label.split(' ')[0]} | {result['plans'].get(label, 'UDFs in one stage')} | {rate:,.0f} |")
+        lines.append(f"\nbest of the other plans: {result['best_other_plan']}")
+        for ratio in ("planner_over_handwritten", "planner_over_sequential", "planner_over_best_other"):
+            if ratio in result:
+                lines.append(f"\n{ratio}: {result[ratio]:.2f}")
+    return "\n".join(lines) + "\n"
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="tiny end-to-end run (no figures)")
+    method.add_arguments(parser)
     parser.add_argument("--records", type=int, default=40_000, help="cpu workload records")
     parser.add_argument("--lines", type=int, default=200_000, help="logwatch workload lines")
     parser.add_argument("--files", type=int, default=6, help="input files = micro-batches")
-    parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--max-threads", type=int, default=4)
-    parser.add_argument("--finalists", type=int, default=3, help="(d): screened plans re-measured with --repeats runs")
+    parser.add_argument("--finalists", type=int, default=3, help="(d): screened plans measured in the block")
     parser.add_argument("--screen-share", type=float, default=0.25,
                         help="(d): the screening input as a share of the full input")
     parser.add_argument("--shortlist", type=int, default=0,
@@ -248,14 +274,15 @@ def main(argv=None) -> int:
                         help="(d): reuse the screening of an earlier run's spark_chain.json")
     args = parser.parse_args(argv)
     if args.quick:
-        args.records, args.lines, args.files, args.repeats = 400, 2000, 2, 1
+        args.records, args.lines, args.files, args.repeats, args.finalists = 400, 2000, 3, 1, 1
+    method.check_repeats(args.repeats, args.quick)
+    run = method.Run("spark_chain.py", argv, quick=args.quick, out=args.out, master=args.master)
     work = tempfile.mkdtemp(prefix="fissure-bench-")
     from fissure.spark.session import create_session
 
     spark = create_session(fissure.RunnerConfig(master=args.master))
     from logwatch import build_pipeline as logwatch_pipeline
 
-    started = datetime.datetime.now(datetime.timezone.utc)
     screen = max(0.01, args.screen_share)
     args.earlier = json.loads(Path(args.screen_from).read_text())["results"] if args.screen_from else None
     results = {}
@@ -271,33 +298,9 @@ def main(argv=None) -> int:
             logwatch_source(Path(work) / "logs", args.lines, args.files),
             logwatch_source(Path(work) / "logs-screen", max(1, int(args.lines * screen)), args.files),
             False, args, work)
-    document = {
-        "command": "./dev python benchmarks/spark_chain.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-        "date": started.isoformat(timespec="seconds"), "machine": f"{platform.node()} {platform.machine()}",
-        "cores": os.cpu_count(), "master": args.master, "quick": args.quick, "results": results,
-    }
-    out_dir = Path(work) if args.quick else REPOSITORY / "benchmarks" / "results"
-    out_dir.mkdir(parents=True, exist_ok=True)
-    stem = "spark_chain" + (f"_{args.only}" if args.only else "")
-    (out_dir / f"{stem}.json").write_text(json.dumps(document, indent=2))
-    lines = [f"# Spark runner benchmark\n", f"`{document['command']}` on {document['machine']} "
-             f"({document['cores']} cores, {args.master}), {document['date']}\n"]
-    for workload, result in results.items():
-        lines.append(f"\n## {workload}\n\n| variant | plan | records/s |\n| --- | --- | --- |")
-        for label, rate in result["records_per_s"].items():
-            lines.append(f"| {label} | {result['plans'].get(label, 'UDFs in one stage')} | {rate:,.0f} |")
-        if result["best_plan"]:
-            lines.append(f"| (d) best: {result['plans_enumerated']} valid plans, {result['plans_screened']} screened "
-                         f"once on {args.screen_share:.0%} of the input{' (in the run of --screen-from)' if args.screen_from else ''}, "
-                         f"{args.finalists} finalists x {args.repeats} "
-                         f"| {result['best_plan']} | {result['best_records_per_s']:,.0f} |")
-        for ratio in ("planner_over_handwritten", "planner_over_sequential", "planner_over_best"):
-            if ratio in result:
-                lines.append(f"\n{ratio}: {result[ratio]:.2f}")
-    (out_dir / f"{stem}.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
-    print(f"\nwritten to {out_dir}")
     spark.stop()
+    stem = "spark_chain" + (f"_{args.only}" if args.only else "")
+    run.write_results(stem, report(args, results), {"master": args.master, "results": results})
     return 0
 
 

@@ -15,7 +15,10 @@ task's duration and records read from the shuffle, for every repeat; and per run
 Spark's JVM and of its Python workers (Linux /proc: this process's descendants), against the run's
 wall time. Run on a quiet machine.
 
+Results: spark_stage_times.md/.json under --out (default benchmarks/results/).
+
     ./dev python benchmarks/spark_stage_times.py [--repeats 3]
+    ./dev python benchmarks/spark_stage_times.py --quick   # a tenth of the input, one repeat: a check
 """
 
 from __future__ import annotations
@@ -38,8 +41,8 @@ from fissure.spark.plans import describe_plan, sequential_plan  # noqa: E402
 from fissure.spark.stage_log import STAGE_LOG_CONF, StageLog, parse_timestamp  # noqa: E402
 
 import model_accuracy  # noqa: E402
-from model_accuracy import (BusyUpdate, header_lines, measure_run, mixed_pipeline, publish, run_header,  # noqa: E402
-                            synthetic_source, write_json)
+import method  # noqa: E402
+from model_accuracy import BusyUpdate, measure_run, mixed_pipeline, synthetic_source  # noqa: E402
 
 
 class TaskLog(StageLog):
@@ -132,18 +135,23 @@ def summarize(positions: dict[int, list[list[dict]]]) -> list[dict]:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--repeats", type=int, default=3)
+    method.add_arguments(parser)
     parser.add_argument("--master", default="local[2]")
     args = parser.parse_args(argv)
+    records = (12_000, 20_000)
+    if args.quick:
+        args.repeats, records = 1, (1_200, 2_000)
+    method.check_repeats(args.repeats, args.quick)
+    bench_run = method.Run("spark_stage_times.py", argv, quick=args.quick, out=args.out, master=args.master)
     model_accuracy.LOOPS_PER_US = model_accuracy.busy_loops_per_us()
-    document = run_header("spark_stage_times.py", argv, args.master, False)
+    document = {"master": args.master, "quick": args.quick}
     from fissure.spark.session import create_session
 
     spark = create_session(fissure.RunnerConfig(master=args.master, spark_conf=STAGE_LOG_CONF))
     log = TaskLog(spark)
     work = Path(tempfile.mkdtemp(prefix="fissure-stages-"))
-    keyed_source = synthetic_source(work / "keyed", 12_000, 4, keys=10)
-    mixed_source = synthetic_source(work / "mixed", 20_000, 4)
+    keyed_source = synthetic_source(work / "keyed", records[0], 4, keys=10)
+    mixed_source = synthetic_source(work / "mixed", records[1], 4)
     mixed = mixed_pipeline()
     cases = []
     for label, update in (("trivial update", count_per_key), ("busy update 60 us", BusyUpdate(60))):
@@ -154,8 +162,10 @@ def main(argv=None) -> int:
     cases.append(("mixed", mixed, Plan((RegionPlan((("m20", "f10"),), 1), RegionPlan((("p15", "m30"),), 2),
                                         RegionPlan((("s5",),), 1))), mixed_source))
     results = {f"{label}: {describe_plan(plan)}": {"runs": []} for label, _, plan, _ in cases}
-    for repeat in range(args.repeats):  # alternate the cases within each repeat
-        for label, pipeline, plan, source in cases:
+    measure_run(spark, mixed, synthetic_source(work / "warm-up", 2_000, 2), sequential_plan(mixed), work)  # warm-up
+    log.new_stages()  # the warm-up's stages are not any case's
+    for repeat in range(args.repeats):  # the cases' order rotated each repeat
+        for label, pipeline, plan, source in method.run_order(cases, repeat):
             key = f"{label}: {describe_plan(plan)}"
             print(f"repeat {repeat + 1}/{args.repeats}: {key}", flush=True)
             run = run_case(spark, log, pipeline, plan, source, work)
@@ -164,14 +174,13 @@ def main(argv=None) -> int:
                                          "stages_ms": run["stages_ms"], "stages": summarize(run["positions"])})
     spark.stop()
     document["results"] = results
-    publish(document, "spark_stage_times", write_outputs)
+    bench_run.write_results("spark_stage_times_quick" if args.quick else "spark_stage_times", report(document), document)
     return 0
 
 
-def write_outputs(document: dict, out_dir: Path, stem: str) -> None:
-    write_json(document, out_dir, stem)
-    lines = header_lines(document, "Spark stage and task times: keyed and stateful stages in one and two state "
-                                   "partitions") + [
+def report(document: dict) -> str:
+    lines = ["# Spark stage and task times: keyed and stateful stages in one and two state partitions", "",
+             "One uncounted warm-up run first; the cases' order rotated each repeat.", "",
              "Per case and repeat: throughput, then per stage of the micro-batch's job (in job order) its tasks as "
              "`duration ms (records)`, the median over the steady micro-batches, tasks sorted by records; the "
              "whole run's CPU seconds of the JVM and of the Python workers, and its wall time; a steady micro-batch's "
@@ -187,7 +196,7 @@ def write_outputs(document: dict, out_dir: Path, stem: str) -> None:
                          f"{stages} | {cpu.get('jvm', 0):.2f}, "
                          f"{cpu.get('python_workers', 0):.2f} / {run['wall_s']:.2f} |")
         lines.append("")
-    (out_dir / f"{stem}.md").write_text("\n".join(lines) + "\n")
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":

@@ -7,16 +7,17 @@ batch (it pays the query's start), then three batches of the same size whose key
 key costs a MapState read and write (fissure.spark.stages.GraphStateProcessor), so the held
 batches should cost what the empty ones cost if the state store's reads do not grow with its
 size. Reported: each batch's duration (Spark's triggerExecution), the medians, and held / empty.
+The method of benchmarks/method.py: a warm-up query first (not counted), then --repeats (at least
+3) repeats of both queries, their order rotated; results state_size.md/.json under --out.
 
-    ./dev python benchmarks/state_size.py                 # 200,000 keys (about 5 minutes)
-    ./dev python benchmarks/state_size.py --keys 1000000  # the efficiency goal's size (about 15 minutes)
-    ./dev python benchmarks/state_size.py --quick         # 5,000 keys, results to a temporary folder
+    ./dev python benchmarks/state_size.py                 # 200,000 keys, 3 repeats (about 15 minutes)
+    ./dev python benchmarks/state_size.py --keys 1000000  # a million keys (about 45 minutes)
+    ./dev python benchmarks/state_size.py --quick         # 5,000 keys, one repeat, a temporary folder
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import statistics
 import sys
@@ -29,7 +30,7 @@ sys.path.insert(0, str(REPOSITORY / "benchmarks"))
 import fissure  # noqa: E402
 from fissure import Pipeline  # noqa: E402
 from fissure.testing import record_files  # noqa: E402
-from provenance import load, load_note, machine, now, revision  # noqa: E402
+import method  # noqa: E402
 
 KEYED = {"k": str}
 TOUCHES = 3
@@ -61,46 +62,52 @@ def batch_seconds(spark, batches: list[list[str]], directory: Path) -> list[floa
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    method.add_arguments(parser)
     parser.add_argument("--keys", type=int, default=200_000)
-    parser.add_argument("--quick", action="store_true")
     args = parser.parse_args(argv)
     if args.quick:
-        args.keys = 5_000
+        args.keys, args.repeats = 5_000, 1
+    method.check_repeats(args.repeats, args.quick)
+    run = method.Run("state_size.py", argv, quick=args.quick, out=args.out)
     from fissure.spark.config import RunnerConfig
     from fissure.spark.session import create_session
 
-    load_before = load()
     spark = create_session(RunnerConfig(master="local[2]"))
     work = Path(tempfile.mkdtemp(prefix="fissure-state-size-"))
     draw = random.Random(7)
     held_keys = [f"key-{number}" for number in range(args.keys)]
     touched = args.keys // 100
     touches = [draw.sample(held_keys, touched) for _ in range(TOUCHES)]
-    held = batch_seconds(spark, [held_keys, *touches], work / "held")
-    fresh = [[f"new-{round_number}-{number}" for number in range(touched)] for round_number in range(TOUCHES)]
-    empty = batch_seconds(spark, [["warm-up"] * 10, *fresh], work / "empty")
-    document = {"command": " ".join(["./dev python benchmarks/state_size.py", *(argv if argv is not None else sys.argv[1:])]),
-                "date": now(), "machine": machine(), "revision": revision(REPOSITORY), "load_before": load_before,
-                "load_after": load(), "keys": args.keys, "touched_per_batch": touched,
-                "held_batches_s": held, "empty_batches_s": empty,
-                "held_median_s": statistics.median(held[1:]), "empty_median_s": statistics.median(empty[1:])}
-    document["held_over_empty"] = document["held_median_s"] / document["empty_median_s"]
+    batch_seconds(spark, [["warm-up"] * 10, ["warm-up"] * 10], work / "warm-up")  # not counted
+    queries = {"held": lambda repeat: batch_seconds(spark, [held_keys, *touches], work / f"held-{repeat}"),
+               "empty": lambda repeat: batch_seconds(
+                   spark, [["warm-up"] * 10, *[[f"new-{repeat}-{number}-{key}" for key in range(touched)]
+                                               for number in range(TOUCHES)]], work / f"empty-{repeat}")}
+    runs: dict[str, list[list[float]]] = {"held": [], "empty": []}
+    orders = []
+    for repeat in range(args.repeats):  # the two queries' order rotated each repeat
+        orders.append(method.run_order(list(queries), repeat))
+        for name in orders[-1]:
+            runs[name].append(queries[name](repeat))
+            print(f"repeat {repeat + 1} {name}: " + ", ".join(f"{value:.2f}" for value in runs[name][-1]), flush=True)
+    medians = {name: [statistics.median(batches[1:]) for batches in items] for name, items in runs.items()}
+    document = {"keys": args.keys, "touched_per_batch": touched, "orders": orders,
+                "held_batches_s": runs["held"], "empty_batches_s": runs["empty"],
+                "held_median_s": method.median(medians["held"]), "empty_median_s": method.median(medians["empty"]),
+                "held_over_empty": method.paired_ratio(medians, "held", "empty")}
+    held, empty = runs["held"][-1], runs["empty"][-1]
     text = "\n".join([
         "# Keyed state size: a batch touching 1 % of a large state against the same batch on an empty state", "",
-        f"Command: `{document['command']}`  ", f"Date: {document['date']}  ", f"Machine: {document['machine']}  ",
-        f"Revision: {document['revision']}  ",
-        f"Load average before / after: {document['load_before']} / {document['load_after']}"
-        + load_note(document["load_before"]), "",
-        f"Held: {args.keys:,} keys written in the first batch ({held[0]:.1f} s), then {TOUCHES} batches of "
-        f"{touched:,} of them: " + ", ".join(f"{value:.2f} s" for value in held[1:]) + ".  ",
-        f"Empty: a 10-record first batch ({empty[0]:.1f} s), then {TOUCHES} batches of {touched:,} new keys: "
-        + ", ".join(f"{value:.2f} s" for value in empty[1:]) + ".", "",
-        f"Median held / empty: {document['held_median_s']:.2f} s / {document['empty_median_s']:.2f} s = "
-        f"{document['held_over_empty']:.2f}"])
-    out = REPOSITORY / "benchmarks" / "results" if not args.quick else Path(tempfile.mkdtemp())
-    (out / "state_size.json").write_text(json.dumps(document, indent=2))
-    (out / "state_size.md").write_text(text)
-    print(text)
+        f"One uncounted warm-up query, then {args.repeats} repeat(s) of both queries, their order rotated each "
+        "repeat; per query the median of its batches after the first; held / empty: the median of the repeats' "
+        "ratios.", "",
+        f"Held (last repeat): {args.keys:,} keys written in the first batch ({held[0]:.1f} s), then {TOUCHES} batches "
+        f"of {touched:,} of them: " + ", ".join(f"{value:.2f} s" for value in held[1:]) + ".  ",
+        f"Empty (last repeat): a 10-record first batch ({empty[0]:.1f} s), then {TOUCHES} batches of {touched:,} new "
+        "keys: " + ", ".join(f"{value:.2f} s" for value in empty[1:]) + ".", "",
+        f"Median held / empty: {document['held_median_s']:.2f} s / {document['empty_median_s']:.2f} s; "
+        f"held / empty (median of the repeats' ratios): {document['held_over_empty']:.2f}"])
+    run.write_results("state_size", text, document)
     return 0
 
 

@@ -322,7 +322,8 @@ def test_answer_is_the_brute_force_optimum(profile):
 @settings(max_examples=400, deadline=None)
 @given(small_profiles())
 def test_when_every_bottleneck_can_be_served_the_answer_is_the_minimum_over_full_choices(profile):
-    # The statement: the minimum over all choices of one port per bottleneck thread.
+    # The definition, after the autopipelining paper (Tang and Gedik): the minimum over all choices
+    # of one port per bottleneck thread.
     paths = execution_paths(profile)
     bottlenecks = [t.name for t in profile.threads if t.utilization >= profile.beta]
     full_choice_utilities = []

@@ -229,7 +229,7 @@ def measure_boundary(
     cpu_clock: CpuClock = cpu_seconds,
 ) -> BoundaryMeasurement:
     """The two-run method: two busy stages of `stage_cost_us` per row, in one process and in
-    two, alternated `repeats` times over the same pre-built batches."""
+    two, `repeats` times each over the same pre-built batches, in an order rotated each repeat."""
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
     if loops_per_us is None:
@@ -242,9 +242,10 @@ def measure_boundary(
     with ProcessingElement([[first, second]]) as single, ProcessingElement([[first], [second]]) as two:
         for element in (single, two):  # warm-up: first-touch page faults, lazy imports
             run_once(element, batches[:2], clock, cpu_clock)
-        for _ in range(repeats):
-            single_runs.append(run_once(single, batches, clock, cpu_clock))
-            two_runs.append(run_once(two, batches, clock, cpu_clock))
+        for repeat in range(repeats):  # the order rotated each repeat: neither always runs first
+            runs = {id(single): single_runs, id(two): two_runs}
+            for element in ((single, two) if repeat % 2 == 0 else (two, single)):
+                runs[id(element)].append(run_once(element, batches, clock, cpu_clock))
     return BoundaryMeasurement(
         record_bytes=record_bytes,
         batch_rows=batch_rows,

@@ -1,0 +1,331 @@
+"""One method for every benchmark: how variants are measured, compared, ranked and written down.
+
+Measuring (timed benchmarks):
+- a warm-up run first, not counted (the session's first queries start the JVM's code paths and
+  Spark's Python workers);
+- the variants a ratio compares are measured in one block: every repeat runs every variant, in an
+  order rotated by one place each repeat (or shuffled with a recorded seed), so that no variant
+  always runs first, or always right after another;
+- at least three repeats, reported as medians; fewer only with an explicit `--quick`, which marks
+  the results as not to be quoted.
+
+Comparing:
+- a ratio's denominator never contains its numerator: "the planner's plan over the best of the
+  other plans", not "over the best of all plans" (which cannot exceed 1);
+- both sides of a ratio come from the same block.
+
+Ranking (a model's first-ranked plan among measured ones): predicted values within a relative
+tolerance (`TIE_TOLERANCE`) of the highest are ties; a tie goes to the simpler plan: fewer
+threads, then fewer regions, then fewer pipelines, then the plan's text in alphabetical order.
+Never the order of a file, never a measured result.
+
+Writing: `Run.write_results(name, markdown, data)` puts the command line (which regenerates the
+file), the machine, the date, the exact revision with its dirty flag and the load before and
+after into both the .md and the .json; a run whose load average exceeded the core count says
+"busy machine: not a result to quote", a `--quick` run "quick mode: not a result to quote".
+
+No fissure import here: a script may load it before choosing which checkout of fissure to load.
+The pure parts (ordering, medians, ratios, the tie rule, the busy verdict) are tested in
+tests/test_benchmark_method.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shlex
+import statistics
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Hashable, Iterable, Sequence
+
+from provenance import load, machine, now, revision
+
+REPOSITORY = Path(__file__).resolve().parents[1]
+RESULTS = REPOSITORY / "benchmarks" / "results"
+MIN_REPEATS = 3
+TIE_TOLERANCE = 0.01  # predicted values within 1 % of the highest are ties
+BUSY = "busy machine: not a result to quote"
+QUICK = "quick mode: not a result to quote"
+
+
+class MethodError(ValueError):
+    """A measurement or a comparison the method does not allow."""
+
+
+# -- ordering -------------------------------------------------------------------------------------
+
+
+def rotated(items: Sequence, repeat: int) -> list:
+    """`items` rotated left by `repeat` places: over len(items) repeats every item runs in every
+    position once."""
+    items = list(items)
+    if not items:
+        return []
+    shift = repeat % len(items)
+    return items[shift:] + items[:shift]
+
+
+def shuffled(items: Sequence, seed: int, repeat: int) -> list:
+    """`items` in an order drawn from (seed, repeat): reproducible from the recorded seed."""
+    items = list(items)
+    random.Random(f"{seed}/{repeat}").shuffle(items)
+    return items
+
+
+def run_order(items: Sequence, repeat: int, seed: int | None = None) -> list:
+    """The order of repeat `repeat`: rotated, or shuffled when a seed is given."""
+    return rotated(items, repeat) if seed is None else shuffled(items, seed, repeat)
+
+
+# -- repeats and medians --------------------------------------------------------------------------
+
+
+def check_repeats(repeats: int, quick: bool = False) -> int:
+    """`repeats`, if the method allows it: at least MIN_REPEATS unless the run is a quick one."""
+    if repeats < 1:
+        raise MethodError("at least one repeat")
+    if repeats < MIN_REPEATS and not quick:
+        raise MethodError(f"{repeats} repeat(s): medians need at least {MIN_REPEATS}; "
+                          "--quick runs fewer and marks the results as not to be quoted")
+    return repeats
+
+
+def median(values: Iterable[float]) -> float:
+    values = [value for value in values if value is not None]
+    if not values:
+        raise MethodError("a median of no values")
+    return statistics.median(values)
+
+
+# -- ratios ---------------------------------------------------------------------------------------
+
+
+def ratio(values: dict[str, float], numerator: str, denominator: str) -> float:
+    """values[numerator] / values[denominator], two different variants."""
+    if numerator == denominator:
+        raise MethodError(f"{numerator!r} over itself")
+    bottom = values[denominator]
+    if not bottom:
+        raise MethodError(f"{denominator!r} is {bottom!r}")
+    return values[numerator] / bottom
+
+
+def best_of(values: dict[str, float], among: Iterable[str]) -> tuple[str, float]:
+    """The label with the highest value among `among`; equal values go to the first label in sorted
+    order (a deterministic rule, not the order of the dictionary)."""
+    among = sorted(set(among))
+    if not among:
+        raise MethodError("the best of nothing")
+    label = min(among, key=lambda item: (-values[item], item))
+    return label, values[label]
+
+
+def over_best_of_others(values: dict[str, float], numerator: str,
+                        among: Iterable[str] | None = None) -> tuple[float, str]:
+    """values[numerator] / the best of the other labels (of `among`, default every other label),
+    and that best label. Refuses a set of others that contains the numerator."""
+    others = [label for label in values if label != numerator] if among is None else list(among)
+    if numerator in others:
+        raise MethodError(f"the denominator's set contains the numerator {numerator!r}: "
+                          "compare with the best of the others")
+    label, best = best_of(values, others)
+    if not best:
+        raise MethodError(f"the best of the others, {label!r}, is {best!r}")
+    return values[numerator] / best, label
+
+
+def paired_ratio(runs: dict[str, list[float]], numerator: str, denominator: str) -> float:
+    """The median over the repeats of numerator / denominator within each repeat (runs measured
+    in the same block, a repeat's runs minutes apart: the machine's drift cancels)."""
+    if numerator == denominator:
+        raise MethodError(f"{numerator!r} over itself")
+    tops, bottoms = runs[numerator], runs[denominator]
+    if len(tops) != len(bottoms):
+        raise MethodError(f"{numerator!r} and {denominator!r} were not measured in the same repeats")
+    return median(top / bottom for top, bottom in zip(tops, bottoms) if bottom)
+
+
+# -- the tie rule ---------------------------------------------------------------------------------
+
+
+def ties(predicted: dict[Hashable, float], tolerance: float = TIE_TOLERANCE) -> list:
+    """The keys whose predicted value is within `tolerance` (relative) of the highest."""
+    if not predicted:
+        raise MethodError("no candidates")
+    top = max(predicted.values())
+    return [key for key, value in predicted.items() if value >= top * (1 - tolerance)]
+
+
+def first_ranked(predicted: dict[Hashable, float], simplicity: Callable[[Hashable], tuple],
+                 tolerance: float = TIE_TOLERANCE):
+    """The candidate a model ranks first: the highest prediction, a tie (within `tolerance`) going
+    to the candidate with the smallest `simplicity` key. Measured results play no part."""
+    return min(ties(predicted, tolerance), key=simplicity)
+
+
+def plan_simplicity(threads: int, regions: int, pipelines: int, text: str) -> tuple:
+    """The tie rule's order of plans: fewer threads, fewer regions, fewer pipelines, then the text."""
+    return (threads, regions, pipelines, text)
+
+
+# -- the machine's load ---------------------------------------------------------------------------
+
+
+def busy(load_before: Sequence[float], load_after: Sequence[float], cores: int) -> bool:
+    """Whether the 1-minute load average before or after the run exceeded the core count."""
+    return max(load_before[0], load_after[0]) > cores
+
+
+def verdict(load_before: Sequence[float], load_after: Sequence[float], cores: int, quick: bool) -> str | None:
+    """What the report says above its figures: None for a result to quote."""
+    reasons = []
+    if busy(load_before, load_after, cores):
+        reasons.append(f"{BUSY} (load average above {cores} cores)")
+    if quick:
+        reasons.append(QUICK)
+    return "; ".join(reasons) or None
+
+
+# -- measuring ------------------------------------------------------------------------------------
+
+
+@dataclass
+class Block:
+    """Variants measured together: `runs[label]` in repeat order, `orders` the order of each repeat."""
+
+    runs: dict[str, list[float]] = field(default_factory=dict)
+    orders: list[list[str]] = field(default_factory=list)
+    details: dict[str, list] = field(default_factory=dict)
+    seed: int | None = None
+    warm_up: str | None = None
+
+    def medians(self) -> dict[str, float]:
+        return {label: median(values) for label, values in self.runs.items()}
+
+    def ratio(self, numerator: str, denominator: str) -> float:
+        return ratio(self.medians(), numerator, denominator)
+
+    def paired_ratio(self, numerator: str, denominator: str) -> float:
+        return paired_ratio(self.runs, numerator, denominator)
+
+    def over_best_of_others(self, numerator: str, among: Iterable[str] | None = None) -> tuple[float, str]:
+        return over_best_of_others(self.medians(), numerator, among)
+
+    def to_dict(self) -> dict:
+        return {"runs": self.runs, "medians": self.medians(), "orders": self.orders, "seed": self.seed,
+                "warm_up": self.warm_up}
+
+
+def measure_block(variants: dict[str, Callable[[], object]], repeats: int, *, quick: bool = False,
+                  warm_up: Callable[[], object] | None = None, warm_up_label: str = "one run, not counted",
+                  seed: int | None = None, value: Callable[[object], float] = lambda result: result,
+                  log: Callable[[str], None] | None = None) -> Block:
+    """Run `warm_up` once (not counted), then `repeats` repeats of every variant, in the order
+    `run_order` gives. A variant returns its result; `value(result)` is the figure kept in
+    `runs`, the result itself in `details`."""
+    check_repeats(repeats, quick)
+    block = Block(runs={label: [] for label in variants}, details={label: [] for label in variants}, seed=seed)
+    if warm_up is not None:
+        warm_up()
+        block.warm_up = warm_up_label
+    for repeat in range(repeats):
+        order = run_order(list(variants), repeat, seed)
+        block.orders.append(order)
+        for label in order:
+            result = variants[label]()
+            block.details[label].append(result)
+            block.runs[label].append(value(result))
+            if log is not None:
+                log(f"repeat {repeat + 1}/{repeats} {label}: {block.runs[label][-1]:,.4g}")
+    return block
+
+
+# -- writing results ------------------------------------------------------------------------------
+
+
+def command_line(script: str, argv: Sequence[str] | None) -> str:
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    return " ".join(["./dev python", f"benchmarks/{script}", *(shlex.quote(arg) for arg in arguments)])
+
+
+def provenance_lines(header: dict) -> list[str]:
+    lines = [f"Regenerate: `{header['command']}`  ", f"Date: {header['date']}  ",
+             f"Machine: {header['machine']}  ", f"Revision: {header['revision']}  ",
+             f"Load average before / after: {header['load_before']} / {header['load_after']}  "]
+    if header.get("verdict"):
+        lines.append(f"**{header['verdict'][0].upper()}{header['verdict'][1:]}.**")
+    return lines + [""]
+
+
+def with_header(markdown: str, header: dict) -> str:
+    """The markdown with the provenance block after its title (or at the top without one)."""
+    lines = markdown.rstrip("\n").split("\n")
+    if lines and lines[0].startswith("# "):
+        body = lines[1:]
+        while body and not body[0].strip():
+            body = body[1:]
+        return "\n".join([lines[0], "", *provenance_lines(header), *body]) + "\n"
+    return "\n".join([*provenance_lines(header), *lines]) + "\n"
+
+
+class Run:
+    """One run of a benchmark script: where its results go and what they say about themselves.
+    Create it first (it records the load before anything runs)."""
+
+    def __init__(self, script: str, argv: Sequence[str] | None = None, *, quick: bool = False,
+                 out: str | Path | None = None, master: str | None = "local[2]", timed: bool = True,
+                 tree: Path = REPOSITORY) -> None:
+        self.script, self.quick, self.timed = script, quick, timed
+        self.command = command_line(script, argv)
+        if out is None:  # a quick run is no result: a temporary folder unless --out says otherwise
+            out = tempfile.mkdtemp(prefix=f"fissure-{Path(script).stem}-") if quick else RESULTS
+        self.out = Path(out)
+        self.master = master
+        self.revision = revision(tree)  # the revision measured, before anything changes
+        self.date = now()
+        self.load_before = load()
+        self.cores = os.cpu_count() or 1
+
+    def header(self) -> dict:
+        load_after = load()
+        header = {"command": self.command, "date": self.date, "machine": machine(self.master),
+                  "revision": self.revision, "load_before": self.load_before, "load_after": load_after,
+                  "cores": self.cores, "quick": self.quick}
+        if self.timed:
+            header["verdict"] = verdict(self.load_before, load_after, self.cores, self.quick)
+        else:
+            header["verdict"] = QUICK if self.quick else None
+        header["quotable"] = header["verdict"] is None
+        return header
+
+    def write_results(self, name: str, markdown: str, data: dict) -> Path:
+        """`name`.md and `name`.json under the results folder, both with the provenance header."""
+        header = self.header()
+        self.out.mkdir(parents=True, exist_ok=True)
+        (self.out / f"{name}.json").write_text(json.dumps({"provenance": header, **data}, indent=1, default=str) + "\n")
+        text = with_header(markdown, header)
+        (self.out / f"{name}.md").write_text(text)
+        print(text)
+        print(f"written: {self.out / name}.md and .json", file=sys.stderr)
+        return self.out / f"{name}.md"
+
+    def path(self, filename: str) -> Path:
+        """A further output file (a plot, a timeline) in the results folder."""
+        self.out.mkdir(parents=True, exist_ok=True)
+        return self.out / filename
+
+
+def add_arguments(parser, *, repeats: int | None = MIN_REPEATS, quick: bool = True) -> None:
+    """The options every benchmark shares: --out, and --repeats / --quick where they apply."""
+    parser.add_argument("--out", type=Path, default=None,
+                        help="results folder (default benchmarks/results; with --quick a temporary folder)")
+    if quick:
+        parser.add_argument("--quick", action="store_true",
+                            help="small inputs, fewer repeats: a check of the script, not a result to quote")
+    if repeats is not None:
+        parser.add_argument("--repeats", type=int, default=repeats,
+                            help=f"repeats per variant, medians (at least {MIN_REPEATS} unless --quick)")

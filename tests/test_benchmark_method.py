@@ -1,0 +1,195 @@
+"""The benchmarks' shared method (benchmarks/method.py): ordering, medians, ratios, the tie rule,
+the busy verdict and the results header. Pure: no Spark, no timing."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+import method  # noqa: E402
+from method import MethodError  # noqa: E402
+
+
+class TestOrder:
+    def test_rotation_puts_every_variant_in_every_position(self):
+        items = ["a", "b", "c"]
+        orders = [method.rotated(items, repeat) for repeat in range(3)]
+        assert orders == [["a", "b", "c"], ["b", "c", "a"], ["c", "a", "b"]]
+        for position in range(3):
+            assert {order[position] for order in orders} == set(items)
+
+    def test_no_variant_always_first(self):
+        firsts = {method.run_order(["seq", "planner", "best"], repeat)[0] for repeat in range(3)}
+        assert firsts == {"seq", "planner", "best"}
+
+    def test_shuffle_is_reproducible_from_its_seed(self):
+        items = list("abcdefgh")
+        assert method.shuffled(items, 5, 2) == method.shuffled(items, 5, 2)
+        assert sorted(method.shuffled(items, 5, 2)) == items
+        assert any(method.shuffled(items, 5, r) != method.shuffled(items, 5, 0) for r in range(1, 5))
+
+    def test_run_order_shuffles_only_with_a_seed(self):
+        assert method.run_order("abc", 1) == ["b", "c", "a"]
+        assert method.run_order("abcdef", 3, seed=9) == method.shuffled("abcdef", 9, 3)
+
+
+class TestRepeats:
+    def test_fewer_than_three_repeats_refused(self):
+        with pytest.raises(MethodError):
+            method.check_repeats(2)
+        assert method.check_repeats(3) == 3
+
+    def test_quick_allows_one_repeat(self):
+        assert method.check_repeats(1, quick=True) == 1
+        with pytest.raises(MethodError):
+            method.check_repeats(0, quick=True)
+
+    def test_median(self):
+        assert method.median([5.0, 1.0, 3.0]) == 3.0
+        assert method.median([4.0, 1.0, None, 2.0]) == 2.0
+        with pytest.raises(MethodError):
+            method.median([])
+
+
+class TestBlock:
+    def test_warm_up_not_counted_and_orders_rotated(self):
+        calls = []
+
+        def variant(label, value):
+            def run():
+                calls.append(label)
+                return value
+            return run
+
+        block = method.measure_block({"a": variant("a", 1.0), "b": variant("b", 2.0), "c": variant("c", 4.0)}, 3,
+                                     warm_up=lambda: calls.append("warm-up"))
+        assert calls[0] == "warm-up" and calls.count("warm-up") == 1
+        assert calls[1:] == ["a", "b", "c", "b", "c", "a", "c", "a", "b"]
+        assert block.runs == {"a": [1.0] * 3, "b": [2.0] * 3, "c": [4.0] * 3}
+        assert block.orders == [["a", "b", "c"], ["b", "c", "a"], ["c", "a", "b"]]
+        assert block.over_best_of_others("c") == (2.0, "b")
+
+    def test_block_refuses_two_repeats_without_quick(self):
+        with pytest.raises(MethodError):
+            method.measure_block({"a": lambda: 1.0}, 2)
+        assert method.measure_block({"a": lambda: 1.0}, 1, quick=True).runs == {"a": [1.0]}
+
+    def test_value_extracts_the_figure_and_keeps_the_result(self):
+        block = method.measure_block({"a": lambda: {"rate": 7.0}}, 3, value=lambda result: result["rate"])
+        assert block.runs["a"] == [7.0, 7.0, 7.0]
+        assert block.details["a"][0] == {"rate": 7.0}
+
+
+class TestRatios:
+    def test_best_of_others_excludes_the_numerator(self):
+        values = {"planner": 10.0, "sequential": 5.0, "best": 8.0}
+        assert method.over_best_of_others(values, "planner") == (10.0 / 8.0, "best")
+        # the planner measuring best gives a ratio above 1, which "best of all" could never give
+        assert method.over_best_of_others(values, "planner")[0] > 1
+
+    def test_denominator_containing_the_numerator_refused(self):
+        values = {"planner": 10.0, "best": 8.0}
+        with pytest.raises(MethodError):
+            method.over_best_of_others(values, "planner", among=["planner", "best"])
+
+    def test_ratio_of_a_variant_to_itself_refused(self):
+        with pytest.raises(MethodError):
+            method.ratio({"a": 1.0}, "a", "a")
+        with pytest.raises(MethodError):
+            method.paired_ratio({"a": [1.0]}, "a", "a")
+
+    def test_ratio(self):
+        assert method.ratio({"a": 3.0, "b": 2.0}, "a", "b") == 1.5
+        with pytest.raises(MethodError):
+            method.ratio({"a": 3.0, "b": 0.0}, "a", "b")
+
+    def test_paired_ratio_is_the_median_of_per_repeat_ratios(self):
+        runs = {"a": [2.0, 4.0, 9.0], "b": [1.0, 4.0, 3.0]}
+        assert method.paired_ratio(runs, "a", "b") == 2.0
+        with pytest.raises(MethodError):
+            method.paired_ratio({"a": [1.0, 2.0], "b": [1.0]}, "a", "b")
+
+    def test_best_of_equal_values_is_not_the_dictionary_order(self):
+        assert method.best_of({"z": 1.0, "a": 1.0}, ["z", "a"]) == ("a", 1.0)
+        assert method.best_of({"z": 1.0, "a": 1.0}, ["a", "z"]) == ("a", 1.0)
+
+
+class TestTieRule:
+    @staticmethod
+    def simplicity(plan):
+        threads, regions, pipelines = plan
+        return method.plan_simplicity(threads, regions, pipelines, str(plan))
+
+    def test_highest_prediction_wins_outside_the_tolerance(self):
+        predicted = {(4, 1, 4): 100.0, (1, 1, 1): 90.0}
+        assert method.first_ranked(predicted, self.simplicity) == (4, 1, 4)
+
+    def test_ties_go_to_fewer_threads_whatever_the_order(self):
+        first = {(4, 3, 4): 7068.0, (3, 1, 3): 7068.0}
+        second = dict(reversed(list(first.items())))
+        assert method.first_ranked(first, self.simplicity) == (3, 1, 3)
+        assert method.first_ranked(second, self.simplicity) == (3, 1, 3)
+
+    def test_within_the_relative_tolerance_is_a_tie(self):
+        predicted = {(4, 1, 4): 100.0, (2, 1, 2): 99.5, (1, 1, 1): 97.0}
+        assert method.ties(predicted) == [(4, 1, 4), (2, 1, 2)]
+        assert method.first_ranked(predicted, self.simplicity) == (2, 1, 2)
+        assert method.first_ranked(predicted, self.simplicity, tolerance=0.05) == (1, 1, 1)
+
+    def test_equal_threads_go_to_fewer_regions_then_pipelines(self):
+        assert method.first_ranked({(3, 2, 3): 5.0, (3, 1, 3): 5.0}, self.simplicity) == (3, 1, 3)
+        assert method.first_ranked({(3, 1, 3): 5.0, (3, 1, 2): 5.0}, self.simplicity) == (3, 1, 2)
+
+    def test_no_candidates_refused(self):
+        with pytest.raises(MethodError):
+            method.first_ranked({}, self.simplicity)
+
+
+class TestBusyVerdict:
+    def test_load_above_the_cores_is_busy(self):
+        assert method.busy([2.5, 1.0, 1.0], [1.0, 1.0, 1.0], 2)
+        assert method.busy([1.0, 1.0, 1.0], [2.1, 1.0, 1.0], 2)
+        assert not method.busy([2.0, 3.0, 3.0], [1.9, 3.0, 3.0], 2)  # the 1-minute average decides
+
+    def test_verdict_text(self):
+        assert method.verdict([0.5], [0.7], 2, quick=False) is None
+        assert method.BUSY in method.verdict([3.0], [0.7], 2, quick=False)
+        assert method.verdict([0.5], [0.7], 2, quick=True) == method.QUICK
+        both = method.verdict([3.0], [0.7], 2, quick=True)
+        assert method.BUSY in both and method.QUICK in both
+
+
+class TestWriter:
+    def test_header_after_the_title_and_in_the_json(self, tmp_path, monkeypatch):
+        monkeypatch.setattr(method, "load", lambda: [9.0, 9.0, 9.0])
+        run = method.Run("example.py", ["--repeats", "3"], out=tmp_path)
+        run.write_results("example", "# Title\n\nbody\n", {"figure": 1.5})
+        text = (tmp_path / "example.md").read_text()
+        lines = text.splitlines()
+        assert lines[0] == "# Title"
+        assert "Regenerate: `./dev python benchmarks/example.py --repeats 3`" in text
+        assert "Revision: " in text and "Load average before / after: [9.0, 9.0, 9.0]" in text
+        assert "Busy machine: not a result to quote" in text
+        assert lines[-1] == "body"
+        data = json.loads((tmp_path / "example.json").read_text())
+        assert data["figure"] == 1.5
+        assert data["provenance"]["command"] == "./dev python benchmarks/example.py --repeats 3"
+        assert data["provenance"]["quotable"] is False
+        assert data["provenance"]["revision"]
+
+    def test_quiet_machine_is_quotable(self, tmp_path, monkeypatch):
+        monkeypatch.setattr(method, "load", lambda: [0.1, 0.1, 0.1])
+        run = method.Run("example.py", [], out=tmp_path)
+        run.write_results("example", "# Title\n", {})
+        assert json.loads((tmp_path / "example.json").read_text())["provenance"]["quotable"] is True
+        assert "not a result to quote" not in (tmp_path / "example.md").read_text()
+
+    def test_quick_run_goes_to_a_temporary_folder(self, monkeypatch):
+        monkeypatch.setattr(method, "load", lambda: [0.1, 0.1, 0.1])
+        run = method.Run("example.py", ["--quick"], quick=True)
+        assert run.out != method.RESULTS
