@@ -6,10 +6,10 @@ lines, one batch) under one plan. A StreamingQueryListener reads Spark's `durati
 query's batch 0: `triggerExecution` is the first batch (the session's start is not in it),
 `queryPlanning` the planning, which for every transformWithStateInPandas operator starts a
 driver-side Python process to learn its state schema, `addBatch` the batch's jobs, which start
-the Python workers. Plans alternate, in an order rotated each round; medians over rounds.
+the Python workers. Plans in an order rotated each repeat after one uncounted run (benchmarks/method.py); medians.
 
-    ./dev python benchmarks/first_batch.py             # 3 rounds (about 2 minutes)
-    ./dev python benchmarks/first_batch.py --rounds 1  # a smoke test, not a result
+    ./dev python benchmarks/first_batch.py           # 3 repeats (about 2 minutes)
+    ./dev python benchmarks/first_batch.py --quick   # one repeat: a check, not a result
 """
 
 from __future__ import annotations
@@ -19,13 +19,12 @@ import json
 import statistics
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 REPOSITORY = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPOSITORY / "benchmarks"))
 
-from provenance import load, load_note, machine, now, revision  # noqa: E402
+import method  # noqa: E402
 
 PLANS = ("sequential", "planner")
 PARTS = ("triggerExecution", "queryPlanning", "addBatch", "walCommit", "commitOffsets", "latestOffset")
@@ -73,51 +72,35 @@ def one_run(plan: str) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--out", default=str(REPOSITORY / "benchmarks" / "results"))
+    method.add_arguments(parser)
     options = parser.parse_args(argv)
-    load_before, started = load(), now()
-    runs: dict[str, list[dict]] = {plan: [] for plan in PLANS}
-    for round_index in range(options.rounds):
-        order = PLANS[round_index % len(PLANS):] + PLANS[:round_index % len(PLANS)]
-        for plan in order:
-            result = one_run(plan)
-            runs[plan].append(result)
-            print(f"round {round_index + 1} {plan}: {json.dumps(result['durations_ms'])}", file=sys.stderr)
-    load_after = load()
-    medians = {plan: {part: statistics.median(run["durations_ms"].get(part, 0) for run in runs[plan])
+    run = method.Run("first_batch.py", argv, quick=options.quick, out=options.out)
+    repeats = 1 if options.quick else options.repeats
+    block = method.measure_block(
+        {plan: (lambda plan=plan: one_run(plan)) for plan in PLANS}, repeats, quick=options.quick,
+        warm_up=lambda: one_run("sequential"), warm_up_label="one sequential run, not counted",
+        value=lambda result: result["durations_ms"].get("triggerExecution", 0),
+        log=lambda line: print(line, file=sys.stderr, flush=True))
+    medians = {plan: {part: statistics.median(result["durations_ms"].get(part, 0) for result in block.details[plan])
                       for part in PARTS} for plan in PLANS}
-    command = "./dev python benchmarks/first_batch.py" + (f" --rounds {options.rounds}" if options.rounds != 3 else "")
     lines = [
         "# The LogWatch example's first micro-batch, Spark's own start excluded",
         "",
-        f"Command: `{command}`  ",
-        f"Date: {started}  ",
-        f"Machine: {machine()}  ",
-        f"Revision: {revision(REPOSITORY)}  ",
-        f"Load average before / after: {load_before} / {load_after}{load_note(load_before)}",
-        "",
         "Each run a fresh process (new JVM, new Python workers) on the Loghub sample (2,022 lines, one batch); "
-        f"Spark's `durationMs` of batch 0 in ms, medians over {options.rounds} rounds, plans alternating in a "
-        "rotated order. `state schema workers`: driver-side Python processes transformWithStateInPandas started "
-        "while planning (one per stateful operator).",
+        f"Spark's `durationMs` of batch 0 in ms, medians over {repeats} repeats, plans in an order rotated each "
+        "repeat after one uncounted run. `state schema workers`: driver-side Python processes "
+        "transformWithStateInPandas started while planning (one per stateful operator).",
         "",
         "| plan | first batch | queryPlanning | addBatch | walCommit | commitOffsets | latestOffset | state schema workers |",
         "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for plan in PLANS:
         parts = medians[plan]
-        workers = statistics.median(run["state_schema_workers"] for run in runs[plan])
+        workers = statistics.median(result["state_schema_workers"] for result in block.details[plan])
         lines.append(f"| {plan} | {parts['triggerExecution']:,.0f} | {parts['queryPlanning']:,.0f} | "
                      f"{parts['addBatch']:,.0f} | {parts['walCommit']:,.0f} | {parts['commitOffsets']:,.0f} | "
                      f"{parts['latestOffset']:,.0f} | {workers:.0f} |")
-    out = Path(options.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "first_batch.md").write_text("\n".join(lines) + "\n")
-    (out / "first_batch.json").write_text(json.dumps({
-        "command": command, "date": started, "machine": machine(), "revision": revision(REPOSITORY),
-        "load_before": load_before, "load_after": load_after, "runs": runs, "medians_ms": medians}, indent=1) + "\n")
-    print("\n".join(lines))
+    run.write_results("first_batch", "\n".join(lines), {"block": block.to_dict(), "medians_ms": medians})
     return 0
 
 

@@ -2,15 +2,15 @@
 against the default (UI off).
 
 Each measurement is a fresh Python process (a new JVM: the UI's cost is paid when the SparkContext
-starts), UI off and on alternating (off, on, then on, off, ...) so that drift of the machine hits
-both alike. A process measures
+starts), UI off and on in an order rotated each repeat (benchmarks/method.py), so that drift of the
+machine hits both alike. A process measures
 - session: `create_session` (JVM start, SparkContext, the UI's web server when on);
 - first batch: the first micro-batch of a one-operator chain over --records records in one file
   (Spark's `triggerExecution` of batch 0: planning, Python workers' start, the batch's jobs);
 - to first result: from before the session to the end of the run (one batch).
 Reported: the medians over --rounds rounds of each setting, and on / off.
 
-    ./dev python benchmarks/spark_ui_startup.py [--rounds 3] [--records 10000] [--master local[2]]
+    ./dev python benchmarks/spark_ui_startup.py [--repeats 3] [--records 10000] [--master local[2]]\n    ./dev python benchmarks/spark_ui_startup.py --quick   # one repeat: a check, not a result
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import provenance  # noqa: E402
+import method  # noqa: E402
 
 REPOSITORY = Path(__file__).resolve().parent.parent
 MEASURES = ("session_s", "first_batch_s", "to_first_result_s")
@@ -61,46 +61,36 @@ def run_child(ui: bool, records: int, master: str) -> dict:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rounds", type=int, default=3)
+    method.add_arguments(parser)
     parser.add_argument("--records", type=int, default=10_000)
     parser.add_argument("--master", default="local[2]")
-    parser.add_argument("--out", default=str(REPOSITORY / "benchmarks" / "results"), help="results directory")
     parser.add_argument("--measure", choices=("off", "on"), help=argparse.SUPPRESS)  # one child process
     args = parser.parse_args(argv)
     if args.measure is not None:
         print(json.dumps(measure(args.measure == "on", args.records, args.master)))
         return 0
-    load_before = provenance.load()
-    document = {"command": "./dev python benchmarks/spark_ui_startup.py " + " ".join(argv if argv is not None
-                                                                                     else sys.argv[1:]),
-                "revision": provenance.revision(REPOSITORY), "machine": provenance.machine(args.master),
-                "date": provenance.now(), "load_before": load_before, "rounds": args.rounds,
-                "records": args.records, "runs": []}
-    for round_ in range(args.rounds):
-        for ui in ((False, True) if round_ % 2 == 0 else (True, False)):
-            print(f"round {round_ + 1}/{args.rounds}: UI {'on' if ui else 'off'}", file=sys.stderr, flush=True)
-            document["runs"].append({"round": round_, **run_child(ui, args.records, args.master)})
-    document["load_after"] = provenance.load()
-    medians = {setting: {name: statistics.median(run[name] for run in document["runs"] if run["ui"] == (setting == "on"))
+    run = method.Run("spark_ui_startup.py", argv, quick=args.quick, out=args.out, master=args.master)
+    repeats = 1 if args.quick else args.repeats
+    block = method.measure_block(
+        {"off": lambda: run_child(False, args.records, args.master),
+         "on": lambda: run_child(True, args.records, args.master)},
+        repeats, quick=args.quick, warm_up=lambda: run_child(False, args.records, args.master),
+        warm_up_label="one process with the UI off, not counted", value=lambda result: result["to_first_result_s"],
+        log=lambda line: print(line, file=sys.stderr, flush=True))
+    medians = {setting: {name: statistics.median(result[name] for result in block.details[setting])
                          for name in MEASURES} for setting in ("off", "on")}
-    document["medians"] = medians
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "spark_ui_startup.json").write_text(json.dumps(document, indent=2) + "\n")
     lines = ["# Spark's web UI: start-up cost", "",
-             f"Command: `{document['command']}`  ", f"Revision: {document['revision']}  ",
-             f"Machine: {document['machine']}  ", f"Date: {document['date']}  ",
-             f"Load average before / after: {load_before} / {document['load_after']}"
-             f"{provenance.load_note(load_before)}", "",
-             f"Medians of {args.rounds} fresh processes per setting, alternating; first batch: one map over "
-             f"{args.records:,} records.", "",
+             f"Medians of {repeats} fresh processes per setting, in an order rotated each repeat, after one "
+             f"uncounted process; first batch: one map over {args.records:,} records in one file.", "",
              "| | UI off | UI on | on - off | on / off |", "| --- | ---: | ---: | ---: | ---: |"]
     for name in MEASURES:
         off, on = medians["off"][name], medians["on"][name]
         lines.append(f"| {name.removesuffix('_s').replace('_', ' ')} (s) | {off:.2f} | {on:.2f} | {on - off:+.2f} | "
                      f"{on / off:.2f} |")
-    (out / "spark_ui_startup.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    lines += ["", f"Paired ratio on / off of the time to the first result, median over repeats: "
+                  f"{block.paired_ratio('on', 'off'):.2f}."]
+    run.write_results("spark_ui_startup", "\n".join(lines),
+                      {"records": args.records, "block": block.to_dict(), "details": block.details, "medians": medians})
     return 0
 
 
