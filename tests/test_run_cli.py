@@ -194,6 +194,33 @@ def test_spark_ui_flag_turns_the_ui_on_only_when_asked(tmp_path, monkeypatch, fl
     assert seen["config"].spark_ui is ui
 
 
+def test_conf_flags_become_the_sessions_spark_settings(tmp_path, monkeypatch):
+    import fissure
+
+    (tmp_path / "pipeline.py").write_text(PIPELINE_FILE)
+    write_inputs(tmp_path / "in")
+    seen = {}
+
+    def fake_run(*args, config, **kwargs):
+        seen["config"] = config
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(fissure, "run", fake_run)
+    assert main(["run", f"{tmp_path / 'pipeline.py'}:build", "--source", str(tmp_path / "in"),
+                 "--run-dir", str(tmp_path / "run"), "--conf", "spark.sql.streaming.metricsEnabled=true",
+                 "--conf", "spark.metrics.conf.*.sink.prometheusServlet.path=/metrics/prometheus"]) == 130
+    assert seen["config"].spark_conf == {"spark.sql.streaming.metricsEnabled": "true",
+                                         "spark.metrics.conf.*.sink.prometheusServlet.path": "/metrics/prometheus"}
+
+
+def test_a_conf_flag_without_a_value_is_a_usage_error(tmp_path, capsys):
+    (tmp_path / "pipeline.py").write_text(PIPELINE_FILE)
+    write_inputs(tmp_path / "in")
+    assert main(["run", f"{tmp_path / 'pipeline.py'}:build", "--source", str(tmp_path / "in"),
+                 "--run-dir", str(tmp_path / "run"), "--conf", "spark.ui.enabled"]) == 2
+    assert "--conf 'spark.ui.enabled' is not KEY=VALUE" in capsys.readouterr().err
+
+
 def test_the_ui_notice_gives_the_address_or_says_why_there_is_none():
     from types import SimpleNamespace
 

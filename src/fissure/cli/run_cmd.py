@@ -84,6 +84,9 @@ def register(subparsers) -> None:
     parser.add_argument("--progress", choices=PROGRESS_MODES, default=None,
                         help="auto (default): a live line on a terminal, timestamped lines elsewhere; "
                              "live, lines, or off")
+    parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
+                        help="a Spark setting for the session fissure starts, as spark-submit's --conf "
+                             "(repeatable), e.g. Spark's metrics system: docs/spark-runner.md")
     parser.add_argument("--packages", metavar="GROUP:ARTIFACT:VERSION,...",
                         help="jars for Spark's JVM from Maven (spark.jars.packages), e.g. the Kafka connector")
     parser.add_argument("--json", action="store_true",
@@ -189,8 +192,15 @@ def handle(args) -> int:
         sink = {name: fissure.FileSink(os.path.join(args.sink, name)) if args.sink else fissure.ConsoleSink()
                 for name in pipeline.sinks}
     dead_letters = fissure.FileSink(args.dead_letters, format="json") if args.dead_letters else None
+    spark_conf = dict(config.spark_conf)
+    for setting in args.conf:
+        key, separator, value = setting.partition("=")
+        if not separator or not key.strip():
+            raise UsageError(f"--conf {setting!r} is not KEY=VALUE")
+        spark_conf[key.strip()] = value
     if args.packages:
-        config = dataclasses.replace(config, spark_conf={**config.spark_conf, "spark.jars.packages": args.packages})
+        spark_conf["spark.jars.packages"] = args.packages
+    config = dataclasses.replace(config, spark_conf=spark_conf)
     print(f"fissure run: starting Spark (its output goes to {spark_log})", file=sys.stderr)
     try:
         report = fissure.run(pipeline, source, sink, plan=args.plan,

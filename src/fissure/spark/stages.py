@@ -168,8 +168,8 @@ class GraphStateProcessor(StatefulProcessor):
     are buckets of keys (`bucketed`: crc32 of the key's text mod STATE_BUCKETS): one call runs
     every key of the bucket in the batch, each key's state in a MapState entry under its key text.
     Spark's cost per group (a Python call, a pandas frame each way, state-server round trips) is
-    paid per bucket instead of per key: calibrated here at 1,700 us a group against 440 us a key's
-    MapState read and write (benchmarks/results/calibrate_defaults.txt). An unkeyed operator has
+    paid per bucket instead of per key: calibrated here at 1,950 us a group against 380 us a key's
+    MapState read and write (benchmarks/results/calibrate_defaults.md). An unkeyed operator has
     one group and one ValueState. A join's groups are its key texts, as rows, each pair's state a
     ValueState.
     """
