@@ -12,6 +12,10 @@ and the executors run: a node without the environment it was given shows there, 
 
 Under spark-submit the session is spark-submit's (its --master, --conf and --archives); with
 --master, fissure creates its own session on that master.
+
+The operators repeat examples/wordcount.py's on purpose: spark-submit ships this one file, and
+functions defined in it travel to the executors by value, where importing them from another
+example would need that module (and its helpers) shipped with --py-files as well.
 """
 
 from __future__ import annotations
