@@ -21,8 +21,10 @@ Never the order of a file, never a measured result.
 
 Writing: `Run.write_results(name, markdown, data)` puts the command line (which regenerates the
 file), the machine, the date, the exact revision with its dirty flag and the load before and
-after into both the .md and the .json; a run whose load average exceeded the core count says
-"busy machine: not a result to quote", a `--quick` run "quick mode: not a result to quote".
+after, and other processes' share of the CPU while the run ran, into both the .md and the .json;
+a run during which other processes used more than OTHERS_BUSY_SHARE of the machine's CPU says
+"busy machine: not a result to quote" (the load average is no judge of that: it counts the
+run's own processes), a `--quick` run "quick mode: not a result to quote".
 
 No fissure import here: a script may load it before choosing which checkout of fissure to load.
 The pure parts (ordering, medians, ratios, the tie rule, the busy verdict) are tested in
@@ -38,6 +40,7 @@ import shlex
 import statistics
 import sys
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Hashable, Iterable, Sequence
@@ -175,19 +178,77 @@ def plan_simplicity(threads: int, regions: int, pipelines: int, text: str) -> tu
 # -- the machine's load ---------------------------------------------------------------------------
 
 
-def busy(load_before: Sequence[float], load_after: Sequence[float], cores: int) -> bool:
-    """Whether the 1-minute load average before or after the run exceeded the core count."""
-    return max(load_before[0], load_after[0]) > cores
+# Others' share of the machine's CPU during a run above which the run is busy. A quiet 2-core VM
+# shows 1-3 % (the kernel, the guest agent); a test suite or a second benchmark beside it 30 % or more.
+OTHERS_BUSY_SHARE = 0.10
 
 
-def verdict(load_before: Sequence[float], load_after: Sequence[float], cores: int, quick: bool) -> str | None:
+def others_share(machine_busy_s: float, own_s: float, wall_s: float, cores: int) -> float:
+    """The share of the machine's CPU (cores x wall time) that processes other than the run used."""
+    if wall_s <= 0 or cores <= 0:
+        return 0.0
+    return max(0.0, machine_busy_s - own_s) / (wall_s * cores)
+
+
+def busy(others: float | None, load_before: Sequence[float], cores: int) -> bool:
+    """Whether other work shared the machine: others' CPU share above OTHERS_BUSY_SHARE while the run
+    ran, or, where CPU accounting is not available (None), a 1-minute load above the core count
+    before it. Not the load after the run: that includes the run's own processes (a Spark
+    benchmark raises a 2-core machine's load to 2-3 by itself)."""
+    if others is not None:
+        return others > OTHERS_BUSY_SHARE
+    return load_before[0] > cores
+
+
+def verdict(others: float | None, load_before: Sequence[float], cores: int, quick: bool) -> str | None:
     """What the report says above its figures: None for a result to quote."""
     reasons = []
-    if busy(load_before, load_after, cores):
-        reasons.append(f"{BUSY} (load average above {cores} cores)")
+    if busy(others, load_before, cores):
+        reasons.append(f"{BUSY} (other processes used {others:.0%} of the CPU)" if others is not None
+                       else f"{BUSY} (load average above {cores} cores before the run)")
     if quick:
         reasons.append(QUICK)
     return "; ".join(reasons) or None
+
+
+def machine_busy_cpu_s() -> float | None:
+    """CPU seconds the whole machine spent busy since boot (Linux /proc/stat; steal counts as busy)."""
+    try:
+        with open("/proc/stat", encoding="ascii") as stat:
+            values = [float(value) for value in stat.readline().split()[1:9]]
+    except (OSError, ValueError):
+        return None
+    user, nice, system, idle, iowait, irq, softirq, steal = values
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+def own_cpu_s() -> float | None:
+    """CPU seconds of this process and every process below it, living or reaped (Linux /proc)."""
+    try:
+        parents, times = {}, {}
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry}/stat", encoding="ascii", errors="replace") as stat:
+                    text = stat.read()
+            except OSError:
+                continue
+            fields = text[text.rfind(")") + 2:].split()
+            parents[int(entry)] = int(fields[1])
+            times[int(entry)] = sum(float(value) for value in fields[11:15])  # utime stime cutime cstime
+    except OSError:
+        return None
+    me = os.getpid()
+
+    def below_me(pid: int) -> bool:
+        while pid > 1:
+            if pid == me:
+                return True
+            pid = parents.get(pid, 0)
+        return False
+
+    return sum(ticks for pid, ticks in times.items() if below_me(pid)) / os.sysconf("SC_CLK_TCK")
 
 
 # -- measuring ------------------------------------------------------------------------------------
@@ -256,6 +317,8 @@ def provenance_lines(header: dict) -> list[str]:
     lines = [f"Regenerate: `{header['command']}`  ", f"Date: {header['date']}  ",
              f"Machine: {header['machine']}  ", f"Revision: {header['revision']}  ",
              f"Load average before / after: {header['load_before']} / {header['load_after']}  "]
+    if header.get("others_cpu_share") is not None:
+        lines.append(f"Other processes' share of the CPU during the run: {header['others_cpu_share']:.1%}  ")
     if header.get("verdict"):
         lines.append(f"**{header['verdict'][0].upper()}{header['verdict'][1:]}.**")
     return lines + [""]
@@ -289,14 +352,25 @@ class Run:
         self.date = now()
         self.load_before = load()
         self.cores = os.cpu_count() or 1
+        self._cpu_at_start = (time.monotonic(), machine_busy_cpu_s(), own_cpu_s())
+
+    def others_cpu_share(self) -> float | None:
+        """Other processes' share of the machine's CPU since this run was created (None off Linux)."""
+        started, machine_then, own_then = self._cpu_at_start
+        machine_now, own_now = machine_busy_cpu_s(), own_cpu_s()
+        if None in (machine_then, own_then, machine_now, own_now):
+            return None
+        return others_share(machine_now - machine_then, own_now - own_then, time.monotonic() - started, self.cores)
 
     def header(self) -> dict:
         load_after = load()
+        others = self.others_cpu_share()
         header = {"command": self.command, "date": self.date, "machine": machine(self.master),
                   "revision": self.revision, "load_before": self.load_before, "load_after": load_after,
+                  "others_cpu_share": None if others is None else round(others, 3),
                   "cores": self.cores, "quick": self.quick}
         if self.timed:
-            header["verdict"] = verdict(self.load_before, load_after, self.cores, self.quick)
+            header["verdict"] = verdict(others, self.load_before, self.cores, self.quick)
         else:
             header["verdict"] = QUICK if self.quick else None
         header["quotable"] = header["verdict"] is None

@@ -151,22 +151,42 @@ class TestTieRule:
 
 
 class TestBusyVerdict:
-    def test_load_above_the_cores_is_busy(self):
-        assert method.busy([2.5, 1.0, 1.0], [1.0, 1.0, 1.0], 2)
-        assert method.busy([1.0, 1.0, 1.0], [2.1, 1.0, 1.0], 2)
-        assert not method.busy([2.0, 3.0, 3.0], [1.9, 3.0, 3.0], 2)  # the 1-minute average decides
+    def test_others_share_is_the_machines_busy_time_beyond_the_runs_own(self):
+        # 2 cores for 100 s = 200 CPU s; the machine was busy 150 s, the run itself 130 s.
+        assert method.others_share(150.0, 130.0, 100.0, 2) == pytest.approx(0.10)
+        assert method.others_share(100.0, 120.0, 100.0, 2) == 0.0  # rounding of the two clocks: not negative
+
+    def test_a_run_busy_by_itself_is_not_a_busy_machine(self):
+        # the benchmark kept the load at 3 on 2 cores; others used 2 % of the CPU
+        assert not method.busy(0.02, [0.3, 0.5, 0.5], 2)
+        assert method.busy(0.25, [0.3, 0.5, 0.5], 2)
+
+    def test_without_cpu_accounting_the_load_before_decides(self):
+        assert method.busy(None, [2.5, 1.0, 1.0], 2)
+        assert not method.busy(None, [1.9, 3.0, 3.0], 2)  # the 1-minute average decides
 
     def test_verdict_text(self):
-        assert method.verdict([0.5], [0.7], 2, quick=False) is None
-        assert method.BUSY in method.verdict([3.0], [0.7], 2, quick=False)
-        assert method.verdict([0.5], [0.7], 2, quick=True) == method.QUICK
-        both = method.verdict([3.0], [0.7], 2, quick=True)
+        assert method.verdict(0.01, [0.5], 2, quick=False) is None
+        assert method.BUSY in method.verdict(0.4, [0.5], 2, quick=False)
+        assert "40%" in method.verdict(0.4, [0.5], 2, quick=False)
+        assert method.BUSY in method.verdict(None, [3.0], 2, quick=False)
+        assert method.verdict(0.01, [0.5], 2, quick=True) == method.QUICK
+        both = method.verdict(0.4, [0.5], 2, quick=True)
         assert method.BUSY in both and method.QUICK in both
+
+    def test_the_runs_own_cpu_counts_its_children(self):
+        import subprocess
+        import sys as system
+
+        before = method.own_cpu_s()
+        subprocess.run([system.executable, "-c", "sum(i * i for i in range(3_000_000))"], check=True)
+        assert method.own_cpu_s() - before > 0.05  # the reaped child's CPU is the run's, not others'
 
 
 class TestWriter:
     def test_header_after_the_title_and_in_the_json(self, tmp_path, monkeypatch):
         monkeypatch.setattr(method, "load", lambda: [9.0, 9.0, 9.0])
+        monkeypatch.setattr(method.Run, "others_cpu_share", lambda self: 0.5)
         run = method.Run("example.py", ["--repeats", "3"], out=tmp_path)
         run.write_results("example", "# Title\n\nbody\n", {"figure": 1.5})
         text = (tmp_path / "example.md").read_text()
@@ -184,6 +204,7 @@ class TestWriter:
 
     def test_quiet_machine_is_quotable(self, tmp_path, monkeypatch):
         monkeypatch.setattr(method, "load", lambda: [0.1, 0.1, 0.1])
+        monkeypatch.setattr(method.Run, "others_cpu_share", lambda self: 0.02)
         run = method.Run("example.py", [], out=tmp_path)
         run.write_results("example", "# Title\n", {})
         assert json.loads((tmp_path / "example.json").read_text())["provenance"]["quotable"] is True
