@@ -40,6 +40,7 @@ import shlex
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -222,33 +223,65 @@ def machine_busy_cpu_s() -> float | None:
     return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
 
 
-def own_cpu_s() -> float | None:
-    """CPU seconds of this process and every process below it, living or reaped (Linux /proc)."""
+# Set in the environment when a Run is created: every process the run starts inherits it, Spark's
+# JVM among them, which its launcher detaches from the benchmark's process tree (its parent is init).
+RUN_TAG = "FISSURE_BENCHMARK_RUN"
+
+
+def tagged_cpu_s(tag: str) -> dict[int, float] | None:
+    """CPU seconds (utime + stime + reaped children's) of every process whose environment carries
+    RUN_TAG=`tag`, by pid (Linux /proc; None elsewhere)."""
+    marker = f"{RUN_TAG}={tag}".encode()
+    found: dict[int, float] = {}
     try:
-        parents, times = {}, {}
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit():
-                continue
-            try:
-                with open(f"/proc/{entry}/stat", encoding="ascii", errors="replace") as stat:
-                    text = stat.read()
-            except OSError:
-                continue
-            fields = text[text.rfind(")") + 2:].split()
-            parents[int(entry)] = int(fields[1])
-            times[int(entry)] = sum(float(value) for value in fields[11:15])  # utime stime cutime cstime
+        entries = os.listdir("/proc")
     except OSError:
         return None
-    me = os.getpid()
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as environ:
+                if marker not in environ.read().split(b"\0"):
+                    continue
+            with open(f"/proc/{entry}/stat", encoding="ascii", errors="replace") as stat:
+                text = stat.read()
+        except OSError:
+            continue
+        fields = text[text.rfind(")") + 2:].split()
+        found[int(entry)] = sum(float(value) for value in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+    return found
 
-    def below_me(pid: int) -> bool:
-        while pid > 1:
-            if pid == me:
-                return True
-            pid = parents.get(pid, 0)
-        return False
 
-    return sum(ticks for pid, ticks in times.items() if below_me(pid)) / os.sysconf("SC_CLK_TCK")
+class OwnCpu:
+    """The run's own CPU seconds: its tagged processes, sampled every `interval_s` so that a process
+    that exits (and is reaped by init, not by the run) still counts up to its last sample."""
+
+    def __init__(self, tag: str, interval_s: float = 1.0) -> None:
+        self.tag, self.interval_s = tag, interval_s
+        self.first: dict[int, float] = {}
+        self.last: dict[int, float] = {}
+        self.available = tagged_cpu_s(tag) is not None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample_until_stopped, daemon=True)
+        if self.available:
+            self.sample()
+            self._thread.start()
+
+    def sample(self) -> None:
+        for pid, seconds in (tagged_cpu_s(self.tag) or {}).items():
+            self.first.setdefault(pid, 0.0 if self.last else seconds)  # at start: what it had already
+            self.last[pid] = max(seconds, self.last.get(pid, 0.0))
+
+    def _sample_until_stopped(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.sample()
+
+    def seconds(self) -> float | None:
+        if not self.available:
+            return None
+        self.sample()
+        return sum(self.last[pid] - self.first.get(pid, 0.0) for pid in self.last)
 
 
 # -- measuring ------------------------------------------------------------------------------------
@@ -352,15 +385,17 @@ class Run:
         self.date = now()
         self.load_before = load()
         self.cores = os.cpu_count() or 1
-        self._cpu_at_start = (time.monotonic(), machine_busy_cpu_s(), own_cpu_s())
+        os.environ.setdefault(RUN_TAG, f"{os.getpid()}-{time.time_ns()}")
+        self._own_cpu = OwnCpu(os.environ[RUN_TAG])
+        self._cpu_at_start = (time.monotonic(), machine_busy_cpu_s())
 
     def others_cpu_share(self) -> float | None:
         """Other processes' share of the machine's CPU since this run was created (None off Linux)."""
-        started, machine_then, own_then = self._cpu_at_start
-        machine_now, own_now = machine_busy_cpu_s(), own_cpu_s()
-        if None in (machine_then, own_then, machine_now, own_now):
+        started, machine_then = self._cpu_at_start
+        machine_now, own = machine_busy_cpu_s(), self._own_cpu.seconds()
+        if None in (machine_then, machine_now, own):
             return None
-        return others_share(machine_now - machine_then, own_now - own_then, time.monotonic() - started, self.cores)
+        return others_share(machine_now - machine_then, own, time.monotonic() - started, self.cores)
 
     def header(self) -> dict:
         load_after = load()
