@@ -229,7 +229,7 @@ RUN_TAG = "FISSURE_BENCHMARK_RUN"
 
 
 def tagged_cpu_s(tag: str) -> dict[int, float] | None:
-    """CPU seconds (utime + stime + reaped children's) of every process whose environment carries
+    """CPU seconds (utime + stime) of every process whose environment carries
     RUN_TAG=`tag`, by pid (Linux /proc; None elsewhere)."""
     marker = f"{RUN_TAG}={tag}".encode()
     found: dict[int, float] = {}
@@ -249,7 +249,9 @@ def tagged_cpu_s(tag: str) -> dict[int, float] | None:
         except OSError:
             continue
         fields = text[text.rfind(")") + 2:].split()
-        found[int(entry)] = sum(float(value) for value in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+        # utime + stime only: a reaped child's time is in its parent's cutime, and the child is
+        # counted itself (up to its last sample)
+        found[int(entry)] = sum(float(value) for value in fields[11:13]) / os.sysconf("SC_CLK_TCK")
     return found
 
 
