@@ -1,7 +1,6 @@
 """Planners: validity, the order optimal >= heuristic >= sequential, exactness of the search."""
 
 import itertools
-import math
 
 import pytest
 from hypothesis import HealthCheck, given, settings
