@@ -26,6 +26,7 @@ from fissure.worker.fused import assemble
 from fissure.worker.graph_join import LEFT, RIGHT, JoinStep, arrivals_of, joined_batch, run_join_group
 from fissure.worker.graph_local import SOURCE_SHIFT
 from fissure.worker.graph_pe import EnvelopeLayout, GraphStage, StageProfiling, build_pieces
+from fissure.worker.key_buckets import SubBucketStore
 from fissure.worker.keyed import StatefulStep, run_group, run_keys
 from fissure.worker.packing import PACKED_KEY, PackSpec, pack, unpack
 from fissure.worker.profiling import RECORDS_IN, ProfiledUpdate
@@ -175,6 +176,7 @@ class GraphStateProcessor(StatefulProcessor):
     """
 
     STATE_NAME = "fissure_state"
+    KEYS_STATE_NAME = "fissure_key_buckets"  # a bucket's sub-buckets of keys (fissure.worker.key_buckets)
 
     def __init__(self, graph: StreamGraph, schemas, layout: EnvelopeLayout, node_name: str,
                  forward_inputs: Sequence[str], output_layout: EnvelopeLayout | None = None,
@@ -192,7 +194,7 @@ class GraphStateProcessor(StatefulProcessor):
         self.bucketed = self.node.kind is NodeKind.OPERATOR and self.node.operator.kind is Kind.PARTITIONED
         self.input_schema = pa.schema(list(layout.schema) + [pa.field(KEY, pa.string())])  # unpacked: a join's
         self._payload = 1  # the payload's position in a packed group's frame (after the key)
-        self._state = None  # a ValueState, or the MapState of a bucket's keys
+        self._state = None  # a ValueState, or the MapState of a bucket's sub-buckets of keys
         # A key group holds live rows of the node's inputs only (every other row has a spread
         # key). One input and nothing to forward: the group's columns are the carried batch the
         # operator reads, without extracting its stream's rows.
@@ -204,7 +206,7 @@ class GraphStateProcessor(StatefulProcessor):
 
     def init(self, handle) -> None:
         if self.bucketed:
-            self._state = handle.getMapState(self.STATE_NAME, "key string", "value binary")
+            self._state = handle.getMapState(self.KEYS_STATE_NAME, "entry int", "value binary")
         else:
             self._state = handle.getValueState(self.STATE_NAME, "value binary")
 
@@ -265,11 +267,14 @@ class GraphStateProcessor(StatefulProcessor):
     def _run_operator(self, carried: pa.RecordBatch) -> pa.RecordBatch:
         """A stateful operator over a group's carried input rows: a bucket's keys or the one state."""
         if self.bucketed:
-            def load(key: str) -> bytes | None:
-                stored = self._state.getValue((key,))  # None for a new key: one round trip, not two
+            def read(entry: int) -> bytes | None:
+                stored = self._state.getValue((entry,))  # None when absent: one round trip, not two
                 return stored[0] if stored is not None else None
 
-            return run_keys(self._step, carried, load, lambda key, state: self._state.updateValue((key,), (state,)))
+            keys = SubBucketStore(read, lambda entry, data: self._state.updateValue((entry,), (data,)))
+            result = run_keys(self._step, carried, keys.load, keys.store)
+            keys.flush()
+            return result
         stored = self._state.get()
         result = run_group(self._step, carried, stored[0] if stored is not None else None)
         if result.state is not None:
