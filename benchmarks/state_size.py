@@ -3,15 +3,15 @@
 A keyed count (`partitioned`, one record per key per batch) on Spark local[2], sequential plan.
 Held: one query first fills its state with `--keys` distinct keys (one batch), then runs three
 batches that each touch a different 1 % of those keys. Empty: a second query runs a tiny first
-batch (it pays the query's start), then three batches of the same size whose keys are new. Each
-key costs a MapState read and write (fissure.spark.stages.GraphStateProcessor), so the held
-batches should cost what the empty ones cost if the state store's reads do not grow with its
-size. Reported: each batch's duration (Spark's triggerExecution), the medians, and held / empty.
+batch (it pays the query's start), then three batches of the same size whose keys are new. Keys
+live in sub-buckets of about 128 keys (fissure.worker.key_buckets): a held batch's keys fall in
+thousands of sub-buckets, the empty state's new keys in a few per bucket, so held / empty
+measures both the state store's growth and that loss of locality. Reported: each batch's duration (Spark's triggerExecution), the medians, and held / empty.
 The method of benchmarks/method.py: a warm-up query first (not counted), then --repeats (at least
 3) repeats of both queries, their order rotated; results state_size.md/.json under --out.
 
-    ./dev python benchmarks/state_size.py                 # 200,000 keys, 3 repeats (about 15 minutes)
-    ./dev python benchmarks/state_size.py --keys 1000000  # a million keys (about 45 minutes)
+    ./dev python benchmarks/state_size.py                 # 200,000 keys, 3 repeats (about 3 minutes)
+    ./dev python benchmarks/state_size.py --keys 1000000  # a million keys (about 6 minutes)
     ./dev python benchmarks/state_size.py --quick         # 5,000 keys, one repeat, a temporary folder
 """
 

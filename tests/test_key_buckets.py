@@ -13,17 +13,18 @@ class DictState:
         self.reads: list[int] = []
         self.writes: list[int] = []
 
-    def read(self, entry: int) -> bytes | None:
-        self.reads.append(entry)
-        return self.entries.get(entry)
+    def read(self, entries: list[int]) -> list[bytes | None]:
+        self.reads.append(list(entries))
+        return [self.entries.get(entry) for entry in entries]
 
-    def write(self, entry: int, data: bytes) -> None:
-        self.writes.append(entry)
-        self.entries[entry] = data
+    def write(self, pairs: list[tuple[int, bytes]]) -> None:
+        self.writes.append([entry for entry, _ in pairs])
+        self.entries.update(pairs)
 
     def call(self, updates: dict[str, bytes], per_sub_bucket: int) -> dict[str, bytes | None]:
         """One handler call: load every key, store its new state, flush; returns what it loaded."""
         store = SubBucketStore(self.read, self.write, per_sub_bucket)
+        store.prefetch(updates)
         loaded = {key: store.load(key) for key in updates}
         for key, state in updates.items():
             store.store(key, state)
@@ -69,16 +70,16 @@ def test_keys_survive_calls_and_splits_and_sub_buckets_stay_bounded():
     assert all(layout.address(key_hash(key)) == entry for entry, entries in sub_buckets.items() for key in entries)
 
 
-def test_a_call_reads_and_writes_each_touched_sub_bucket_once():
+def test_a_call_reads_and_writes_each_touched_sub_bucket_once_in_one_batch():
     state = DictState()
     state.call({f"k{i}": b"0" for i in range(400)}, per_sub_bucket=8)
     layout = state.layout()
     touched = {f"k{i}" for i in range(0, 400, 37)}
     state.reads.clear(), state.writes.clear()
     state.call({key: b"1" for key in touched}, per_sub_bucket=8)
-    sub_buckets = {layout.address(key_hash(key)) for key in touched}
-    assert sorted(state.reads) == sorted([LAYOUT_ENTRY, *sub_buckets])
-    assert sorted(state.writes) == sorted(sub_buckets)  # no new key: the layout is not rewritten
+    sub_buckets = sorted({layout.address(key_hash(key)) for key in touched})
+    assert state.reads == [[LAYOUT_ENTRY], sub_buckets]  # the layout, then every touched sub-bucket at once
+    assert state.writes == [sub_buckets]  # one batch; no new key: the layout is not rewritten
 
 
 def test_a_call_that_stores_nothing_writes_nothing():
@@ -86,6 +87,7 @@ def test_a_call_that_stores_nothing_writes_nothing():
     state.call({"a": b"1"}, per_sub_bucket=8)
     state.writes.clear()
     store = SubBucketStore(state.read, state.write, 8)
+    store.prefetch(["a", "b"])
     assert store.load("a") == b"1" and store.load("b") is None
     store.flush()
     assert state.writes == []

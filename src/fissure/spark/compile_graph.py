@@ -14,7 +14,8 @@
   A partitioned or unkeyed stateful operator's input comes packed (fissure.worker.packing): the
   stage before it (a pe stage, the source's envelopes or another keyed stage) groups its
   envelopes by grouping key, a bucket of keys (crc32 of the key's text mod STATE_BUCKETS; the
-  handler runs a bucket's keys in one call, each key's state its own MapState entry) or 0
+  handler runs a bucket's keys in one call, their states in sub-buckets of keys,
+  fissure.worker.key_buckets) or 0
   without key, and ships each group as one row of Arrow IPC. A join's rows get their key text in
   SQL just before it. Every other row gets one of `spread` spread keys (`-1 - seq mod spread`
   packed, `~seq mod spread` for a join), which the handler passes through without touching state;

@@ -18,6 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql.streaming.stateful_processor import StatefulProcessor
 
+from fissure.spark.state_requests import BatchedMapState
 from fissure.model.types import Kind
 from fissure.streamgraph import NodeKind, StreamGraph
 from fissure.worker.columns import DEAD_COLUMNS, DEAD_OPERATOR, SEQ, SEQ_PARTITION_SHIFT, carried_schema
@@ -167,10 +168,11 @@ class GraphStateProcessor(StatefulProcessor):
     An operator's input arrives packed (`packed_input`, fissure.worker.packing): a group's
     envelopes in a few rows of Arrow IPC, not a row per record. A partitioned operator's groups
     are buckets of keys (`bucketed`: crc32 of the key's text mod STATE_BUCKETS): one call runs
-    every key of the bucket in the batch, each key's state in a MapState entry under its key text.
-    Spark's cost per group (a Python call, a pandas frame each way, state-server round trips) is
-    paid per bucket instead of per key: calibrated here at 1,950 us a group against 380 us a key's
-    MapState read and write (benchmarks/results/calibrate_defaults.md). An unkeyed operator has
+    every key of the bucket in the batch, the keys' states in sub-buckets, each one MapState entry
+    (fissure.worker.key_buckets). Spark's cost per group (a Python call, a pandas frame each way,
+    state-server round trips) is paid per bucket instead of per key (1,950 us a group calibrated,
+    benchmarks/results/calibrate_defaults.md), and the state-server round trips per sub-bucket of
+    about 128 keys instead of per key (380 us a key before). An unkeyed operator has
     one group and one ValueState. A join's groups are its key texts, as rows, each pair's state a
     ValueState.
     """
@@ -207,6 +209,7 @@ class GraphStateProcessor(StatefulProcessor):
     def init(self, handle) -> None:
         if self.bucketed:
             self._state = handle.getMapState(self.KEYS_STATE_NAME, "entry int", "value binary")
+            self._batched_state = BatchedMapState(self._state)
         else:
             self._state = handle.getValueState(self.STATE_NAME, "value binary")
 
@@ -267,12 +270,8 @@ class GraphStateProcessor(StatefulProcessor):
     def _run_operator(self, carried: pa.RecordBatch) -> pa.RecordBatch:
         """A stateful operator over a group's carried input rows: a bucket's keys or the one state."""
         if self.bucketed:
-            def read(entry: int) -> bytes | None:
-                stored = self._state.getValue((entry,))  # None when absent: one round trip, not two
-                return stored[0] if stored is not None else None
-
-            keys = SubBucketStore(read, lambda entry, data: self._state.updateValue((entry,), (data,)))
-            result = run_keys(self._step, carried, keys.load, keys.store)
+            keys = SubBucketStore(self._batched_state.read, self._batched_state.write)
+            result = run_keys(self._step, carried, keys.load, keys.store, keys.prefetch)
             keys.flush()
             return result
         stored = self._state.get()

@@ -13,16 +13,16 @@ holds at most about twice `KEYS_PER_SUB_BUCKET` keys however large the state gro
 follows the keys it touches, not the size of the state.
 
 The layout (level, split pointer, key count) is one more entry of the same MapState, under
-`LAYOUT_ENTRY`. The store does every read and write through the two callbacks it is given; a call
-of the handler reads the layout and the sub-buckets its keys fall in once, and `flush` writes what
-changed once, after any splits.
+`LAYOUT_ENTRY`. The store does every read and write through the two callbacks it is given, a
+batch of entries at a time: a call of the handler reads the layout, then the sub-buckets its keys
+fall in (`prefetch`), and `flush` writes what changed, after any splits.
 """
 
 from __future__ import annotations
 
 import pickle
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 
 from fissure.model.types import STATE_BUCKETS
@@ -80,30 +80,41 @@ class SubBucketLayout:
         return cls(level, split, keys)
 
 
-# read(entry) -> the entry's bytes or None; write(entry, bytes)
-ReadEntry = Callable[[int], "bytes | None"]
-WriteEntry = Callable[[int, bytes], None]
+# read(entries) -> each entry's bytes or None, in order; write([(entry, bytes), ...])
+ReadEntries = Callable[[Sequence[int]], "list[bytes | None]"]
+WriteEntries = Callable[[Sequence[tuple[int, bytes]]], None]
 
 
 class SubBucketStore:
-    """One handler call's view of a bucket's keyed state: `load` and `store` per key (pickled
-    state bytes), then `flush` once to split what grew too large and write what changed."""
+    """One handler call's view of a bucket's keyed state: `prefetch` with the call's keys, `load`
+    and `store` per key (pickled state bytes), then `flush` once to split what grew too large and
+    write what changed. Reads and writes go through the callbacks a batch of entries at a time
+    (the Spark layer sends a batch's requests without waiting for each answer)."""
 
-    def __init__(self, read: ReadEntry, write: WriteEntry, keys_per_sub_bucket: int = KEYS_PER_SUB_BUCKET) -> None:
+    def __init__(self, read: ReadEntries, write: WriteEntries, keys_per_sub_bucket: int = KEYS_PER_SUB_BUCKET) -> None:
         self._read, self._write = read, write
         self._keys_per_sub_bucket = keys_per_sub_bucket
-        self._layout = self._stored_layout = SubBucketLayout.decode(read(LAYOUT_ENTRY))
+        (layout,) = read([LAYOUT_ENTRY])
+        self._layout = self._stored_layout = SubBucketLayout.decode(layout)
         self._entries: dict[int, dict[str, bytes]] = {}  # sub-buckets read (or created) in this call
         self._changed: set[int] = set()
-        self.round_trips = 1  # reads and writes of Spark's state (the layout's read so far)
+        self.entries_read, self.entries_written = 1, 0
+
+    def prefetch(self, keys: Iterable[str]) -> None:
+        """Read the sub-buckets `keys` fall in, in one batch."""
+        self._read_sub_buckets({self._layout.address(key_hash(key)) for key in keys})
+
+    def _read_sub_buckets(self, sub_buckets: Iterable[int]) -> None:
+        missing = sorted(set(sub_buckets) - self._entries.keys())
+        if missing:
+            for sub_bucket, data in zip(missing, self._read(missing)):
+                self._entries[sub_bucket] = pickle.loads(data) if data is not None else {}
+            self.entries_read += len(missing)
 
     def _sub_bucket(self, sub_bucket: int) -> dict[str, bytes]:
-        entries = self._entries.get(sub_bucket)
-        if entries is None:
-            data = self._read(sub_bucket)
-            self.round_trips += 1
-            entries = self._entries[sub_bucket] = pickle.loads(data) if data is not None else {}
-        return entries
+        if sub_bucket not in self._entries:
+            self._read_sub_buckets((sub_bucket,))
+        return self._entries[sub_bucket]
 
     def load(self, key: str) -> bytes | None:
         return self._sub_bucket(self._layout.address(key_hash(key))).get(key)
@@ -118,16 +129,22 @@ class SubBucketStore:
 
     def flush(self) -> None:
         """Split while the bucket holds more than its share of keys, then write every changed
-        sub-bucket and the layout, once each."""
-        while self._layout.needs_split(self._keys_per_sub_bucket):
+        sub-bucket and the layout, once each, in one batch."""
+        splitting, layout = [], self._layout
+        while layout.needs_split(self._keys_per_sub_bucket):
+            splitting.append(layout.split)
+            layout = layout.after_split()
+        self._read_sub_buckets(splitting)  # splits read sub-buckets no key of the call fell in
+        for _ in splitting:
             self._split()
-        for sub_bucket in sorted(self._changed):
-            self._write(sub_bucket, pickle.dumps(self._entries[sub_bucket], protocol=pickle.HIGHEST_PROTOCOL))
-        self.round_trips += len(self._changed)
+        writes = [(sub_bucket, pickle.dumps(self._entries[sub_bucket], protocol=pickle.HIGHEST_PROTOCOL))
+                  for sub_bucket in sorted(self._changed)]
         if self._layout != self._stored_layout:
-            self._write(LAYOUT_ENTRY, self._layout.encode())
-            self.round_trips += 1
+            writes.append((LAYOUT_ENTRY, self._layout.encode()))
             self._stored_layout = self._layout
+        if writes:
+            self._write(writes)
+        self.entries_written += len(writes)
         self._changed.clear()
 
     def _split(self) -> None:

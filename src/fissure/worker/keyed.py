@@ -92,13 +92,14 @@ def run_group(step: StatefulStep, batch: pa.RecordBatch, stored_state: bytes | N
 
 
 def run_keys(step: StatefulStep, batch: pa.RecordBatch, load: Callable[[str], bytes | None],
-             store: Callable[[str, bytes], None]) -> pa.RecordBatch:
+             store: Callable[[str, bytes], None],
+             prefetch: Callable[[list[str]], None] | None = None) -> pa.RecordBatch:
     """Run the partitioned `step` over the carried rows of many keys at once (a bucket of keys, one
     Spark call): each key's records in (order_by, sequence) order with the state `load(key)`
     returns (None: a key seen for the first time), its new state handed to `store(key, state)`;
-    keys are `key_text`. A record whose key field is null (or missing) is a dead letter
-    (`null_key_error`): no state is kept for it. Dead letters pass through. Returns the carried
-    output."""
+    keys are `key_text`; `prefetch`, when given, gets every key of the batch before the first
+    `load`. A record whose key field is null (or missing) is a dead letter (`null_key_error`): no
+    state is kept for it. Dead letters pass through. Returns the carried output."""
     fields = step.key
 
     def by_key(records: list[dict]) -> dict[str, list[int]]:
@@ -134,11 +135,12 @@ def run_keys(step: StatefulStep, batch: pa.RecordBatch, load: Callable[[str], by
             grouped[text] = sorted(grouped[text] + places) if text in grouped else places
         return grouped
 
-    return _run(step, batch, by_key, load, store)
+    return _run(step, batch, by_key, load, store, prefetch)
 
 
 def _run(step: StatefulStep, batch: pa.RecordBatch, group: Callable[[list[dict]], dict[str, list[int]]],
-         load: Callable[[str], bytes | None], store: Callable[[str, bytes], None]) -> pa.RecordBatch:
+         load: Callable[[str], bytes | None], store: Callable[[str, bytes], None],
+         prefetch: Callable[[list[str]], None] | None = None) -> pa.RecordBatch:
     live, upstream_dead = split_dead(batch)
     dead: list[DeadLetter] = []
     records: list = []
@@ -149,7 +151,10 @@ def _run(step: StatefulStep, batch: pa.RecordBatch, group: Callable[[list[dict]]
         inputs = ordered.select(step.input_schema.names).to_pylist()
         input_seqs = ordered.column(ordered.schema.get_field_index(SEQ)).to_pylist()
         mark_running(step.name)
-        for key, positions in group(inputs).items():
+        grouped = group(inputs)
+        if prefetch is not None:
+            prefetch([key for key in grouped if key is not None])
+        for key, positions in grouped.items():
             if key is None:  # records without a key value
                 for position in positions:
                     record = inputs[position]
