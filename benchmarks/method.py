@@ -184,11 +184,11 @@ def plan_simplicity(threads: int, regions: int, pipelines: int, text: str) -> tu
 OTHERS_BUSY_SHARE = 0.10
 
 
-def others_share(machine_busy_s: float, own_s: float, wall_s: float, cores: int) -> float:
+def others_share(others_s: float, wall_s: float, cores: int) -> float:
     """The share of the machine's CPU (cores x wall time) that processes other than the run used."""
     if wall_s <= 0 or cores <= 0:
         return 0.0
-    return max(0.0, machine_busy_s - own_s) / (wall_s * cores)
+    return max(0.0, others_s) / (wall_s * cores)
 
 
 def busy(others: float | None, load_before: Sequence[float], cores: int) -> bool:
@@ -212,58 +212,58 @@ def verdict(others: float | None, load_before: Sequence[float], cores: int, quic
     return "; ".join(reasons) or None
 
 
-def machine_busy_cpu_s() -> float | None:
-    """CPU seconds the whole machine spent busy since boot (Linux /proc/stat; steal counts as busy)."""
-    try:
-        with open("/proc/stat", encoding="ascii") as stat:
-            values = [float(value) for value in stat.readline().split()[1:9]]
-    except (OSError, ValueError):
-        return None
-    user, nice, system, idle, iowait, irq, softirq, steal = values
-    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
-
-
 # Set in the environment when a Run is created: every process the run starts inherits it, Spark's
 # JVM among them, which its launcher detaches from the benchmark's process tree (its parent is init).
+# The run's own process is known by its pid: /proc shows a process's environment as it started.
 RUN_TAG = "FISSURE_BENCHMARK_RUN"
 
 
-def tagged_cpu_s(tag: str) -> dict[int, float] | None:
-    """CPU seconds (utime + stime) of every process whose environment carries
-    RUN_TAG=`tag`, by pid (Linux /proc; None elsewhere)."""
+def processes_cpu_s(tag: str, own_pid: int) -> dict[int, tuple[float, float]] | None:
+    """CPU seconds (utime + stime) and start time (seconds since boot) of every process that is
+    neither `own_pid` nor carries RUN_TAG=`tag` in its environment, by pid (Linux /proc; None
+    elsewhere). Kernel threads count: their environment is empty."""
     marker = f"{RUN_TAG}={tag}".encode()
-    found: dict[int, float] = {}
+    ticks = os.sysconf("SC_CLK_TCK")
+    found: dict[int, tuple[float, float]] = {}
     try:
         entries = os.listdir("/proc")
     except OSError:
         return None
     for entry in entries:
-        if not entry.isdigit():
+        if not entry.isdigit() or int(entry) == own_pid:
             continue
         try:
-            with open(f"/proc/{entry}/environ", "rb") as environ:
-                if marker not in environ.read().split(b"\0"):
-                    continue
             with open(f"/proc/{entry}/stat", encoding="ascii", errors="replace") as stat:
                 text = stat.read()
+            with open(f"/proc/{entry}/environ", "rb") as environ:
+                if marker in environ.read().split(b"\0"):
+                    continue
         except OSError:
             continue
         fields = text[text.rfind(")") + 2:].split()
-        # utime + stime only: a reaped child's time is in its parent's cutime, and the child is
-        # counted itself (up to its last sample)
-        found[int(entry)] = sum(float(value) for value in fields[11:13]) / os.sysconf("SC_CLK_TCK")
+        found[int(entry)] = (sum(float(value) for value in fields[11:13]) / ticks, float(fields[19]) / ticks)
     return found
 
 
-class OwnCpu:
-    """The run's own CPU seconds: its tagged processes, sampled every `interval_s` so that a process
-    that exits (and is reaped by init, not by the run) still counts up to its last sample."""
+def seconds_since_boot() -> float:
+    with open("/proc/uptime", encoding="ascii") as uptime:
+        return float(uptime.read().split()[0])
 
-    def __init__(self, tag: str, interval_s: float = 1.0) -> None:
-        self.tag, self.interval_s = tag, interval_s
-        self.first: dict[int, float] = {}
+
+class OthersCpu:
+    """CPU seconds of the processes that are not the run's, sampled every `interval_s`: the run's
+    own are its process and every process carrying its tag (Spark's JVM, its Python workers and
+    their children, however short-lived). A process that started during the run counts from 0,
+    one that was running from its first sample; one that starts and ends between two samples is
+    missed (a competing workload is long-lived: a test session, another benchmark, a build)."""
+
+    def __init__(self, tag: str, own_pid: int, interval_s: float = 1.0) -> None:
+        self.tag, self.own_pid, self.interval_s = tag, own_pid, interval_s
+        self.base: dict[int, float] = {}
         self.last: dict[int, float] = {}
-        self.available = tagged_cpu_s(tag) is not None
+        self.finished = 0.0  # processes whose pid a later process took
+        self.available = processes_cpu_s(tag, own_pid) is not None
+        self._started = seconds_since_boot() if self.available else 0.0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._sample_until_stopped, daemon=True)
         if self.available:
@@ -271,9 +271,13 @@ class OwnCpu:
             self._thread.start()
 
     def sample(self) -> None:
-        for pid, seconds in (tagged_cpu_s(self.tag) or {}).items():
-            self.first.setdefault(pid, 0.0 if self.last else seconds)  # at start: what it had already
-            self.last[pid] = max(seconds, self.last.get(pid, 0.0))
+        for pid, (seconds, started) in (processes_cpu_s(self.tag, self.own_pid) or {}).items():
+            if pid in self.last and seconds < self.last[pid]:  # the pid was reused: keep what the first used
+                self.finished += self.last[pid] - self.base[pid]
+                del self.base[pid]
+            if pid not in self.base:
+                self.base[pid] = 0.0 if started >= self._started else seconds
+            self.last[pid] = seconds
 
     def _sample_until_stopped(self) -> None:
         while not self._stop.wait(self.interval_s):
@@ -283,7 +287,7 @@ class OwnCpu:
         if not self.available:
             return None
         self.sample()
-        return sum(self.last[pid] - self.first.get(pid, 0.0) for pid in self.last)
+        return self.finished + sum(self.last[pid] - self.base[pid] for pid in self.last)
 
 
 # -- measuring ------------------------------------------------------------------------------------
@@ -388,16 +392,13 @@ class Run:
         self.load_before = load()
         self.cores = os.cpu_count() or 1
         os.environ.setdefault(RUN_TAG, f"{os.getpid()}-{time.time_ns()}")
-        self._own_cpu = OwnCpu(os.environ[RUN_TAG])
-        self._cpu_at_start = (time.monotonic(), machine_busy_cpu_s())
+        self._others_cpu = OthersCpu(os.environ[RUN_TAG], os.getpid())
+        self._started = time.monotonic()
 
     def others_cpu_share(self) -> float | None:
         """Other processes' share of the machine's CPU since this run was created (None off Linux)."""
-        started, machine_then = self._cpu_at_start
-        machine_now, own = machine_busy_cpu_s(), self._own_cpu.seconds()
-        if None in (machine_then, machine_now, own):
-            return None
-        return others_share(machine_now - machine_then, own, time.monotonic() - started, self.cores)
+        others = self._others_cpu.seconds()
+        return None if others is None else others_share(others, time.monotonic() - self._started, self.cores)
 
     def header(self) -> dict:
         load_after = load()

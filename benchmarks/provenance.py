@@ -13,10 +13,12 @@ from pathlib import Path
 
 
 def revision(tree: Path, ref: str = "HEAD") -> str:
-    """`abc1234`, or `abc1234 (dirty)` when tracked files differ from the commit."""
+    """`abc1234`, or `abc1234 (dirty)` when tracked files differ from the commit. Results files
+    do not count: a benchmark run after another in one session finds the first one's results
+    written, and measures the same code."""
     head = subprocess.run(["git", "rev-parse", "--short", ref], cwd=tree, capture_output=True, text=True).stdout.strip()
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=tree,
-                           capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".",
+                            ":(exclude)benchmarks/results"], cwd=tree, capture_output=True, text=True).stdout.strip()
     return head + (" (dirty)" if dirty else "")
 
 

@@ -152,10 +152,10 @@ class TestTieRule:
 
 
 class TestBusyVerdict:
-    def test_others_share_is_the_machines_busy_time_beyond_the_runs_own(self):
-        # 2 cores for 100 s = 200 CPU s; the machine was busy 150 s, the run itself 130 s.
-        assert method.others_share(150.0, 130.0, 100.0, 2) == pytest.approx(0.10)
-        assert method.others_share(100.0, 120.0, 100.0, 2) == 0.0  # rounding of the two clocks: not negative
+    def test_others_share_is_their_cpu_over_the_machines_cpu_time(self):
+        # 2 cores for 100 s = 200 CPU s, of which other processes used 20 s
+        assert method.others_share(20.0, 100.0, 2) == pytest.approx(0.10)
+        assert method.others_share(5.0, 0.0, 2) == 0.0
 
     def test_a_run_busy_by_itself_is_not_a_busy_machine(self):
         # the benchmark kept the load at 3 on 2 cores; others used 2 % of the CPU
@@ -175,17 +175,33 @@ class TestBusyVerdict:
         both = method.verdict(0.4, [0.5], 2, quick=True)
         assert method.BUSY in both and method.QUICK in both
 
-    def test_the_runs_own_cpu_counts_the_processes_it_started_even_detached_ones(self, monkeypatch):
+    def test_other_processes_are_those_neither_the_run_nor_tagged_with_it(self):
+        import os
         import subprocess
         import sys as system
 
-        monkeypatch.setenv(method.RUN_TAG, "test-own-cpu")
-        own = method.OwnCpu("test-own-cpu", interval_s=0.1)
-        # a grandchild whose parent exits at once: init reaps it, as it does Spark's JVM
-        subprocess.run([system.executable, "-c", "import subprocess, sys; subprocess.Popen([sys.executable, '-c', "
-                        "'sum(i * i for i in range(4_000_000)); import time; time.sleep(0.5)'])"], check=True)
-        time.sleep(2.5)
-        assert own.seconds() > 0.1
+        sleeper = [system.executable, "-c", "import time; time.sleep(30)"]
+        untagged_env = {key: value for key, value in os.environ.items() if key != method.RUN_TAG}
+        tagged = subprocess.Popen(sleeper, env={**untagged_env, method.RUN_TAG: "test-others-cpu"})
+        untagged = subprocess.Popen(sleeper, env=untagged_env)
+        try:
+            found = method.processes_cpu_s("test-others-cpu", os.getpid())
+        finally:
+            tagged.kill(), untagged.kill()
+        assert untagged.pid in found
+        assert tagged.pid not in found and os.getpid() not in found
+
+    def test_a_process_started_during_the_run_counts_whole_one_running_before_from_its_first_sample(
+            self, monkeypatch):
+        samples = iter([{1: (50.0, 10.0)},  # availability check
+                        {1: (50.0, 10.0)},  # first sample: pid 1 ran before the run (started at 10 s)
+                        {1: (53.0, 10.0), 2: (4.0, 1000.0)},  # pid 2 started during the run
+                        {1: (54.0, 10.0), 2: (1.0, 1002.0)}])  # pid 2 reused by a new process
+        monkeypatch.setattr(method, "processes_cpu_s", lambda tag, pid: next(samples))
+        monkeypatch.setattr(method, "seconds_since_boot", lambda: 900.0)
+        others = method.OthersCpu("t", 0, interval_s=3600)
+        others.sample()
+        assert others.seconds() == pytest.approx(4.0 + 4.0 + 1.0)  # pid 1: 54 - 50; pid 2's two processes: 4, 1
 
 
 class TestWriter:
@@ -219,3 +235,24 @@ class TestWriter:
         monkeypatch.setattr(method, "load", lambda: [0.1, 0.1, 0.1])
         run = method.Run("example.py", ["--quick"], quick=True)
         assert run.out != method.RESULTS
+
+
+def test_a_revision_is_dirty_when_code_changed_not_when_results_were_written(tmp_path):
+    import subprocess
+
+    from provenance import revision
+
+    def git(*args):
+        subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True)
+
+    (tmp_path / "benchmarks" / "results").mkdir(parents=True)
+    (tmp_path / "code.py").write_text("x = 1\n")
+    (tmp_path / "benchmarks" / "results" / "cost.md").write_text("old\n")
+    git("init", "-q")
+    git("add", ".")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "start")
+    assert not revision(tmp_path).endswith("(dirty)")
+    (tmp_path / "benchmarks" / "results" / "cost.md").write_text("new\n")
+    assert not revision(tmp_path).endswith("(dirty)")
+    (tmp_path / "code.py").write_text("x = 2\n")
+    assert revision(tmp_path).endswith("(dirty)")
