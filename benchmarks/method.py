@@ -220,29 +220,41 @@ RUN_TAG = "FISSURE_BENCHMARK_RUN"
 
 def processes_cpu_s(tag: str, own_pid: int) -> dict[int, tuple[float, float]] | None:
     """CPU seconds (utime + stime) and start time (seconds since boot) of every process that is
-    neither `own_pid` nor carries RUN_TAG=`tag` in its environment, by pid (Linux /proc; None
-    elsewhere). Kernel threads count: their environment is empty."""
+    not the run's, by pid (Linux /proc; None elsewhere). The run's: `own_pid`, its descendants
+    (a forked child shows the environment its parent started with, without the tag) and every
+    process with RUN_TAG=`tag` in its environment. Kernel threads count: their environment is
+    empty."""
     marker = f"{RUN_TAG}={tag}".encode()
     ticks = os.sysconf("SC_CLK_TCK")
-    found: dict[int, tuple[float, float]] = {}
+    seen: dict[int, tuple[int, bool, float, float]] = {}  # pid: parent, tagged, CPU s, start s
     try:
         entries = os.listdir("/proc")
     except OSError:
         return None
     for entry in entries:
-        if not entry.isdigit() or int(entry) == own_pid:
+        if not entry.isdigit():
             continue
         try:
             with open(f"/proc/{entry}/stat", encoding="ascii", errors="replace") as stat:
                 text = stat.read()
             with open(f"/proc/{entry}/environ", "rb") as environ:
-                if marker in environ.read().split(b"\0"):
-                    continue
+                tagged = marker in environ.read().split(b"\0")
         except OSError:
             continue
         fields = text[text.rfind(")") + 2:].split()
-        found[int(entry)] = (sum(float(value) for value in fields[11:13]) / ticks, float(fields[19]) / ticks)
-    return found
+        seen[int(entry)] = (int(fields[1]), tagged, sum(float(value) for value in fields[11:13]) / ticks,
+                            float(fields[19]) / ticks)
+
+    def runs_own(pid: int) -> bool:
+        for _ in range(64):  # a parent chain is short; the bound guards against a pid cycle in a racy read
+            if pid == own_pid or (pid in seen and seen[pid][1]):
+                return True
+            if pid not in seen or pid <= 1:
+                return False
+            pid = seen[pid][0]
+        return False
+
+    return {pid: (cpu, started) for pid, (_, _, cpu, started) in seen.items() if not runs_own(pid)}
 
 
 def seconds_since_boot() -> float:

@@ -10,8 +10,8 @@ measures both the state store's growth and that loss of locality. Reported: each
 The method of benchmarks/method.py: a warm-up query first (not counted), then --repeats (at least
 3) repeats of both queries, their order rotated; results state_size.md/.json under --out.
 
-    ./dev python benchmarks/state_size.py                 # 200,000 keys, 3 repeats (about 3 minutes)
-    ./dev python benchmarks/state_size.py --keys 1000000  # a million keys (about 6 minutes)
+    ./dev python benchmarks/state_size.py                 # 200,000 keys, 3 repeats (about 2 minutes)
+    ./dev python benchmarks/state_size.py --keys 1000000  # a million keys (about 3 minutes)
     ./dev python benchmarks/state_size.py --quick         # 5,000 keys, one repeat, a temporary folder
 """
 

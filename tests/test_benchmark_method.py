@@ -175,21 +175,29 @@ class TestBusyVerdict:
         both = method.verdict(0.4, [0.5], 2, quick=True)
         assert method.BUSY in both and method.QUICK in both
 
-    def test_other_processes_are_those_neither_the_run_nor_tagged_with_it(self):
+    def test_other_processes_are_neither_the_run_nor_its_descendants_nor_tagged_with_it(self):
         import os
         import subprocess
         import sys as system
 
         sleeper = [system.executable, "-c", "import time; time.sleep(30)"]
         untagged_env = {key: value for key, value in os.environ.items() if key != method.RUN_TAG}
+        # `run` plays the benchmark: a process with a child of its own, untagged
+        run = subprocess.Popen([system.executable, "-c", "import subprocess, sys, time; "
+                                "child = subprocess.Popen(sys.argv[1:]); print(child.pid, flush=True); time.sleep(30)",
+                                *sleeper], env=untagged_env, stdout=subprocess.PIPE, text=True)
         tagged = subprocess.Popen(sleeper, env={**untagged_env, method.RUN_TAG: "test-others-cpu"})
         untagged = subprocess.Popen(sleeper, env=untagged_env)
         try:
-            found = method.processes_cpu_s("test-others-cpu", os.getpid())
+            run_child = int(run.stdout.readline())
+            found = method.processes_cpu_s("test-others-cpu", run.pid)
         finally:
-            tagged.kill(), untagged.kill()
-        assert untagged.pid in found
-        assert tagged.pid not in found and os.getpid() not in found
+            for process in (run, tagged, untagged):
+                process.kill()
+            os.kill(run_child, 9)
+        assert run.pid not in found and run_child not in found  # the run and its descendants
+        assert tagged.pid not in found  # a tagged process, wherever it hangs in the tree
+        assert untagged.pid in found and os.getpid() in found
 
     def test_a_process_started_during_the_run_counts_whole_one_running_before_from_its_first_sample(
             self, monkeypatch):
