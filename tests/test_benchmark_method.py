@@ -4,7 +4,6 @@ the busy verdict and the results header. Pure: no Spark, no timing."""
 from __future__ import annotations
 
 import json
-import time
 import sys
 from pathlib import Path
 
