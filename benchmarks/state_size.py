@@ -6,7 +6,8 @@ batches that each touch a different 1 % of those keys. Empty: a second query run
 batch (it pays the query's start), then three batches of the same size whose keys are new. Keys
 live in sub-buckets of about 128 keys (fissure.worker.key_buckets): a held batch's keys fall in
 thousands of sub-buckets, the empty state's new keys in a few per bucket, so held / empty
-measures both the state store's growth and that loss of locality. Reported: each batch's duration (Spark's triggerExecution), the medians, and held / empty.
+measures both the state store's growth and that loss of locality. Reported: each batch's
+duration (Spark's triggerExecution), the medians, and held / empty.
 The method of benchmarks/method.py: a warm-up query first (not counted), then --repeats (at least
 3) repeats of both queries, their order rotated; results state_size.md/.json under --out.
 

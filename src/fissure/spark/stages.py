@@ -18,8 +18,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql.streaming.stateful_processor import StatefulProcessor
 
-from fissure.spark.state_requests import BatchedMapState
 from fissure.model.types import Kind
+from fissure.spark.state_requests import BatchedMapState
 from fissure.streamgraph import NodeKind, StreamGraph
 from fissure.worker.columns import DEAD_COLUMNS, DEAD_OPERATOR, SEQ, SEQ_PARTITION_SHIFT, carried_schema
 from fissure.worker.elastic_stage import WaitingOperator
@@ -170,7 +170,7 @@ class GraphStateProcessor(StatefulProcessor):
     are buckets of keys (`bucketed`: crc32 of the key's text mod STATE_BUCKETS): one call runs
     every key of the bucket in the batch, the keys' states in sub-buckets, each one MapState entry
     (fissure.worker.key_buckets). Spark's cost per group (a Python call, a pandas frame each way,
-    state-server round trips) is paid per bucket instead of per key (1,950 us a group calibrated,
+    state-server round trips) is paid per bucket instead of per key (1,590 us a group calibrated,
     benchmarks/results/calibrate_defaults.md), and the state-server round trips per sub-bucket of
     about 128 keys instead of per key (380 us a key before). An unkeyed operator has
     one group and one ValueState. A join's groups are its key texts, as rows, each pair's state a

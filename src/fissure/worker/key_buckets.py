@@ -98,18 +98,24 @@ class SubBucketStore:
         self._layout = self._stored_layout = SubBucketLayout.decode(layout)
         self._entries: dict[int, dict[str, bytes]] = {}  # sub-buckets read (or created) in this call
         self._changed: set[int] = set()
-        self.entries_read, self.entries_written = 1, 0
+        # each key's sub-bucket under the call's layout, hashed once (splits wait for `flush`)
+        self._addresses: dict[str, int] = {}
+
+    def _address(self, key: str) -> int:
+        address = self._addresses.get(key)
+        if address is None:
+            address = self._addresses[key] = self._layout.address(key_hash(key))
+        return address
 
     def prefetch(self, keys: Iterable[str]) -> None:
         """Read the sub-buckets `keys` fall in, in one batch."""
-        self._read_sub_buckets({self._layout.address(key_hash(key)) for key in keys})
+        self._read_sub_buckets({self._address(key) for key in keys})
 
     def _read_sub_buckets(self, sub_buckets: Iterable[int]) -> None:
         missing = sorted(set(sub_buckets) - self._entries.keys())
         if missing:
             for sub_bucket, data in zip(missing, self._read(missing)):
                 self._entries[sub_bucket] = pickle.loads(data) if data is not None else {}
-            self.entries_read += len(missing)
 
     def _sub_bucket(self, sub_bucket: int) -> dict[str, bytes]:
         if sub_bucket not in self._entries:
@@ -117,10 +123,10 @@ class SubBucketStore:
         return self._entries[sub_bucket]
 
     def load(self, key: str) -> bytes | None:
-        return self._sub_bucket(self._layout.address(key_hash(key))).get(key)
+        return self._sub_bucket(self._address(key)).get(key)
 
     def store(self, key: str, state: bytes) -> None:
-        sub_bucket = self._layout.address(key_hash(key))
+        sub_bucket = self._address(key)
         entries = self._sub_bucket(sub_bucket)
         if key not in entries:
             self._layout = replace(self._layout, keys=self._layout.keys + 1)
@@ -144,8 +150,8 @@ class SubBucketStore:
             self._stored_layout = self._layout
         if writes:
             self._write(writes)
-        self.entries_written += len(writes)
         self._changed.clear()
+        self._addresses.clear()  # the layout may have split
 
     def _split(self) -> None:
         old = self._layout.split
