@@ -1,11 +1,11 @@
 """A MapState's reads and writes a batch at a time: requests sent back to back, answers read after.
 
 PySpark's MapState sends a request to its state server and waits for the answer before it sends
-the next one: a round trip per entry, about 300 us a read and 200 us a write of a sub-bucket of
-keys on this 2-core machine (PySpark 4.3, measured in the keyed handler). The state server
-(TransformWithStateInPySparkStateServer) reads a request, answers it and reads the next, so a
-batch's requests can be written back to back and their answers read after them; the answers come
-in the requests' order. `CHUNK` requests go before their answers are read, which keeps either
+the next one: a round trip per entry (with an entry per key, its read and write cost 380 us a key,
+calibrated on this 2-core machine: benchmarks/results/archive/calibrate_defaults_before_sub_buckets.md).
+The state server (TransformWithStateInPySparkStateServer) reads a request, answers it and reads
+the next, so a batch's requests can be written back to back and their answers read after them;
+the answers come in the requests' order. `CHUNK` requests go before their answers are read, which keeps either
 side from blocking on a full socket: a chunk of reads is small requests (its answers, a few KB
 each, wait in the server's socket until they are read), a chunk of writes gets answers of a few
 bytes each.
