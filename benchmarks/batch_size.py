@@ -3,7 +3,8 @@
 A backlog of generated LogWatch lines (the functions of `examples/logwatch.py`) in 200 files is
 drained under the planner's plan with micro-batches of fixed sizes (`max_bytes_per_trigger`),
 with every file in one batch (`batch_size="all"`), and with the size fissure chooses from the
-Spark model (`batch_size="auto"`, fissure.control.batch_size). Per run: the drain rate (records
+Spark model with operator costs measured on a sample of the input (`batch_size="auto"`,
+fissure.control.batch_size, fissure.worker.cost_sample). Per run: the drain rate (records
 over the summed batch durations, the first batch included: every variant pays one), the batches
 and the longest batch (what a record may wait). Variants rotate each round; medians of the
 rounds (at least 3 unless --quick); one uncounted warm-up run starts Spark's Python workers first
@@ -47,7 +48,7 @@ def drain(spark, pipeline, plan, source, config: RunnerConfig) -> dict:
     records = sum(time.input_records for time in report.batch_times)
     chosen = report.admissions[0].decision.records if report.admissions else None
     return {"rate": records / sum(durations), "batches": len(durations), "longest_batch_s": max(durations),
-            "chosen_records": chosen,
+            "chosen_records": chosen, "admission": report.admissions[0].describe() if report.admissions else None,
             "batch_times": [[time.input_records, round(time.duration_s, 3)] for time in report.batch_times]}
 
 
@@ -126,17 +127,12 @@ def main(argv: list[str] | None = None) -> int:
     fixed = [name for name in names if name != "auto"]
     auto_over_best = statistics.median(
         runs["auto"][index]["rate"] / max(runs[name][index]["rate"] for name in fixed) for index in range(args.rounds))
-    auto_source = variants["auto"][0]
-    from fissure.spark.batch_admission import admit_file_sources, model_batch_cost
     from fissure.profile.calibration import stored_spark_model
 
-    settings, model_source = stored_spark_model()
-    cost = model_batch_cost(pipeline.operator_stats(), plan, 2, settings)
-    _, (admission,) = admit_file_sources({"input": auto_source}, cost, fixed_share=RunnerConfig().batch_fixed_share,
-                                         latency_bound_s=None)
+    _, model_source = stored_spark_model()
     document = {"lines": args.lines, "input_kib": input_kib, "rounds": args.rounds,
                 "plan": describe_plan(plan, pipeline), "model": model_source, "runs": runs, "medians": medians,
-                "auto_over_best": auto_over_best, "auto_reason": admission.describe()}
+                "auto_over_best": auto_over_best, "auto_reason": runs["auto"][-1]["admission"]}
     document["fixed_s"], document["per_line_us"] = fixed_cost_fit(runs)
     run.write_results("batch_size", report_text(document), document)
     return 0

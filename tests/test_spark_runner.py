@@ -180,6 +180,10 @@ def test_a_file_source_without_a_size_is_admitted_in_batches_the_policy_sizes(sp
     sized, records = run(RunnerConfig(batch_latency_bound_s=0.01), "sized")
     (admission,) = sized.admissions
     assert admission.decision.records == MIN_RECORDS and "latency bound 0.01 s" in admission.decision.reason
+    # the first file's 400 lines: 200 warm the operator up, 200 are measured
+    assert admission.costs.startswith("operator costs measured on a sample of 200 records")
+    declared, records = run(RunnerConfig(batch_latency_bound_s=0.01, batch_sample_costs=False), "declared")
+    assert records == expected and declared.admissions[0].costs == "the operators' declared costs"
     assert admission.max_bytes_per_trigger == 7 * MIN_RECORDS
     assert records == expected and sized.batches == 3
     whole, records = run(RunnerConfig(batch_size="all"), "whole")

@@ -2,7 +2,9 @@
 
 fissure.control.batch_size decides how many records a batch admits from the batch's fixed cost
 and cost per record; here both come from the Spark model (fissure.model.spark_model) of the plan
-in force, with the calibrated constants, evaluated at two batch sizes. Spark's file source
+in force, with the calibrated constants, evaluated at two batch sizes. The model's operator costs
+are measured first on the first records of each source (`sample_rows`, fissure.worker.cost_sample),
+where the operators' declared hints would otherwise stand. Spark's file source
 admits bytes (`maxBytesPerTrigger`), so the records become bytes at the directory's measured
 bytes per record (a sample of its first file: newlines for text, JSON and CSV; the footer's row
 count for Parquet). A directory with no file yet keeps Spark's default (all new files).
@@ -14,12 +16,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+import pyarrow as pa
+
 from fissure.control.batch_size import BatchCost, BatchSizeDecision, choose_batch_records
+from fissure.graph import to_arrow_schema
 from fissure.model.spark_model import evaluate_spark
 from fissure.model.types import Plan
 from fissure.spark.sources import FileSource
 
 SAMPLE_BYTES = 4 << 20  # read at most this much of a file to count its records
+SAMPLE_ROWS = 5_000  # records of a source the driver runs the program over to measure its costs
 # The two batch sizes the model is evaluated at to read off its fixed cost and cost per record.
 _SMALL, _LARGE = 10_000, 100_000
 
@@ -32,11 +38,12 @@ class SourceAdmission:
     decision: BatchSizeDecision
     bytes_per_record: float
     max_bytes_per_trigger: int
+    costs: str = "the operators' declared costs"  # where the model's operator costs came from
 
     def describe(self) -> str:
         return (f"batch size for {self.source}: {self.decision.records:,} records "
                 f"({self.max_bytes_per_trigger / 1024:,.0f} KiB at {self.bytes_per_record:.0f} B a record); "
-                f"{self.decision.reason}")
+                f"{self.decision.reason}; {self.costs}")
 
 
 def data_files(path: str) -> list[Path]:
@@ -68,6 +75,72 @@ def bytes_per_record(source: FileSource) -> float | None:
     return None
 
 
+def _first_file(source: FileSource) -> Path | None:
+    return next((file for file in data_files(source.path) if file.stat().st_size > 0), None)
+
+
+def sample_rows(source: FileSource, limit: int = SAMPLE_ROWS) -> tuple[list[dict], pa.Schema] | None:
+    """The first `limit` records of the source's first non-empty file as the program's operators
+    see them (text: `value`; other formats with the declared schema), or None without a file.
+    Lines that do not parse are left out: they would be dead letters, not operator work."""
+    file = _first_file(source)
+    if file is None:
+        return None
+    if source.format == "parquet":
+        import pyarrow.parquet as pq
+
+        declared = to_arrow_schema(source.schema, f"file source {source.path!r}")
+        batch = next(pq.ParquetFile(file).iter_batches(batch_size=limit, columns=declared.names), None)
+        if batch is None:
+            return None
+        table = pa.Table.from_batches([batch]).cast(declared)
+        return table.to_pylist(), declared
+    with open(file, "rb") as handle:
+        data = handle.read(SAMPLE_BYTES)
+    lines = [line.removesuffix(b"\r") for line in data.split(b"\n")]
+    if data.endswith(b"\n") or (len(data) == SAMPLE_BYTES and len(lines) > 1):
+        lines.pop()  # after the last newline: nothing, or a line the sample cut
+    if source.format == "text":
+        rows = []
+        for line in lines[:limit]:
+            try:
+                rows.append({"value": line.decode("utf-8")})
+            except UnicodeDecodeError:  # a dead letter of the source on Spark
+                continue
+        return rows, pa.schema([pa.field("value", pa.string())])
+    declared = to_arrow_schema(source.schema, f"file source {source.path!r}")
+    if source.format == "csv":
+        header, lines = lines[:1], lines[1:]
+    else:
+        header = []
+    try:
+        return _parsed(source.format, header + lines[:limit], declared), declared
+    except (pa.ArrowInvalid, ValueError):  # a line that would be a dead letter: parse the lines one by one
+        rows = []
+        for line in lines[:limit]:
+            try:
+                rows += _parsed(source.format, header + [line], declared)
+            except (pa.ArrowInvalid, ValueError):
+                continue
+        return rows, declared
+
+
+def _parsed(file_format: str, lines: list[bytes], declared: pa.Schema) -> list[dict]:
+    """JSON or CSV lines read with the declared schema (CSV: the header line first)."""
+    body = pa.BufferReader(b"\n".join(lines) + b"\n")
+    if file_format == "json":
+        import pyarrow.json as pj
+
+        read = pj.read_json(body, parse_options=pj.ParseOptions(explicit_schema=declared,
+                                                                 unexpected_field_behavior="ignore"))
+    else:
+        import pyarrow.csv as pc
+
+        read = pc.read_csv(body, convert_options=pc.ConvertOptions(column_types=declared,
+                                                                    include_columns=declared.names))
+    return read.select(declared.names).cast(declared).to_pylist()
+
+
 def model_batch_cost(operators, plan: Plan, cores: int, settings) -> BatchCost:
     """The Spark model's batch time as F + R * c, read off at two batch sizes."""
     def batch_s(records: int) -> float:
@@ -85,8 +158,10 @@ def needs_size(source: object) -> bool:
 
 
 def admit_file_sources(sources: Mapping[str, object], cost: BatchCost, *, fixed_share: float,
-                       latency_bound_s: float | None) -> tuple[dict[str, object], tuple[SourceAdmission, ...]]:
-    """`sources` with a batch size set on every FileSource that has none, and the admissions made."""
+                       latency_bound_s: float | None, costs: str = SourceAdmission.costs
+                       ) -> tuple[dict[str, object], tuple[SourceAdmission, ...]]:
+    """`sources` with a batch size set on every FileSource that has none, and the admissions made
+    (`costs` says where the cost's operator costs came from)."""
     admitted, admissions = dict(sources), []
     for name, source in sources.items():
         if not needs_size(source):
@@ -97,5 +172,5 @@ def admit_file_sources(sources: Mapping[str, object], cost: BatchCost, *, fixed_
         decision = choose_batch_records(cost, fixed_share=fixed_share, latency_bound_s=latency_bound_s)
         limit = max(1, round(decision.records * per_record))
         admitted[name] = replace(source, max_bytes_per_trigger=limit)
-        admissions.append(SourceAdmission(name, decision, per_record, limit))
+        admissions.append(SourceAdmission(name, decision, per_record, limit, costs))
     return admitted, tuple(admissions)

@@ -43,10 +43,13 @@ class RunnerConfig:
     # --kb-per-batch / --files-per-batch). "auto": from the Spark model of the plan in force, the
     # smallest batch whose fixed cost is at most `batch_fixed_share` of it, capped so a batch
     # takes at most `batch_latency_bound_s` (fissure.control.batch_size); "all": every new file in
-    # one batch, as Spark does.
+    # one batch, as Spark does. With `batch_sample_costs`, the model's operator costs are measured
+    # first in the driver on the sources' first records (fissure.worker.cost_sample; skipped when an
+    # operator declares `waits=`, whose calls may reach outside systems); else the declared hints.
     batch_size: str = "auto"
     batch_fixed_share: float = 0.1
     batch_latency_bound_s: float | None = None
+    batch_sample_costs: bool = True
     # How progress shows on stderr (fissure.control.progress): "auto" (a live line redrawn in
     # place on a terminal, timestamped lines elsewhere), "live", "lines" or "off".
     progress: str = "auto"

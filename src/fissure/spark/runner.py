@@ -38,9 +38,11 @@ from fissure.model.types import Plan
 from fissure.profile.calibration import stored_spark_model
 from fissure.profile.collector import ProfileCollector
 from fissure.profile.log import profile_log_path
+from fissure.worker.cost_sample import measure_sample_isolated
 from fissure.profile.settings import ProfileSettings
 from fissure.profile.window import BatchProfile, ProfileSummary, render_table
-from fissure.spark.batch_admission import SourceAdmission, admit_file_sources, model_batch_cost, needs_size
+from fissure.spark.batch_admission import (SourceAdmission, admit_file_sources, model_batch_cost, needs_size,
+                                           sample_rows)
 from fissure.spark.compile_graph import CompiledGraph, compile_graph, sink_frame
 from fissure.spark.observed_metrics import Publication, observe_run
 from fissure.spark.stages import BOUNDARIES_PROPERTY, PUBLISHED_PROPERTY, WorkerProfiling
@@ -50,7 +52,7 @@ from fissure.spark.plans import describe_plan, resolve_plan
 from fissure.spark.progress_output import ProgressOutput
 from fissure.spark.session import QUERY_DEFAULTS, create_session, default_parallelism, is_local
 from fissure.spark.sinks import DeadLetterLog, write_dead_letters
-from fissure.spark.sources import open_source
+from fissure.spark.sources import FileSource, open_source
 from fissure.spark.state import RepartitionRecovery, checkpoint_exists, delete_checkpoint, recover_unfinished_repartition
 from fissure.streamgraph import StreamGraph, as_graph
 from fissure.worker.elastic_stage import BatchThreadLevels
@@ -365,13 +367,38 @@ class Runner:
         if not any(needs_size(source) for source in self.sources.values()):
             return self.sources, ()  # no model to evaluate, no calibration file to read
         settings, _ = stored_spark_model()
-        cost = model_batch_cost(self.pipeline.operator_stats(self.estimates), self.plan,
+        estimates, costs = self._sampled_estimates()
+        cost = model_batch_cost(self.pipeline.operator_stats(estimates), self.plan,
                                 default_parallelism(self.spark), settings)
         sources, admissions = admit_file_sources(self.sources, cost, fixed_share=self.config.batch_fixed_share,
-                                                 latency_bound_s=self.config.batch_latency_bound_s)
+                                                 latency_bound_s=self.config.batch_latency_bound_s, costs=costs)
         for admission in admissions:
             log.info("%s", admission.describe())
         return sources, admissions
+
+    def _sampled_estimates(self) -> tuple[Mapping[str, OperatorEstimate] | None, str]:
+        """Operator estimates for sizing batches: measured on the first records of each file
+        source (fissure.worker.cost_sample), under the ones the caller gave; and where they came from.
+        A program that fails on its sample keeps its declared costs (its batches will say why)."""
+        if not self.config.batch_sample_costs:
+            return self.estimates, SourceAdmission.costs
+        waiting = [operator.name for operator in self.graph.operators if operator.hints.waits is not None]
+        if waiting:
+            return self.estimates, f"{SourceAdmission.costs} (no sample: {', '.join(waiting)} declare waits=)"
+        try:
+            rows, schemas = {}, {}
+            for name, source in self.sources.items():
+                sampled = sample_rows(source) if isinstance(source, FileSource) else None
+                if sampled is not None:
+                    rows[name], schemas[name] = sampled
+            if not rows:
+                return self.estimates, SourceAdmission.costs
+            sample = measure_sample_isolated(self.graph, rows, schemas)
+        except Exception as error:  # noqa: BLE001 - any failure of the user's code or files on the sample
+            log.warning("measuring operator costs on a sample failed (%s); batch sizes follow the declared costs",
+                        error)
+            return self.estimates, f"{SourceAdmission.costs} (measuring them on a sample failed: {error})"
+        return {**sample.estimates, **(self.estimates or {})}, sample.describe()
 
     def await_termination(self, timeout_s: float | None = None) -> bool:
         """Wait for the query to end (True) or the timeout to pass (False); raises the query's error."""

@@ -14,7 +14,7 @@ the state between calls, to run several micro-batches.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -45,12 +45,27 @@ class LocalResults(dict):
     dead_letters: list[LocalDeadLetter]
 
 
-class LocalGraphRun:
-    """Runs micro-batches of `graph` one after another, keeping keyed state between them."""
+@dataclass
+class NodeWork:
+    """What one node did over the calls so far: records in and out, and `clock` seconds."""
 
-    def __init__(self, graph: StreamGraph) -> None:
+    records_in: int = 0
+    records_out: int = 0
+    seconds: float = 0.0
+
+
+class LocalGraphRun:
+    """Runs micro-batches of `graph` one after another, keeping keyed state between them.
+
+    With a `clock` (e.g. time.thread_time), `work` holds each operator and join node's records
+    and clock seconds over every call (fissure.worker.cost_sample measures a program this way).
+    """
+
+    def __init__(self, graph: StreamGraph, clock: Callable[[], float] | None = None) -> None:
         self.graph = graph
         self.states: dict[str, dict[str, bytes]] = {}  # node -> key -> pickled state
+        self.clock = clock
+        self.work: dict[str, NodeWork] = {}
 
     def run_batch(self, sources: Mapping[str, Sequence[Mapping]],
                   schemas: Mapping[str, pa.Schema] | None = None) -> LocalResults:
@@ -77,6 +92,7 @@ class LocalGraphRun:
             node = graph.node(name)
             if node.kind is NodeKind.SINK:
                 continue
+            started = self.clock() if self.clock is not None else 0.0
             if node.kind is NodeKind.SOURCE:
                 index = graph.sources.index(name)
                 records = [dict(record) for record in sources[name]]
@@ -99,6 +115,11 @@ class LocalGraphRun:
                 output = FusedStage([step], schemas[node.inputs[0]])(source) if source.num_rows else \
                     pa.RecordBatch.from_pylist([], schema=carried_schema(schemas[name]))
             live, new_dead = split_dead(output)
+            if self.clock is not None and node.kind in (NodeKind.OPERATOR, NodeKind.JOIN):
+                work = self.work.setdefault(name, NodeWork())
+                work.seconds += self.clock() - started
+                work.records_in += sum(streams[source].num_rows for source in node.inputs)
+                work.records_out += live.num_rows
             if new_dead is not None:
                 dead += [LocalDeadLetter(row[DEAD_OPERATOR], row[DEAD_ERROR], row[DEAD_RECORD], row[SEQ])
                          for row in new_dead.select([SEQ, *DEAD_COLUMNS]).to_pylist()]
