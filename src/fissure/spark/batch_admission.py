@@ -57,25 +57,24 @@ def data_files(path: str) -> list[Path]:
 
 def bytes_per_record(source: FileSource) -> float | None:
     """Average bytes per record of the source's first non-empty file, or None without one."""
-    for file in data_files(source.path):
-        size = file.stat().st_size
-        if size == 0:
-            continue
-        if source.format == "parquet":
-            import pyarrow.parquet as pq
+    file = _first_file(source)
+    if file is None:
+        return None
+    if source.format == "parquet":
+        import pyarrow.parquet as pq
 
-            rows = pq.ParquetFile(file).metadata.num_rows
-            return size / rows if rows else None
-        with open(file, "rb") as handle:
-            sample = handle.read(SAMPLE_BYTES)
-        lines = sample.count(b"\n") + (0 if sample.endswith(b"\n") else 1)
-        if source.format == "csv":
-            lines -= 1  # the header
-        return len(sample) / lines if lines > 0 else None
-    return None
+        rows = pq.ParquetFile(file).metadata.num_rows
+        return file.stat().st_size / rows if rows else None
+    with open(file, "rb") as handle:
+        sample = handle.read(SAMPLE_BYTES)
+    lines = sample.count(b"\n") + (0 if sample.endswith(b"\n") else 1)
+    if source.format == "csv":
+        lines -= 1  # the header
+    return len(sample) / lines if lines > 0 else None
 
 
 def _first_file(source: FileSource) -> Path | None:
+    """The source's first non-empty file, which its sample and bytes per record come from."""
     return next((file for file in data_files(source.path) if file.stat().st_size > 0), None)
 
 
@@ -86,10 +85,10 @@ def sample_rows(source: FileSource, limit: int = SAMPLE_ROWS) -> tuple[list[dict
     file = _first_file(source)
     if file is None:
         return None
+    declared = to_arrow_schema(source.schema, f"file source {source.path!r}")  # None for text
     if source.format == "parquet":
         import pyarrow.parquet as pq
 
-        declared = to_arrow_schema(source.schema, f"file source {source.path!r}")
         batch = next(pq.ParquetFile(file).iter_batches(batch_size=limit, columns=declared.names), None)
         if batch is None:
             return None
@@ -108,7 +107,6 @@ def sample_rows(source: FileSource, limit: int = SAMPLE_ROWS) -> tuple[list[dict
             except UnicodeDecodeError:  # a dead letter of the source on Spark
                 continue
         return rows, pa.schema([pa.field("value", pa.string())])
-    declared = to_arrow_schema(source.schema, f"file source {source.path!r}")
     if source.format == "csv":
         header, lines = lines[:1], lines[1:]
     else:

@@ -38,7 +38,6 @@ from fissure.model.types import Plan
 from fissure.profile.calibration import stored_spark_model
 from fissure.profile.collector import ProfileCollector
 from fissure.profile.log import profile_log_path
-from fissure.worker.cost_sample import measure_sample_isolated
 from fissure.profile.settings import ProfileSettings
 from fissure.profile.window import BatchProfile, ProfileSummary, render_table
 from fissure.spark.batch_admission import (SourceAdmission, admit_file_sources, model_batch_cost, needs_size,
@@ -55,6 +54,7 @@ from fissure.spark.sinks import DeadLetterLog, write_dead_letters
 from fissure.spark.sources import FileSource, open_source
 from fissure.spark.state import RepartitionRecovery, checkpoint_exists, delete_checkpoint, recover_unfinished_repartition
 from fissure.streamgraph import StreamGraph, as_graph
+from fissure.worker.cost_sample import measure_sample_isolated
 from fissure.worker.elastic_stage import BatchThreadLevels
 from fissure.worker.columns import DEAD_OPERATOR
 from fissure.worker.graph_pe import ROUTE, plan_graph_stages, state_partitions_of

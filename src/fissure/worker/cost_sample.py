@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 
 from fissure.graph import OperatorEstimate, Pipeline
-from fissure.streamgraph import PipelineError, StreamGraph, as_graph
+from fissure.streamgraph import StreamGraph, as_graph
 from fissure.worker.graph_local import LocalGraphRun
 
 MIN_RECORDS = 50  # fewer records into an operator measure its start, not its cost per record
@@ -71,12 +71,8 @@ def measure_sample(program: Pipeline | StreamGraph, rows: Mapping[str, Sequence[
     Raises what the program raises on its sample (a schema that does not fit, ...): the caller
     decides whether that matters."""
     graph = as_graph(program)
-    unknown = sorted(set(rows) - set(graph.sources))
-    if unknown:
-        raise PipelineError(f"graph {graph.name!r} has no source {', '.join(map(repr, unknown))}; its sources are "
-                            f"{', '.join(graph.sources)}")
-    run = LocalGraphRun(graph, clock=cpu_clock)
-    sampled = {name: list(rows.get(name, ())) for name in graph.sources}
+    run = LocalGraphRun(graph, clock=cpu_clock)  # its first call refuses rows of a source the graph lacks
+    sampled = {**{name: [] for name in graph.sources}, **{name: list(records) for name, records in rows.items()}}
     longest = max((len(records) for records in sampled.values()), default=0)
     # One uncounted call first: an operator's first records pay its imports, compiled patterns
     # and caches, which a run pays once, not per record.
