@@ -166,6 +166,7 @@ def measure_run(spark, pipeline, source, plan, work: Path, profile=True, stage_l
     for batch in batches:
         for phase, value in batch["durationMs"].items():
             durations_ms[phase] = durations_ms.get(phase, 0.0) + float(value)
+    state_ms = state_operator_metrics(batches)
     stages = None
     if stage_log is not None:
         reported = stage_log.batches(str(runner.query.runId))
@@ -174,7 +175,27 @@ def measure_run(spark, pipeline, source, plan, work: Path, profile=True, stage_l
                                 for batch, duration in durations.items() if batch in reported])
     return {"records_per_s": records / seconds if seconds else float("nan"), "durations_ms": durations_ms,
             "batch_records": statistics.median(count for count, _ in steady) if steady else 0,
-            "batches": len(steady), "profile": report.profile, "stages": stages}
+            "batches": len(steady), "profile": report.profile, "stages": stages, "state_ms": state_ms}
+
+
+# Spark's own timings of a state operator in a micro-batch's progress: the time its tasks spent
+# taking rows in and handing them to the handler, committing the store (of which the changelog
+# file's sync) and loading it.
+STATE_TIMINGS = {"updates": "allUpdatesTimeMs", "commit": "commitTimeMs",
+                 "commit_file_sync": "rocksdbCommitFileSyncLatencyMs", "load": "rocksdbLoadLatencyMs"}
+
+
+def state_operator_metrics(batches) -> list[dict[str, float]]:
+    """Per state operator of the query (in Spark's order), the median over `batches` (progress
+    reports) of each of STATE_TIMINGS, milliseconds summed over the operator's partitions."""
+    per_operator: dict[int, dict[str, list[float]]] = {}
+    for batch in batches:
+        for index, operator in enumerate(batch.get("stateOperators") or ()):
+            found = {**operator, **(operator.get("customMetrics") or {})}
+            for name, field in STATE_TIMINGS.items():
+                per_operator.setdefault(index, {}).setdefault(name, []).append(float(found.get(field) or 0.0))
+    return [{name: statistics.median(values) for name, values in timings.items()}
+            for _, timings in sorted(per_operator.items())]
 
 
 def profiled_operators(pipeline, summaries):

@@ -11,9 +11,11 @@ REST API (the UI is turned on for this script only):
   two state partitions, one of them empty.
 
 Per stage kind: the median over the steady micro-batches (all but the first of each run) of each
-task's duration and records read from the shuffle, for every repeat; and per run the CPU time of
-Spark's JVM and of its Python workers (Linux /proc: this process's descendants), against the run's
-wall time. Run on a quiet machine.
+task's duration and records read from the shuffle, for every repeat; Spark's phases of a batch
+outside its job (planning, listing the source, the offset and commit logs) and each state
+operator's own timings (updates, the store's commit and its changelog file's sync, its load); and
+per run the CPU time of Spark's JVM and of its Python workers (Linux /proc: this process's
+descendants), against the run's wall time. Run on a quiet machine.
 
 Results: spark_stage_times.md/.json under --out (default benchmarks/results/).
 
@@ -116,7 +118,15 @@ def run_case(spark, log: TaskLog, pipeline, plan, source, work: Path) -> dict:
     batches = max(1, run["batches"])
     return {"records_per_s": run["records_per_s"], "positions": positions, "wall_s": wall_s, "cpu_s": cpu,
             "batch_ms": run["durations_ms"].get("triggerExecution", 0.0) / batches,
-            "stages_ms": sum(stage["wall_ms"] for stage in steady) / batches}
+            "stages_ms": sum(stage["wall_ms"] for stage in steady) / batches,
+            "phases_ms": {phase: run["durations_ms"].get(phase, 0.0) / batches for phase in PHASES},
+            "state_ms": run["state_ms"]}
+
+
+# Spark's phases of a micro-batch (StreamingQueryProgress.durationMs) outside the stages' own work:
+# planning, listing the source, the offset log (walCommit) and the commit log, each a file written
+# to the checkpoint; addBatch is the job that runs the stages.
+PHASES = ("latestOffset", "queryPlanning", "walCommit", "addBatch", "commitOffsets")
 
 
 def summarize(positions: dict[int, list[list[dict]]]) -> list[dict]:
@@ -171,7 +181,8 @@ def main(argv=None) -> int:
             run = run_case(spark, log, pipeline, plan, source, work)
             results[key]["runs"].append({"records_per_s": run["records_per_s"], "wall_s": run["wall_s"],
                                          "cpu_s": run["cpu_s"], "batch_ms": run["batch_ms"],
-                                         "stages_ms": run["stages_ms"], "stages": summarize(run["positions"])})
+                                         "stages_ms": run["stages_ms"], "stages": summarize(run["positions"]),
+                                         "phases_ms": run["phases_ms"], "state_ms": run["state_ms"]})
     spark.stop()
     document["results"] = results
     bench_run.write_results("spark_stage_times_quick" if args.quick else "spark_stage_times", report(document), document)
@@ -195,6 +206,15 @@ def report(document: dict) -> str:
             lines.append(f"| {number} | {run['records_per_s']:,.0f} | {run['batch_ms']:.0f} ({run['stages_ms']:.0f}) | "
                          f"{stages} | {cpu.get('jvm', 0):.2f}, "
                          f"{cpu.get('python_workers', 0):.2f} / {run['wall_s']:.2f} |")
+        lines += ["", "Spark's phases of a steady micro-batch (ms, mean over the steady batches) and each state operator's "
+                      "own timings (ms, median over them, summed over its partitions):", "",
+                  "| repeat | " + " | ".join(PHASES) + " | state operators: updates, commit (file sync), load |",
+                  "| --- | " + " | ".join("---" for _ in PHASES) + " | --- |"]
+        for number, run in enumerate(result["runs"], 1):
+            state = "; ".join(f"{item['updates']:.0f}, {item['commit']:.0f} ({item['commit_file_sync']:.0f}), "
+                              f"{item['load']:.0f}" for item in run["state_ms"])
+            lines.append(f"| {number} | " + " | ".join(f"{run['phases_ms'][phase]:.0f}" for phase in PHASES)
+                         + f" | {state} |")
         lines.append("")
     return "\n".join(lines) + "\n"
 
