@@ -100,10 +100,16 @@ def process_cpu_seconds() -> dict[str, float]:
     return totals
 
 
+# Spark's phases of a micro-batch (StreamingQueryProgress.durationMs): listing the source, planning,
+# writing the offset log (walCommit), the job that runs the stages (addBatch), writing the commit log.
+PHASES = ("latestOffset", "queryPlanning", "walCommit", "addBatch", "commitOffsets")
+
+
 def run_case(spark, log: TaskLog, pipeline, plan, source, work: Path) -> dict:
-    """One run: its throughput, the CPU the JVM and the Python workers used over its wall time, and,
-    per position of a stage in the micro-batch's job, the tasks of the steady batches (the job of
-    the first batch left out)."""
+    """One run: its throughput, the CPU the JVM and the Python workers used over its wall time,
+    per position of a stage in the micro-batch's job the tasks of the steady batches (the job of
+    the first batch left out), the mean of each of PHASES over those batches and the state
+    operators' own timings."""
     cpu_before, started = process_cpu_seconds(), time.perf_counter()
     run = measure_run(spark, pipeline, source, plan, work)
     wall_s = time.perf_counter() - started
@@ -122,11 +128,6 @@ def run_case(spark, log: TaskLog, pipeline, plan, source, work: Path) -> dict:
             "phases_ms": {phase: run["durations_ms"].get(phase, 0.0) / batches for phase in PHASES},
             "state_ms": run["state_ms"]}
 
-
-# Spark's phases of a micro-batch (StreamingQueryProgress.durationMs) outside the stages' own work:
-# planning, listing the source, the offset log (walCommit) and the commit log, each a file written
-# to the checkpoint; addBatch is the job that runs the stages.
-PHASES = ("latestOffset", "queryPlanning", "walCommit", "addBatch", "commitOffsets")
 
 
 def summarize(positions: dict[int, list[list[dict]]]) -> list[dict]:
