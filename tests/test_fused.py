@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import pickle
 
 import pyarrow as pa
+import pytest
 
 from fissure.worker.columns import DEAD_ERROR, DEAD_OPERATOR, DEAD_RECORD, SEQ, carried_schema
 from fissure.worker.fused import FusedStage, Step, live_batch
@@ -45,6 +47,20 @@ def test_raising_record_becomes_dead_letter_and_the_rest_goes_on():
     assert dead[0][DEAD_OPERATOR] == "inverse"
     assert dead[0][DEAD_ERROR].startswith("ZeroDivisionError")
     assert dead[0][DEAD_RECORD] == '{"n": 0}' and dead[0][SEQ] == 1 and dead[0]["n"] is None
+
+
+@pytest.mark.parametrize("action, fn, live", [
+    ("map", lambda r: {"n": 10 // r["n"]}, [(10, 1), (5, 4), (3, 5)]),
+    ("filter", lambda r: 10 // r["n"] > 4, [(1, 1), (2, 4)]),
+    ("flat_map", lambda r: [{"n": 10 // r["n"]}] * r["n"], [(10, 1), (5, 4), (5, 4), (3, 5), (3, 5), (3, 5)]),
+])
+def test_each_action_keeps_sequence_numbers_around_records_that_raise(action, fn, live):
+    # 0 raises: at the first position, twice in a row and at the last
+    out = FusedStage([Step("s", action, fn, NUMBERS)], NUMBERS)(carried([{"n": n} for n in (0, 1, 0, 0, 2, 3, 0)]))
+    rows = out.select(["n", SEQ, DEAD_OPERATOR, DEAD_RECORD]).to_pylist()
+    assert [(row["n"], row[SEQ]) for row in rows if row[DEAD_OPERATOR] is None] == live
+    assert [(row[SEQ], row[DEAD_RECORD]) for row in rows if row[DEAD_OPERATOR] == "s"] == [
+        (seq, '{"n": 0}') for seq in (0, 2, 3, 6)]
 
 
 def test_dead_letters_pass_through_later_stages():
@@ -141,6 +157,15 @@ def test_a_bucket_of_keys_runs_each_key_in_order_with_its_own_state():
     assert null_key[DEAD_RECORD] == '{"n": 7, "user": null}'
     assert {key: pickle.loads(value) for key, value in stored.items()} == {
         '["a"]': {"total": 102}, '["b"]': {"total": 30}}
+
+
+def test_key_text_is_the_json_of_the_key_fields():
+    # one text or whole-number field takes a shorter path to the same text: states stored under
+    # one stay found under the other
+    for value in ("a", "", "\u00fc", "\u65e5\u672c", "\ud800", '"q"\\', "\n\t\x00", 0, -5, 2 ** 70, True, None, 1.5,
+                  float("nan"), [1, "x"]):
+        assert key_text({"k": value}, ("k",)) == json.dumps([value], default=repr)
+    assert key_text({"a": "x", "b": 2}, ("a", "b")) == '["x", 2]'
 
 
 def test_keys_equal_in_python_but_not_as_text_keep_their_own_state():

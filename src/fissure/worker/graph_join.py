@@ -13,6 +13,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from fissure.worker.arrow_rows import batch_records, column_values
 from fissure.worker.columns import SEQ
 from fissure.worker.fused import assemble, dead_letter_batch, live_batch, records_to_batch
 from fissure.worker.keyed import null_key_error
@@ -96,8 +97,8 @@ def run_join_group(step: JoinStep, arrivals: Sequence[JoinArrival], stored_state
 
 def arrivals_of(carried: pa.RecordBatch, data_schema: pa.Schema, side: int) -> list[JoinArrival]:
     """The live rows of a carried batch as arrivals on `side`."""
-    records = carried.select(data_schema.names).to_pylist()
-    seqs = carried.column(carried.schema.get_field_index(SEQ)).to_pylist()
+    records = batch_records(carried.select(data_schema.names))
+    seqs = column_values(carried.column(carried.schema.get_field_index(SEQ)))
     return [JoinArrival(side, record, seq) for record, seq in zip(records, seqs)]
 
 

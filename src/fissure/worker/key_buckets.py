@@ -99,6 +99,7 @@ class SubBucketStore:
         self._layout = self._stored_layout = SubBucketLayout.decode(layout)
         self._entries: dict[int, dict[str, bytes]] = {}  # sub-buckets read (or created) in this call
         self._changed: set[int] = set()
+        self._added = 0  # keys stored for the first time since the last flush (the layout counts them then)
         # each key's sub-bucket under the call's layout, hashed once (splits wait for `flush`)
         self._addresses: dict[str, int] = {}
 
@@ -130,13 +131,16 @@ class SubBucketStore:
         sub_bucket = self._address(key)
         entries = self._sub_bucket(sub_bucket)
         if key not in entries:
-            self._layout = replace(self._layout, keys=self._layout.keys + 1)
+            self._added += 1
         entries[key] = state
         self._changed.add(sub_bucket)
 
     def flush(self) -> None:
         """Split while the bucket holds more than its share of keys, then write every changed
         sub-bucket and the layout, once each, in one batch."""
+        if self._added:
+            self._layout = replace(self._layout, keys=self._layout.keys + self._added)
+            self._added = 0
         splitting, layout = [], self._layout
         while layout.needs_split(self._keys_per_sub_bucket):
             splitting.append(layout.split)

@@ -10,6 +10,7 @@ operator without key. A key's records reach the operator in sequence-number orde
 from __future__ import annotations
 
 import json
+from json.encoder import encode_basestring_ascii  # json.dumps's own escaping of a str
 import pickle
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from fissure.worker.arrow_rows import batch_records, column_values
 from fissure.worker.columns import SEQ
 from fissure.worker.fused import assemble, dead_letter_batch, live_batch, records_to_batch, reshape_dead, split_dead
 from fissure.worker.records import (DeadLetter, OperatorFailedError, describe_error, mark_running,
@@ -65,6 +67,12 @@ def dump_state(step: StatefulStep, key: str, state: Any) -> bytes:
 
 def key_text(record: Mapping, fields: Sequence[str]) -> str:
     """A record's key as text (JSON of its key fields' values): one state per distinct text."""
+    if len(fields) == 1:  # one text or whole-number field: the text json.dumps makes, without its set-up
+        value = record[fields[0]]
+        if type(value) is str:
+            return "[" + encode_basestring_ascii(value) + "]"
+        if type(value) is int:
+            return "[" + int.__repr__(value) + "]"
     return json.dumps([record[field] for field in fields], default=repr)
 
 
@@ -148,9 +156,10 @@ def _run(step: StatefulStep, batch: pa.RecordBatch, group: Callable[[list[dict]]
     if live.num_rows:
         sort_keys = ([(step.order_by, "ascending")] if step.order_by else []) + [(SEQ, "ascending")]
         ordered = live.take(pc.sort_indices(live, sort_keys=sort_keys))
-        inputs = ordered.select(step.input_schema.names).to_pylist()
-        input_seqs = ordered.column(ordered.schema.get_field_index(SEQ)).to_pylist()
+        inputs = batch_records(ordered.select(step.input_schema.names))
+        input_seqs = column_values(ordered.column(ordered.schema.get_field_index(SEQ)))
         mark_running(step.name)
+        fn, append, append_seq = step.fn, records.append, seqs.append
         grouped = group(inputs)
         if prefetch is not None:
             prefetch([key for key in grouped if key is not None])
@@ -165,7 +174,14 @@ def _run(step: StatefulStep, batch: pa.RecordBatch, group: Callable[[list[dict]]
             for position in positions:
                 record, seq = inputs[position], input_seqs[position]
                 try:
-                    emitted = normalize_emitted(step.fn(state, record))
+                    emitted = fn(state, record)
+                    if emitted is None:
+                        continue
+                    if type(emitted) is dict:  # one record: the common case, without a list
+                        append(emitted)
+                        append_seq(seq)
+                        continue
+                    emitted = normalize_emitted(emitted)
                 except Exception as error:  # noqa: BLE001 - a bad record becomes a dead letter
                     dead.append(DeadLetter(step.name, describe_error(error), record_text(record), seq))
                     continue

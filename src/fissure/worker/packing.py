@@ -30,6 +30,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from fissure.worker.arrow_rows import column_values
 from fissure.worker.columns import DEAD_OPERATOR, SEQ
 
 PACKED_KEY = "_fissure_key"
@@ -68,10 +69,10 @@ def _buckets_of(batch: pa.RecordBatch, columns: Sequence[str], buckets: int) -> 
         except (pa.ArrowNotImplementedError, pa.ArrowInvalid):  # a type Arrow cannot encode (a list)
             encoded = None
         if encoded is not None:
-            per_value = np.array([key_bucket((value,), buckets) for value in encoded.dictionary.to_pylist()] or [0],
+            per_value = np.array([key_bucket((value,), buckets) for value in column_values(encoded.dictionary)] or [0],
                                  dtype=np.int32)
             return per_value[encoded.indices.to_numpy(zero_copy_only=False)]
-    values = [batch.column(batch.schema.get_field_index(name)).to_pylist() for name in columns]
+    values = [column_values(batch.column(batch.schema.get_field_index(name))) for name in columns]
     cache: dict = {}
     result = np.empty(batch.num_rows, dtype=np.int32)
     for row, key in enumerate(zip(*values)):

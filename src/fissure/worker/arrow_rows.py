@@ -1,0 +1,44 @@
+"""Arrow columns as the Python values operators receive (no pyspark here).
+
+`pyarrow.Array.to_pylist` builds a scalar object per value before it asks it for its Python
+value: 6.4 ms for 10,000 short strings and 3.1 ms for 10,000 int64 on this 2-core machine, where
+NumPy's conversion of the same column and `tolist` take 0.4 ms and 0.14 ms (PyArrow 22). On
+LogWatch that conversion cost about a third of its parsing operator's own time. So a column of a
+type whose NumPy values become exactly the Python values `to_pylist` gives (strings with or
+without nulls; integers, floats and booleans without nulls) goes through NumPy; any other column
+(timestamps, dates, decimals, binary, lists, structs, dictionaries, numbers with nulls) through
+`to_pylist`.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+
+def _through_numpy(array: pa.Array) -> bool:
+    kind = array.type
+    if pa.types.is_string(kind) or pa.types.is_large_string(kind):
+        return True  # nulls become None in NumPy's object array too
+    return array.null_count == 0 and (pa.types.is_integer(kind) or pa.types.is_float32(kind)
+                                      or pa.types.is_float64(kind) or pa.types.is_boolean(kind))
+
+
+def column_values(array: pa.Array | pa.ChunkedArray) -> list:
+    """The column's values as Python objects, equal to `array.to_pylist()`."""
+    if isinstance(array, pa.ChunkedArray):
+        return [value for chunk in array.chunks for value in column_values(chunk)]
+    if _through_numpy(array):
+        return array.to_numpy(zero_copy_only=False).tolist()
+    return array.to_pylist()
+
+
+def batch_records(batch: pa.RecordBatch) -> list[dict]:
+    """The batch's rows as dicts of field name to value, equal to `batch.to_pylist()`."""
+    names = batch.schema.names
+    if not names:
+        return [{} for _ in range(batch.num_rows)]
+    columns = [column_values(column) for column in batch.columns]
+    if len(names) == 1:
+        (name,), (values,) = names, columns
+        return [{name: value} for value in values]
+    return [dict(zip(names, row)) for row in zip(*columns)]
