@@ -129,7 +129,6 @@ def run_case(spark, log: TaskLog, pipeline, plan, source, work: Path) -> dict:
             "state_ms": run["state_ms"]}
 
 
-
 def summarize(positions: dict[int, list[list[dict]]]) -> list[dict]:
     """Per stage position: tasks per stage; the median duration and shuffle records of each task slot,
     tasks sorted by records so that the fuller partition is compared with the fuller one."""

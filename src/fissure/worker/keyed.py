@@ -10,10 +10,10 @@ operator without key. A key's records reach the operator in sequence-number orde
 from __future__ import annotations
 
 import json
-from json.encoder import encode_basestring_ascii  # json.dumps's own escaping of a str
 import pickle
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from json.encoder import encode_basestring_ascii  # json.dumps's own escaping of a str
 from typing import Any
 
 import pyarrow as pa
@@ -65,15 +65,22 @@ def dump_state(step: StatefulStep, key: str, state: Any) -> bytes:
             f" keep values pickle can store (no open files, locks, sockets, generators or lambdas)") from error
 
 
-def key_text(record: Mapping, fields: Sequence[str]) -> str:
-    """A record's key as text (JSON of its key fields' values): one state per distinct text."""
-    if len(fields) == 1:  # one text or whole-number field: the text json.dumps makes, without its set-up
-        value = record[fields[0]]
+def key_values_text(values: Sequence) -> str:
+    """A key's fields' values as text, `json.dumps(list(values), default=repr)`: one state per
+    distinct text, and the text packing hashes into the key's bucket. One text or whole-number
+    field gets the same text without json.dumps's set-up (it is made once per key and batch)."""
+    if len(values) == 1:
+        (value,) = values
         if type(value) is str:
             return "[" + encode_basestring_ascii(value) + "]"
         if type(value) is int:
             return "[" + int.__repr__(value) + "]"
-    return json.dumps([record[field] for field in fields], default=repr)
+    return json.dumps(list(values), default=repr)
+
+
+def key_text(record: Mapping, fields: Sequence[str]) -> str:
+    """A record's key as text: `key_values_text` of its key fields' values."""
+    return key_values_text([record[field] for field in fields])
 
 
 _NONE_TYPE = type(None)

@@ -21,7 +21,6 @@ Grouping keys (int32):
 
 from __future__ import annotations
 
-import json
 import zlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -32,6 +31,7 @@ import pyarrow.compute as pc
 
 from fissure.worker.arrow_rows import column_values
 from fissure.worker.columns import DEAD_OPERATOR, SEQ
+from fissure.worker.keyed import key_values_text
 
 PACKED_KEY = "_fissure_key"
 PAYLOAD = "_fissure_payload"
@@ -57,8 +57,7 @@ class PackSpec:
 def key_bucket(values: Sequence, buckets: int) -> int:
     """The bucket of a key (its fields' values): crc32 of its JSON text, mod `buckets`. Stable
     across processes and runs (Python's own hash of a str is salted per process)."""
-    text = json.dumps(list(values), default=repr)
-    return zlib.crc32(text.encode("utf-8", "surrogatepass")) % buckets
+    return zlib.crc32(key_values_text(values).encode("utf-8", "surrogatepass")) % buckets
 
 
 def _buckets_of(batch: pa.RecordBatch, columns: Sequence[str], buckets: int) -> np.ndarray:
