@@ -104,6 +104,13 @@ def _experiments():
     return [
         Experiment("python-records", lambda: single("a", Pipeline("records").map("a", identity))),
         Experiment("python-batches", lambda: single("a", Pipeline("batches").map_batches("a", identity_batch))),
+        # Two Python nodes in one Spark stage (two regions, no exchange between them): against
+        # python-records, what one more node costs, apart from the batch's and the stage's own
+        # costs. Without it, the fit could only infer python_node_fixed_s and conversion_record_us
+        # from plans of one node per stage, and priced an extra node at about 2.5x what it
+        # measured on LogWatch and the mixed chain.
+        Experiment("two-nodes", lambda: (Pipeline("twonodes").map("a", identity).map("b", identity),
+                                         Plan((RegionPlan((("a",),), 1), RegionPlan((("b",),), 1))))),
         Experiment("exchange", lambda: (Pipeline("exchange").map_batches("a", identity_batch)
                                         .map_batches("b", identity_batch),
                                         Plan((RegionPlan((("a",),), 1), RegionPlan((("b",),), 2))))),
