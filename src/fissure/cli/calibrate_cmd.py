@@ -106,9 +106,11 @@ def _experiments():
         Experiment("python-batches", lambda: single("a", Pipeline("batches").map_batches("a", identity_batch))),
         # Two Python nodes in one Spark stage (two regions, no exchange between them): against
         # python-records, what one more node costs, apart from the batch's and the stage's own
-        # costs. Without it, the fit could only infer python_node_fixed_s and conversion_record_us
-        # from plans of one node per stage, and priced an extra node at about 2.5x what it
-        # measured on LogWatch and the mixed chain.
+        # costs (plans that cut a stage's operators into regions have such stages). On these
+        # records one more node measured 30-57 ms at 3,000 records a batch and 60-160 ms at 15,000
+        # (three calibrations); in the model-accuracy benchmark, LogWatch's extra node 45-70 ms at
+        # 15,000 lines and the mixed chain's about 45 ms at 10,000 records, which the default
+        # constants price at 165 and 130 ms: a record's conversion depends on its fields.
         Experiment("two-nodes", lambda: (Pipeline("twonodes").map("a", identity).map("b", identity),
                                          Plan((RegionPlan((("a",),), 1), RegionPlan((("b",),), 1))))),
         Experiment("exchange", lambda: (Pipeline("exchange").map_batches("a", identity_batch)
