@@ -34,6 +34,7 @@ the model's, and the rest of the batch. Writes model_accuracy.md/.json/.png unde
 benchmarks/results/; --quick: model_accuracy_quick.* in a temporary folder, not a result).
 
     ./dev python benchmarks/model_accuracy.py            # the real measurement: a quiet machine, ~20 min
+    ./dev python benchmarks/model_accuracy.py --calibrate  # the same after a `fissure calibrate` of its own
     ./dev python benchmarks/model_accuracy.py --quick    # end to end in a few minutes (not figures)
 """
 
@@ -42,6 +43,7 @@ from __future__ import annotations
 import argparse
 import random
 import statistics
+import subprocess
 import sys
 import tempfile
 from dataclasses import replace
@@ -222,8 +224,11 @@ def profiled_operators(pipeline, summaries):
 # -- the benchmark ----------------------------------------------------------------------------------
 
 
+CALIBRATION_FILE: Path | None = None  # --calibrate: the calibration made for this run (None: the stored one)
+
+
 def paper_machine(cores: int) -> tuple[Machine, str]:
-    calibration = load_calibration()
+    calibration = load_calibration(CALIBRATION_FILE)
     if calibration is not None and calibration.replication_cost_us is not None:
         return (Machine(cores, calibration.thread_switch_overhead_us, max(0.0, calibration.replication_cost_us)),
                 "stored calibration")
@@ -494,7 +499,7 @@ def plot(document: dict, path: Path) -> None:
 
 
 def main(argv=None) -> int:
-    global LOOPS_PER_US
+    global LOOPS_PER_US, CALIBRATION_FILE
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     method.add_arguments(parser)
     parser.add_argument("--records", type=int, default=40_000, help="synthetic workload records")
@@ -503,11 +508,22 @@ def main(argv=None) -> int:
     parser.add_argument("--plans", type=int, default=8, help="plans per workload (at least 20 in all)")
     parser.add_argument("--max-threads", type=int, default=4)
     parser.add_argument("--master", default="local[2]")
+    parser.add_argument("--calibrate", action="store_true",
+                        help="run `fissure calibrate` first (a process of its own) and predict with its constants, "
+                             "not the stored calibration's or the defaults; writes model_accuracy_calibrated.* and the "
+                             "calibration beside them")
     args = parser.parse_args(argv)
     if args.quick:
         args.records, args.lines, args.files, args.plans, args.repeats = 1500, 1500, 3, 3, 1
     method.check_repeats(args.repeats, args.quick)
     run = method.Run("model_accuracy.py", argv, quick=args.quick, out=args.out, master=args.master)
+    stem = "model_accuracy" + ("_calibrated" if args.calibrate else "") + ("_quick" if args.quick else "")
+    if args.calibrate:  # before this script's session: calibrate runs one of its own
+        CALIBRATION_FILE = run.path(f"{stem}_calibration.json")
+        command = [sys.executable, "-m", "fissure", "calibrate", "--master", args.master,
+                   "--output", str(CALIBRATION_FILE)] + (["--quick"] if args.quick else [])
+        print("calibrating: " + " ".join(command[1:]), flush=True)
+        subprocess.run(command, check=True)
     LOOPS_PER_US = busy_loops_per_us()
     work = Path(tempfile.mkdtemp(prefix="fissure-accuracy-"))
     from fissure.spark.session import create_session, default_parallelism
@@ -516,7 +532,9 @@ def main(argv=None) -> int:
     spark = create_session(fissure.RunnerConfig(master=args.master, spark_conf=STAGE_LOG_CONF))
     stage_log = StageLog(spark)
     cores = default_parallelism(spark)
-    settings, constants_from = stored_spark_model()
+    settings, constants_from = stored_spark_model(CALIBRATION_FILE)
+    if CALIBRATION_FILE is not None:
+        constants_from = f"`fissure calibrate` run just before this run ({CALIBRATION_FILE.name}), {constants_from}"
     from logwatch import build_pipeline as logwatch_pipeline
 
     workloads = {
@@ -530,7 +548,6 @@ def main(argv=None) -> int:
     document = {"master": args.master, "quick": args.quick, "cores": cores, "spark_constants_from": constants_from,
                 "spark_constants": settings.constants.to_dict(), "loops_per_us": LOOPS_PER_US,
                 "results": results, "summary": summary(results)}
-    stem = "model_accuracy_quick" if args.quick else "model_accuracy"
     run.write_results(stem, report(document, stem), document)
     plot(document, run.path(f"{stem}.png"))
     return 0

@@ -84,3 +84,23 @@ def test_calibrate_command_refuses_a_directory_as_output(tmp_path, capsys):
 
     assert main(["calibrate", "--output", str(tmp_path)]) == 2
     assert "is a directory" in capsys.readouterr().err
+
+
+def test_every_calibration_experiment_has_a_valid_plan_and_the_shape_it_is_there_to_measure():
+    from fissure.cli.calibrate_cmd import _experiments
+    from fissure.model.spark_model import spark_stages
+    from fissure.model.throughput import validate_plan
+
+    shapes = {}
+    for experiment in _experiments():
+        pipeline, plan = experiment.build()
+        operators = pipeline.operator_stats(None)
+        validate_plan(operators, plan)
+        shapes[experiment.label] = spark_stages(operators, plan)
+    assert len(shapes) == len(_experiments())  # labels are unique: the report groups by them
+    (one,) = shapes["python-records"]
+    assert [node.kind for node in one.nodes] == ["pe"]
+    # one Spark stage, two Python nodes: what one more node costs, against python-records
+    (two,) = shapes["two-nodes"]
+    assert [node.kind for node in two.nodes] == ["pe", "pe"]
+    assert [stage.exchange for stage in shapes["exchange"]] == ["source", "round-robin"]
