@@ -108,9 +108,9 @@ def _experiments():
         # python-records, what one more node costs, apart from the batch's and the stage's own
         # costs (plans that cut a stage's operators into regions have such stages). On these
         # records one more node measured 30-57 ms at 3,000 records a batch and 60-160 ms at 15,000
-        # (three calibrations); in the model-accuracy benchmark, LogWatch's extra node 35-70 ms at
-        # 15,000 lines and the mixed chain's about 45 ms at 10,000 records, which the default
-        # constants price at 165 and 130 ms: a record's conversion depends on its fields.
+        # (three calibrations); in the model-accuracy benchmark, LogWatch's extra node 33-71 ms at
+        # 15,000 lines and the mixed chain's -36 to +72 ms at 10,000 records, which the default
+        # constants price at 165 and 131 ms: a record's conversion depends on its fields.
         Experiment("two-nodes", lambda: (Pipeline("twonodes").map("a", identity).map("b", identity),
                                          Plan((RegionPlan((("a",),), 1), RegionPlan((("b",),), 1))))),
         Experiment("exchange", lambda: (Pipeline("exchange").map_batches("a", identity_batch)
