@@ -358,9 +358,9 @@ def confirm_first_ranked(rows, measure, repeats: int, name: str) -> dict:
     block of their own (the order rotated each repeat): their ratio per repeat and its median.
 
     The block above picks the best of seven other plans by their measured medians, and the best
-    of several noisy medians sits above its plan's true rate (in three runs at one revision, one
-    plan measured 0.955, 0.984 and 1.138 of the sequential plan); measuring the two again takes
-    that selection out of the comparison."""
+    of several noisy medians sits above its plan's true rate (in four runs of the same plans on one
+    day, one plan measured 0.984, 0.955, 1.138 and 0.865 of the sequential plan); measuring the two
+    again takes that selection out of the comparison."""
     pick = top_ranked(rows, "spark")
     pair = [pick["plan"], pick["best_other_plan"]]
     runs: dict[str, list[float]] = {key: [] for key in pair}
