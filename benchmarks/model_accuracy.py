@@ -420,8 +420,8 @@ def report(document: dict, stem: str) -> str:
                      f"{100 * item['worst_abs_error']:.1f} % | {100 * item['anchored_median_abs_error']:.1f} %, "
                      f"{100 * item['anchored_worst_abs_error']:.1f} % | "
                      f"{'yes' if item['top_ranked_within_5pct'] else 'no'}"
-                     + ({True: ' (measured again: yes)', False: ' (measured again: no)'}[item['confirmed_within_5pct']]
-                        if 'confirmed_within_5pct' in item else '') + " |")
+                     + (f" (measured again: {'yes' if item['confirmed_within_5pct'] else 'no'})"
+                        if "confirmed_within_5pct" in item else "") + " |")
     for name, result in document["results"].items():
         lines += ["", f"## {name} ({result['batch_records']:,} records per micro-batch; paper constants: "
                       f"{result['paper_constants']})", "",

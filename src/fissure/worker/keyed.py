@@ -135,7 +135,7 @@ def run_keys(step: StatefulStep, batch: pa.RecordBatch, load: Callable[[str], by
             positions = {}
             for position, record in enumerate(records):
                 values = tuple(record[name] for name in fields)
-                positions.setdefault(None if None in values else key_text(record, fields), []).append(position)
+                positions.setdefault(None if None in values else key_values_text(values), []).append(position)
         grouped: dict[str | None, list[int]] = {}
         nulls = positions.pop((_NONE_TYPE, None), []) + positions.pop(None, [])
         if len(fields) > 1:
