@@ -188,3 +188,19 @@ def test_a_file_source_without_a_size_is_admitted_in_batches_the_policy_sizes(sp
     assert records == expected and sized.batches == 3
     whole, records = run(RunnerConfig(batch_size="all"), "whole")
     assert records == expected and whole.batches == 1 and whole.admissions == ()
+
+
+def test_a_stopped_runner_is_not_kept_alive_by_its_foreach_batch_function(spark, tmp_path):
+    # PySpark pools every foreachBatch function for the session's life; one that still held the
+    # Runner would keep the stopped Java query and its plans in the driver's heap.
+    import gc
+    import weakref
+
+    runner, report, records = run_chain(spark, tmp_path, "sequential", count=8, files=2)
+    assert report.input_records == 8
+    with pytest.raises(RuntimeError, match="stopped query"):
+        runner._batch_function(None, 99)
+    stopped = weakref.ref(runner)
+    del runner
+    gc.collect()
+    assert stopped() is None
