@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import gc
+import weakref
+
 import pytest
 
 import fissure
@@ -193,9 +196,6 @@ def test_a_file_source_without_a_size_is_admitted_in_batches_the_policy_sizes(sp
 def test_a_stopped_runner_is_not_kept_alive_by_its_foreach_batch_function(spark, tmp_path):
     # PySpark pools every foreachBatch function for the session's life; one that still held the
     # Runner would keep the stopped Java query and its plans in the driver's heap.
-    import gc
-    import weakref
-
     runner, report, records = run_chain(spark, tmp_path, "sequential", count=8, files=2)
     assert report.input_records == 8
     with pytest.raises(RuntimeError, match="stopped query"):

@@ -220,9 +220,10 @@ class DetachableBatchFunction:
 
     PySpark keeps every `foreachBatch` function in py4j's callback pool for the session's life.
     A function that holds the Runner holds its `query` proxy, and so the stopped Java query with
-    its plans: measured on PySpark 4.3, each stopped query kept 2-6 MiB of the driver's heap, and
-    a session that ran about 140 LogWatch and synthetic queries (a benchmark; the adaptive loop
-    starts a query per restart) ran out of its 1 GiB. Detached, the pooled function holds nothing.
+    its plans: measured on PySpark 4.3, each stopped query of a four-operator chain kept 4.1 MiB of
+    the driver's heap (benchmarks/driver_heap.py), and a session that ran 134 LogWatch and
+    synthetic queries (a benchmark; the adaptive loop starts a query per restart) ran out of its
+    1 GiB. Detached, the pooled function holds nothing.
     """
 
     def __init__(self, function: Callable) -> None:
