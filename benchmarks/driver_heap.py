@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -64,11 +65,9 @@ def growth_per_query(points: list[tuple[int, float]]) -> float:
     """Least-squares slope of the heap over the queries run, MiB per query, from the first reading
     after a query on: a session's first queries load code and caches once (44 -> 95 MiB here)."""
     points = [point for point in points if point[0] > 0]
-    count = len(points)
-    mean_x = sum(x for x, _ in points) / count
-    mean_y = sum(y for _, y in points) / count
-    spread = sum((x - mean_x) ** 2 for x, _ in points)
-    return sum((x - mean_x) * (y - mean_y) for x, y in points) / spread if spread else 0.0
+    if len(points) < 2:
+        return 0.0
+    return statistics.linear_regression([x for x, _ in points], [y for _, y in points]).slope
 
 
 def report(document: dict) -> str:
