@@ -71,10 +71,15 @@ class RunnerConfig:
     # session fissure creates; its address is printed. Off by default: it costs start-up time
     # (benchmarks/results/spark_ui_startup.md). A session passed in keeps its own setting.
     spark_ui: bool = False
+    # Start the Python workers of the session fissure creates in the background as it starts
+    # (fissure.spark.session.warm_python_workers): the first micro-batch does not wait for them.
+    warm_python_workers: bool = True
     # Extra Spark settings for the session fissure creates.
     spark_conf: dict[str, str] = field(default_factory=dict)
     # File for everything Spark prints (JVM log lines, its Python workers' output) when fissure
-    # creates the session and no JVM runs yet in this process; None: the terminal, as PySpark does.
+    # creates the session and no JVM runs yet in this process. None: `spark.log` in a new
+    # temporary directory, named when a run fails (fissure.spark.jvm.spark_log_path); "-": the
+    # terminal, as PySpark does.
     spark_log: str | None = None
     # Operators declared waits="io" / waits="gil-free" run on elastic threads in their Python
     # worker (docs/elastic-scheduler.md): the thread-level policy ("trust-trend" or

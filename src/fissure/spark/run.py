@@ -28,7 +28,7 @@ from fissure.spark.batch_gate import POLL_S, BatchLimit
 from fissure.spark.config import RunnerConfig
 from fissure.spark.graph_autopipeline import GraphAutopipeliner
 from fissure.spark.runner import Runner, RunReport
-from fissure.spark.session import WORKER_CRASH
+from fissure.spark.session import WORKER_CRASH, noted_failures
 from fissure.streamgraph import StreamGraph, as_graph
 
 
@@ -73,50 +73,64 @@ def run(program: Pipeline | StreamGraph, source=None, sink=None, *, plan: object
         raise PipelineError("adaptive=True and autopipeline=True both re-cut the program while it runs; choose one")
     if adaptive:
         chain = program if isinstance(program, Pipeline) else as_graph(program).as_chain()
-        return run_adaptive_on_spark(chain if chain is not None else program, source, sink, plan=plan,
-                                     checkpoint=checkpoint, spark=spark, dead_letters=dead_letters,
-                                     estimates=estimates, config=config, available_now=available_now,
-                                     timeout_s=timeout_s, max_batches=max_batches, progress=progress,
-                                     profile=profile, profile_log=profile_log, adaptive_config=adaptive_config,
-                                     run_dir=run_dir)
+        with noted_failures():
+            return run_adaptive_on_spark(chain if chain is not None else program, source, sink, plan=plan,
+                                         checkpoint=checkpoint, spark=spark, dead_letters=dead_letters,
+                                         estimates=estimates, config=config, available_now=available_now,
+                                         timeout_s=timeout_s, max_batches=max_batches, progress=progress,
+                                         profile=profile, profile_log=profile_log,
+                                         adaptive_config=adaptive_config, run_dir=run_dir)
     limit = BatchLimit(max_batches) if max_batches is not None else None
     owned_checkpoint = checkpoint is None
     checkpoint = checkpoint or tempfile.mkdtemp(prefix="fissure-checkpoint-")
-    restarts = 0
     try:
-        while True:
-            runner = Runner(program, source, sink, plan=plan, checkpoint=checkpoint, spark=spark,
-                            dead_letters=dead_letters, estimates=estimates, config=config, progress=progress,
-                            profile=profile, profile_log=profile_log, boundaries=boundaries,
-                            state_partitions=state_partitions, profile_pieces=autopipeline)
-            spark = runner.spark
-            loop = GraphAutopipeliner(runner, autopipeline_config).attach() if autopipeline else None
-            if limit is not None:
-                runner.wrap_batch = limit.wrap
-            try:
-                runner.start(available_now=available_now)
-                if limit is None:
-                    runner.await_termination(timeout_s)
-                elif await_batch_limit(runner, limit, timeout_s):
-                    with quiet_spark_loggers(runner.spark, STOP_LOGGERS):
-                        limit.stop()  # a held batch raises instead of writing
-                        runner.query.stop()
-            except Exception as error:
-                crash = worker_crash(error)
-                runner.stop()
-                if crash is None or restarts >= config.query_restarts:
-                    raise
-                restarts += 1
-                log.warning("fissure: the query failed (%s); restart %d of %d on the checkpoint %s",
-                            crash, restarts, config.query_restarts, checkpoint)
-                continue
-            finally:
-                if loop is not None:
-                    runner.decisions = tuple(loop.decisions)
-            return runner.stop()
+        with noted_failures():
+            return _run_to_end(program, source, sink, limit=limit, checkpoint=checkpoint, spark=spark,
+                               config=config, available_now=available_now, timeout_s=timeout_s,
+                               runner_options=dict(plan=plan, dead_letters=dead_letters, estimates=estimates,
+                                                   config=config, progress=progress, profile=profile,
+                                                   profile_log=profile_log, boundaries=boundaries,
+                                                   state_partitions=state_partitions,
+                                                   profile_pieces=autopipeline),
+                               autopipeline=autopipeline, autopipeline_config=autopipeline_config)
     finally:
         if owned_checkpoint:
             shutil.rmtree(checkpoint, ignore_errors=True)
+
+
+def _run_to_end(program, source, sink, *, limit: BatchLimit | None, checkpoint: str, spark, config: RunnerConfig,
+                available_now: bool, timeout_s: float | None, runner_options: dict, autopipeline: bool,
+                autopipeline_config) -> RunReport:
+    """Run on the one Runner until the end, starting the query again on its checkpoint after a
+    Python worker crash (at most `config.query_restarts` times)."""
+    restarts = 0
+    while True:
+        runner = Runner(program, source, sink, checkpoint=checkpoint, spark=spark, **runner_options)
+        spark = runner.spark
+        loop = GraphAutopipeliner(runner, autopipeline_config).attach() if autopipeline else None
+        if limit is not None:
+            runner.wrap_batch = limit.wrap
+        try:
+            runner.start(available_now=available_now)
+            if limit is None:
+                runner.await_termination(timeout_s)
+            elif await_batch_limit(runner, limit, timeout_s):
+                with quiet_spark_loggers(runner.spark, STOP_LOGGERS):
+                    limit.stop()  # a held batch raises instead of writing
+                    runner.query.stop()
+        except Exception as error:
+            crash = worker_crash(error)
+            runner.stop()
+            if crash is None or restarts >= config.query_restarts:
+                raise
+            restarts += 1
+            log.warning("fissure: the query failed (%s); restart %d of %d on the checkpoint %s",
+                        crash, restarts, config.query_restarts, checkpoint)
+            continue
+        finally:
+            if loop is not None:
+                runner.decisions = tuple(loop.decisions)
+        return runner.stop()
 
 
 def await_batch_limit(runner: Runner, limit: BatchLimit, timeout_s: float | None) -> bool:

@@ -1,22 +1,25 @@
 """The SparkSession fissure creates when the caller brings none, and the settings every query needs.
 
-Quiet sessions: with `RunnerConfig.spark_log` set, fissure starts Spark's JVM itself with its
-stdout and stderr going to that file. Everything Spark prints then lands there: the JVM's log4j
-lines, and the output of the Python processes the JVM starts (task workers, and the driver-side
-worker transformWithStateInPandas starts at each query's first batch), which the JVM forwards to
-its own streams. The terminal keeps the driver's own output: the progress line and the results.
+Quiet sessions: fissure starts Spark's JVM itself with its stdout and stderr going to a log file
+(fissure.spark.jvm). Everything Spark prints then lands there: the JVM's log4j lines, and the
+output of the Python processes the JVM starts (task workers, and the driver-side worker
+transformWithStateInPandas starts at each query's first batch), which the JVM forwards to its own
+streams. The terminal keeps the driver's own output: the progress line, the results and errors.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
-import subprocess
 import sys
+import threading
 import traceback
 
 from pyspark.sql import SparkSession
 
+from fissure.graph import PipelineError
 from fissure.spark.config import RunnerConfig
+from fissure.spark.jvm import SPARK_LOG_TERMINAL, launch_jvm_with_output_to, spark_log_path
 
 # Settings of the session fissure creates (measured on PySpark 4.3: see docs/spark-runner.md).
 SESSION_DEFAULTS = {
@@ -30,6 +33,8 @@ SESSION_DEFAULTS = {
     # traceback for a fatal signal, and the operator fissure noted as running (mark_running).
     "spark.python.worker.faulthandler.enabled": "true",
     "spark.sql.execution.pyspark.udf.faulthandler.enabled": "true",
+    # Workers forked with pyarrow, pandas and fissure's worker code imported (fissure.spark.worker_daemon).
+    "spark.python.daemon.module": "fissure.spark.worker_daemon",
 }
 
 # Set on the session before every query fissure starts.
@@ -54,23 +59,51 @@ def ensure_worker_python() -> None:
 def create_session(config: RunnerConfig = RunnerConfig()) -> SparkSession:
     """A SparkSession on `config.master` (local[*] by default) with fissure's settings.
 
-    With `config.spark_log`, Spark's output goes to that file (see the module's docstring) and
-    its log level is WARN there; otherwise ERROR, on the terminal.
+    Spark's output goes to `config.spark_log`, or to `spark.log` in a new temporary directory
+    (`spark_log_path()` names it), at log level WARN; with `spark_log="-"` it goes to the
+    terminal as PySpark does, at level ERROR (see fissure.spark.jvm).
     """
     ensure_worker_python()
     settings = {"spark.master": config.master, "spark.app.name": config.app_name,
                 **SESSION_DEFAULTS, **({"spark.ui.enabled": "true"} if config.spark_ui else {}), **config.spark_conf}
-    if config.spark_log:
+    to_terminal = config.spark_log == SPARK_LOG_TERMINAL
+    if not to_terminal:
         launch_jvm_with_output_to(config.spark_log, settings)
     builder = SparkSession.builder
     for name, value in settings.items():
         builder = builder.config(name, value)
     session = builder.getOrCreate()
-    session.sparkContext.setLogLevel("WARN" if config.spark_log else "ERROR")
+    session.sparkContext.setLogLevel("ERROR" if to_terminal or spark_log_path() is None else "WARN")
     quiet_per_record_loggers(session)
     if config.spark_ui:
         print(ui_notice(session), file=sys.stderr)
+    if config.warm_python_workers:
+        warm_python_workers(session)
     return session
+
+
+def _no_records(records):
+    return iter(())
+
+
+def warm_python_workers(session: SparkSession) -> threading.Thread:
+    """Start the executors' Python worker daemon and one worker per task slot now, in the
+    background, so that the first micro-batch finds them started: a tiny job of one empty task per
+    slot, whose workers stay in Spark's pool for the tasks that follow (`spark.python.worker.reuse`,
+    on by default). It overlaps what the driver does before the first batch's tasks (opening the
+    sources, the query's planning and PySpark's state-schema processes)."""
+    context = session.sparkContext
+    slots = default_parallelism(session)
+
+    def run() -> None:
+        try:
+            context.parallelize(range(slots), slots).mapPartitions(_no_records).count()
+        except Exception:  # noqa: BLE001 - a session stopped meanwhile: nothing to warm
+            pass
+
+    thread = threading.Thread(target=run, name="fissure-warm-workers", daemon=True)
+    thread.start()
+    return thread
 
 
 # Loggers that write a line per record or key at WARN: PySpark's state server warns of every
@@ -100,29 +133,6 @@ def ui_notice(session: SparkSession) -> str:
     return "fissure: no Spark UI: this process's session was created before with spark.ui.enabled=false"
 
 
-def launch_jvm_with_output_to(log_path: str, settings: dict[str, str]) -> bool:
-    """Start Spark's JVM (the py4j gateway) with its stdout and stderr appended to `log_path`.
-
-    PySpark starts the JVM on the first SparkContext with the terminal's streams; this starts it
-    first, through PySpark's own `launch_gateway` and its `popen_kwargs`, and hands it to
-    SparkContext, which then uses it. Returns False when a JVM already runs in this process (its
-    output stays where it goes); driver options such as extraJavaOptions need the settings here.
-    """
-    from pyspark import SparkConf, SparkContext
-    from pyspark.java_gateway import launch_gateway
-
-    if SparkContext._gateway is not None:
-        return False
-    os.makedirs(os.path.dirname(os.path.abspath(log_path)), exist_ok=True)
-    conf = SparkConf(loadDefaults=False)
-    for name, value in settings.items():
-        conf.set(name, value)
-    with open(log_path, "ab") as log:
-        gateway = launch_gateway(conf, popen_kwargs={"stdout": log, "stderr": subprocess.STDOUT})
-    SparkContext._ensure_initialized(gateway=gateway)
-    return True
-
-
 # Exceptions that only carry another one: the cause shown is the innermost other error.
 WRAPPING_ERRORS = ("Py4JJavaError", "Py4JException", "StreamingQueryException", "ForeachBatchUserFuncException",
                    "PythonException", "SparkException")
@@ -134,7 +144,8 @@ WORKER_CRASH = "Python worker exited unexpectedly"
 
 
 def describe_failure(error: BaseException, spark_log: str | None = None) -> str:
-    """A few lines for people about a failed run; the full traceback is appended to `spark_log`.
+    """A few lines for people about a failed run; the full traceback is appended to `spark_log`
+    (default: the file Spark's output goes to, fissure.spark.jvm.spark_log_path).
 
     Spark's errors carry the JVM's stack trace and, from a Python worker or a foreachBatch, a
     Python traceback: shown are the first line and the innermost error that is not a wrapper.
@@ -154,6 +165,7 @@ def describe_failure(error: BaseException, spark_log: str | None = None) -> str:
         causes.append(cause)
     if causes and causes[-1] not in summary:
         summary += f"\n  caused by {causes[-1][:300]}"
+    spark_log = spark_log or spark_log_path()
     if spark_log:
         try:
             with open(spark_log, "a", encoding="utf-8") as log:
@@ -163,6 +175,33 @@ def describe_failure(error: BaseException, spark_log: str | None = None) -> str:
             pass
         summary += f"\n  Spark's output and the full error: {spark_log}"
     return summary
+
+
+def note_failure(error: BaseException) -> None:
+    """Add what people need first to a failed run's error, as a note shown under its message
+    (PEP 678): the innermost cause and the file with Spark's output and the full error. Spark's
+    own message of a failed query runs to hundreds of lines of JVM stack. Once per error."""
+    if getattr(error, "_fissure_noted", False):
+        return
+    summary = describe_failure(error)
+    error.add_note("fissure: " + summary)
+    try:
+        error._fissure_noted = True
+    except AttributeError:  # an exception type with __slots__
+        pass
+
+
+@contextlib.contextmanager
+def noted_failures():
+    """A block whose failure (other than a PipelineError, which names its own fix) leaves with
+    `note_failure`'s note."""
+    try:
+        yield
+    except PipelineError:
+        raise
+    except Exception as error:
+        note_failure(error)
+        raise
 
 
 def _error_in_line(line: str) -> str | None:

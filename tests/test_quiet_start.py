@@ -1,0 +1,93 @@
+"""A run started from a script is quiet, its failures say why, and its Python workers start warm."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import fissure
+from fissure.spark.jvm import spark_log_path
+
+SCRIPT = textwrap.dedent("""
+    import os, sys, tempfile
+    import fissure
+
+    directory = tempfile.mkdtemp()
+    os.makedirs(directory + "/in")
+    with open(directory + "/in/a.txt", "w") as handle:
+        handle.write("a b a\\nc a\\n")
+
+    def words(record):
+        return [{"word": word} for word in record["value"].split()]
+
+    def count(state, record):
+        state["n"] = state.get("n", 0) + 1
+        return {"word": record["word"], "n": state["n"]}
+
+    pipeline = (fissure.Pipeline("wc").flat_map("split", words, schema={"word": str})
+                .partitioned("count", count, key="word", schema={"word": str, "n": int}))
+    sink = fissure.MemorySink()
+    fissure.run(pipeline, fissure.FileSource(directory + "/in"), sink, progress="lines")
+    print(sorted((record["word"], record["n"]) for record in sink.records()))
+    from fissure.spark.jvm import spark_log_path
+    print("log", spark_log_path())
+""")
+
+
+@pytest.mark.slow
+@pytest.mark.spark
+def test_a_script_calling_fissure_run_prints_no_spark_line(tmp_path):
+    script = tmp_path / "program.py"
+    script.write_text(SCRIPT)
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYSPARK_PYTHON": sys.executable})
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0] == "[('a', 1), ('a', 2), ('a', 3), ('b', 1), ('c', 1)]"
+    # stderr holds fissure's progress lines and nothing else: no log4j line, no PySpark worker chatter.
+    others = [line for line in done.stderr.splitlines() if " fissure | " not in line]
+    assert others == []
+    assert any("batch 0" in line for line in done.stderr.splitlines())
+    # Spark's output went to the log file the run names.
+    log_path = lines[1].removeprefix("log ")
+    with open(log_path, encoding="utf-8") as log:
+        assert "TransformWithStateInPandas" in log.read()
+
+
+def _crash(state, record):
+    os._exit(3)
+
+
+@pytest.mark.spark
+def test_a_failed_run_notes_its_cause_and_spark_log(spark, tmp_path):
+    inputs = tmp_path / "in"
+    inputs.mkdir()
+    (inputs / "a.txt").write_text("x\n")
+    pipeline = fissure.Pipeline("crashes").partitioned("count", _crash, key="value")
+    with pytest.raises(Exception) as raised:
+        fissure.run(pipeline, fissure.FileSource(str(inputs)), fissure.MemorySink(), spark=spark, progress=False,
+                    config=fissure.RunnerConfig(query_restarts=0))
+    notes = "\n".join(getattr(raised.value, "__notes__", []))
+    assert "caused by Python worker exited unexpectedly (crashed) while operator 'count' was running" in notes
+    assert spark_log_path() is not None and spark_log_path() in notes
+
+
+def _parent_command(records):
+    with open(f"/proc/{os.getppid()}/cmdline", "rb") as handle:
+        yield handle.read().replace(b"\0", b" ").decode()
+
+
+@pytest.mark.spark
+def test_python_workers_fork_from_the_daemon_that_preloads_fissure(spark):
+    (command,) = set(spark.sparkContext.parallelize([0, 1], 2).mapPartitions(_parent_command).collect())
+    assert "-m fissure.spark.worker_daemon" in command
+
+
+def test_the_daemon_preloads_every_module_it_names():
+    from fissure.spark.worker_daemon import preload
+
+    assert preload() == []
