@@ -9,7 +9,8 @@ it (no sibling folder) can be read.
 What it proves: the committed tree holds everything `./dev example` needs besides the Python
 packages (the example, its generators, the Loghub sample under examples/data, fissure's source);
 `./dev`'s setup and example command work from the clone; fissure is imported from the clone's
-`src/` in the driver; and LogWatch finds the sample's 2 break-ins.
+`src/` in the driver; and LogWatch finds the sample's 2 break-ins, the ones the clone's README.md
+shows.
 
 What it does not prove: that `./dev` installs the pinned dependencies from PyPI. To spare a
 minutes-long `pip install`, the clone's `.venv` is a real virtual environment (`python -m venv`,
@@ -90,4 +91,7 @@ def test_dev_example_runs_from_a_fresh_clone(tmp_path):
     example = run_dev(clone, "example", timeout_s=500)
     assert example.returncode == 0, example.stdout[-2000:] + example.stderr[-3000:]
     assert "break-ins: 2" in example.stdout.splitlines(), example.stdout
-    assert len([line for line in example.stdout.splitlines() if BREAKIN.match(line)]) == 2, example.stdout
+    found = [line.strip() for line in example.stdout.splitlines() if BREAKIN.match(line)]
+    assert len(found) == 2, example.stdout
+    shown = [line.strip() for line in (clone / "README.md").read_text().splitlines() if BREAKIN.match(line)]
+    assert found == shown, "the README shows other break-ins than ./dev example finds"
