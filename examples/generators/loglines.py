@@ -1,4 +1,4 @@
-"""Linux syslog lines in the formats of the real Loghub sample (Linux_2k.log), at any size.
+"""Linux syslog lines in the formats of the real Loghub sample (examples/data/loghub-linux), at any size.
 
 The real 2,000 lines are the templates, cycled as the paper's LogWatch input cycles its 12-hour
 log: each cycle shifts (by the real log's span) the timestamps, renumbers process ids and varies the attacking hosts and
@@ -17,8 +17,7 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 
-REPOSITORY = Path(__file__).resolve().parents[2]
-REAL_LOG = REPOSITORY.parent / "shared" / "data" / "loghub-linux" / "Linux_2k.log"
+REAL_LOG = Path(__file__).resolve().parents[1] / "data" / "loghub-linux" / "Linux_2k.log"  # shipped with the examples
 MONTHS = ["Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"]
 HEADER = re.compile(r"^(?P<month>\w{3}) +(?P<day>\d+) (?P<clock>\d\d:\d\d:\d\d) (?P<rest>.*)$")
 PID = re.compile(r"\[(\d+)\]")
