@@ -1,12 +1,15 @@
 """What a newcomer reads when something goes wrong: the dead letter of an operator that raised
-names the user's line, not the library's."""
+names the user's line, not the library's; run_local's results show their dead letters."""
 
 from __future__ import annotations
 
 import json
+import warnings
+
+import pytest
 
 from fissure import Pipeline
-from fissure.worker.graph_local import run_local
+from fissure.worker.graph_local import DeadLettersWarning, run_local
 from fissure.worker.records import describe_error, is_user_frame
 
 
@@ -17,6 +20,7 @@ def parse_payload(record):
 PARSE_LINE = parse_payload.__code__.co_firstlineno + 1
 
 
+@pytest.mark.filterwarnings("ignore::fissure.worker.graph_local.DeadLettersWarning")
 def test_an_operator_error_raised_in_the_standard_library_names_the_users_line():
     pipeline = Pipeline("p").map("parse", parse_payload, schema={"n": int})
     results = run_local(pipeline, [{"payload": '{"n": 1}'}, {"payload": "{not json"}])
@@ -46,3 +50,34 @@ def test_user_frames_are_neither_the_standard_library_nor_packages_nor_fissure()
     assert not is_user_frame(pyarrow.__file__)
     assert not is_user_frame(fissure.worker.fused.__file__)
     assert not is_user_frame("<frozen importlib._bootstrap>")
+
+
+# --- run_local shows its dead letters ---------------------------------------------------------
+
+
+def halve(record):
+    if record["n"] % 2:
+        raise ValueError(f"{record['n']} is odd")
+    return {"n": record["n"] // 2}
+
+
+def test_run_local_results_show_their_dead_letters_and_warn_about_them():
+    pipeline = Pipeline("p").map("halve", halve, schema={"n": int})
+    with pytest.warns(DeadLettersWarning) as caught:
+        results = run_local(pipeline, [{"n": n} for n in range(10)])
+    assert results["sink"] == [{"n": n} for n in range(5)]
+    shown = repr(results)
+    assert shown.startswith("{'sink': [{'n': 0}, ") and "with 5 dead letters: 'halve': ValueError: 1 is odd" in shown
+    assert "(record {\"n\": 1})" in shown and "'halve': ValueError: 5 is odd" in shown
+    assert "7 is odd" not in shown and shown.endswith("; and 2 more") and str(results) == shown
+    (warning,) = caught
+    assert str(warning.message).startswith("run_local('p'): 5 dead letters: 'halve': ValueError: 1 is odd")
+    assert "read results.dead_letters" in str(warning.message)
+    assert warning.filename == __file__  # points at the caller's line
+
+
+def test_run_local_without_dead_letters_says_so_and_does_not_warn():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        results = run_local(Pipeline("p").map("halve", halve, schema={"n": int}), [{"n": 2}])
+    assert repr(results) == "{'sink': [{'n': 1}]} with no dead letters"
