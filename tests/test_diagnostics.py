@@ -81,3 +81,44 @@ def test_run_local_without_dead_letters_says_so_and_does_not_warn():
         warnings.simplefilter("error")
         results = run_local(Pipeline("p").map("halve", halve, schema={"n": int}), [{"n": 2}])
     assert repr(results) == "{'sink': [{'n': 1}]} with no dead letters"
+
+
+# --- a run's report: summary() on its own, a short repr ---------------------------------------
+
+
+def counted_pipeline() -> Pipeline:
+    return (Pipeline("p").map("parse", lambda r: {"user": r["value"]}, schema={"user": str})
+            .partitioned("count", lambda state, r: r, key="user"))
+
+
+def reports():
+    from fissure.model.types import Plan, RegionPlan
+    from fissure.spark.adaptive import AdaptiveRunReport
+    from fissure.spark.plans import describe_plan
+    from fissure.spark.runner import BatchTime, GraphBatch, RunReport
+
+    plan = Plan((RegionPlan((("parse", "count"),), replicas=2),))
+    figures = dict(plan=plan, batches=40, input_records=120_000, dead_letters=3, elapsed_s=12.0,
+                   checkpoint="ckpt", plan_text=describe_plan(plan, counted_pipeline()),
+                   batch_log=tuple(GraphBatch(batch, 0.1, (), 0, 2_950) for batch in range(40)),
+                   batch_times=tuple(BatchTime(batch, 3_000, 0.25) for batch in range(40)))
+    return RunReport(**figures), AdaptiveRunReport(**figures, queries=2, timeline_json="run/timeline.json")
+
+
+def test_a_reports_summary_needs_no_plan_text_and_keeps_the_json_contract():
+    from fissure.spark.plans import describe_plan
+
+    for report in reports():
+        assert report.summary() == report.summary(describe_plan(report.plan, counted_pipeline()))
+        assert report.summary() == {"plan": "[parse,count]x2(user)", "batches": 40, "input_records": 120_000,
+                                    "output_records": 118_000, "dead_letters": 3, "elapsed_s": 12.0,
+                                    "first_batch_s": 0.25, "steady_records_per_s": 12000.0}
+
+
+def test_a_report_prints_as_one_short_line_of_its_key_figures():
+    plain, adaptive = reports()
+    assert repr(plain) == ("RunReport(plan [parse,count]x2(user), 40 batches, 120,000 records in, 118,000 out, "
+                           "3 dead letters, 12.0 s, 10,000 records/s)")
+    assert repr(adaptive) == ("AdaptiveRunReport(plan [parse,count]x2(user), 40 batches, 120,000 records in, "
+                              "118,000 out, 3 dead letters, 12.0 s, 10,000 records/s, 0 switches, 2 queries, "
+                              "timeline run/timeline.json)")

@@ -152,7 +152,6 @@ def load_pipeline(reference: str):
 def handle(args) -> int:
     import fissure
     from fissure.graph import PipelineError
-    from fissure.spark.plans import describe_plan
     from fissure.spark.session import describe_failure
     from fissure.spark.sources import SourceUnavailable
 
@@ -221,7 +220,7 @@ def handle(args) -> int:
     out = sys.stderr if args.json else sys.stdout  # with --json, stdout's last line is the summary
     print(f"{report.input_records:,} records in {report.batches} batch{'' if report.batches == 1 else 'es'}, "
           f"{report.records_per_s:,.0f} records/s, {report.dead_letters} dead letters; "
-          f"plan {describe_plan(report.plan, pipeline)}", file=out)
+          f"plan {report.described_plan}", file=out)
     for admission in report.admissions:
         print(admission.describe(), file=out)
     if args.sink:
@@ -231,5 +230,5 @@ def handle(args) -> int:
               file=out)
     print(f"Spark's output: {spark_log}", file=out)
     if args.json:
-        print(json.dumps(report.summary(describe_plan(report.plan, pipeline))), flush=True)
+        print(json.dumps(report.summary()), flush=True)
     return 0

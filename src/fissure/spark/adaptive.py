@@ -44,7 +44,7 @@ from fissure.spark.adaptive_queries import QueryManager, canonical_plan
 from fissure.spark.adaptive_realizer import SparkPlanRealizer, SwitchRecord
 from fissure.spark.config import RunnerConfig
 from fissure.spark.observed_metrics import Publication
-from fissure.spark.plans import resolve_plan
+from fissure.spark.plans import describe_plan, resolve_plan
 from fissure.spark.progress_output import ProgressOutput
 from fissure.spark.runner import RunReport
 from fissure.spark.session import create_session, default_parallelism
@@ -66,6 +66,15 @@ class AdaptiveRunReport(RunReport):
     timeline_png: str | None = None
     queries: int = 0  # streaming queries started (1 + restarts)
     correction: str | None = None  # the model correction learned from the measured plans, described
+
+    def describe(self) -> str:
+        """The RunReport's key figures, then the plan switches, the queries and the timeline."""
+        timeline = f", timeline {self.timeline_json}" if self.timeline_json else ""
+        return (f"{super().describe()}, {len(self.switches)} switch{'' if len(self.switches) == 1 else 'es'}, "
+                f"{self.queries} quer{'y' if self.queries == 1 else 'ies'}{timeline}")
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.describe()})"
 
 
 class DecisionProgress:
@@ -166,7 +175,8 @@ def run_adaptive_on_spark(
         dead_letters=queries.dead_letter_log.count, elapsed_s=run_clock() - started, checkpoint=checkpoint,
         timeline=timeline, switches=tuple(realizer.switches), timeline_json=paths[0], timeline_png=paths[1],
         queries=queries.queries_started, correction=correction.describe() if correction is not None else None,
-        batch_log=tuple(queries.batch_log), batch_times=tuple(observations.times), admissions=queries.admissions)
+        batch_log=tuple(queries.batch_log), batch_times=tuple(observations.times), admissions=queries.admissions,
+        plan_text=describe_plan(controller.plan, pipeline))
     if owned_checkpoint:
         shutil.rmtree(checkpoint, ignore_errors=True)
     return report

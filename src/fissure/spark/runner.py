@@ -93,7 +93,8 @@ class BatchListeners:
 
 @dataclass(frozen=True)
 class RunReport:
-    """What a finished (or stopped) run did."""
+    """What a finished (or stopped) run did. Its repr is one short line of the key figures
+    (`describe()`); the batch logs and profiles are in the fields."""
 
     plan: Plan
     batches: int
@@ -111,14 +112,23 @@ class RunReport:
     decisions: tuple = ()
     batch_times: tuple[BatchTime, ...] = ()  # every batch Spark reported, in batch order
     admissions: tuple[SourceAdmission, ...] = ()  # batch sizes fissure chose for file sources
+    plan_text: str = ""  # the plan described when the report was made, with its keys: `[a|b]x2(user)`
 
     @property
     def output_records(self) -> int:
         """Records written to the sinks (every sink's, summed; a replayed batch's once per write)."""
         return sum(batch.output_records for batch in self.batch_log)
 
-    def summary(self, plan: str) -> dict:
-        """The run as `fissure run --json` prints it (docs/commands.md); `plan` as described."""
+    @property
+    def described_plan(self) -> str:
+        """The plan as the progress line and `fissure run` show it (`plan_text`, else the plan
+        described without its keys)."""
+        return self.plan_text or describe_plan(self.plan)
+
+    def summary(self, plan: str | None = None) -> dict:
+        """The run as `fissure run --json` prints it (docs/commands.md); `plan`: the plan as
+        described (default: the report's own description, `described_plan`)."""
+        plan = self.described_plan if plan is None else plan
         times = sorted(self.batch_times, key=lambda time: time.batch_id)
         later = times[1:]
         later_s = sum(time.duration_s for time in later)
@@ -132,6 +142,17 @@ class RunReport:
     @property
     def records_per_s(self) -> float:
         return self.input_records / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+    def describe(self) -> str:
+        """The key figures on one line: plan, batches, records in and out, dead letters, elapsed
+        seconds, throughput."""
+        return (f"plan {self.described_plan}, {self.batches} batch{'' if self.batches == 1 else 'es'}, "
+                f"{self.input_records:,} records in, {self.output_records:,} out, {self.dead_letters:,} dead "
+                f"letter{'' if self.dead_letters == 1 else 's'}, {self.elapsed_s:.1f} s, "
+                f"{self.records_per_s:,.0f} records/s")
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.describe()})"
 
 
 def ship_operator_modules(program: Pipeline | StreamGraph) -> None:
@@ -467,7 +488,8 @@ class Runner:
                          profile=self.profile_summary() if self.profiler is not None else None,
                          thread_levels=self.threads.batches if self.threads is not None else (),
                          batch_log=tuple(self.batch_log), boundaries=self.boundaries, decisions=self.decisions,
-                         batch_times=self.batch_times(), admissions=self.admissions)
+                         batch_times=self.batch_times(), admissions=self.admissions,
+                         plan_text=describe_plan(self.plan, self.pipeline))
 
     def batch_times(self) -> tuple[BatchTime, ...]:
         return tuple(BatchTime(batch_id, self._seen_batches[batch_id], seconds)
