@@ -150,7 +150,7 @@ def compile_graph(graph: StreamGraph, source_frames: Mapping[str, DataFrame], *,
                                 f"graph {graph.name!r}; a boundary is the input port of a stateless operator or union")
     if state_partitions is None:
         state_partitions = state_partitions_of(graph, plan)
-    schemas = {name: schema for name, schema in checked.schemas.items() if graph.node(name).kind is not NodeKind.SINK}
+    schemas = dict(checked.schemas)  # every stream's (a sink's records are its stream's)
     every_stream = EnvelopeLayout(schemas)
     layouts = [every_stream.restricted(live) for live in stream_lifetimes(graph, stages)]  # between stages
     # One source read by a first pe stage: its records become envelopes inside that stage's PE, not
@@ -225,7 +225,7 @@ def compile_graph(graph: StreamGraph, source_frames: Mapping[str, DataFrame], *,
 
 def sink_frame(compiled: CompiledGraph, graph: StreamGraph, sink: str, frame: DataFrame) -> DataFrame:
     """The live rows of `sink`'s stream in an envelope frame, under the stream's field names."""
-    stream = graph.node(sink).inputs[0]
+    stream = graph.sink_node(sink).inputs[0]
     columns = compiled.layout.columns_of(stream)
     names = compiled.layout.stream_schema(stream).names
     return (frame.filter((F.col(ROUTE) == F.lit(compiled.layout.route_of(stream))) & F.col(DEAD_OPERATOR).isNull())

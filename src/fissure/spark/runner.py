@@ -550,7 +550,7 @@ class Runner:
         dead-letter job, which runs every batch."""
         observation = Observation(f"fissure_batch_{batch_id}")
         live = F.col(DEAD_OPERATOR).isNull()
-        routes = [self.compiled.layout.route_of(self.graph.node(sink).inputs[0]) for sink in self.graph.sinks]
+        routes = [self.compiled.layout.route_of(self.graph.sink_node(sink).inputs[0]) for sink in self.graph.sinks]
         observed = frame.observe(observation, F.count_if(~live).alias("dead"),
                                  *[F.count_if(live & (F.col(ROUTE) == route)).alias(f"sink{index}")
                                    for index, route in enumerate(routes)])

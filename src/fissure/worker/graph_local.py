@@ -122,8 +122,6 @@ class LocalGraphRun:
         dead: list[LocalDeadLetter] = []
         for name in layout.order:
             node = graph.node(name)
-            if node.kind is NodeKind.SINK:
-                continue
             started = self.clock() if self.clock is not None else 0.0
             if node.kind is NodeKind.SOURCE:
                 index = graph.sources.index(name)
@@ -158,7 +156,7 @@ class LocalGraphRun:
             streams[name] = live
         results = LocalResults(dead_letters=dead)
         for sink in graph.sinks:
-            stream = graph.node(sink).inputs[0]
+            stream = graph.sink_node(sink).inputs[0]
             results[sink] = streams[stream].select(schemas[stream].names).to_pylist()
         return results
 
