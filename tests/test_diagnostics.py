@@ -122,3 +122,77 @@ def test_a_report_prints_as_one_short_line_of_its_key_figures():
     assert repr(adaptive) == ("AdaptiveRunReport(plan [parse,count]x2(user), 40 batches, 120,000 records in, "
                               "118,000 out, 3 dead letters, 12.0 s, 10,000 records/s, 0 switches, 2 queries, "
                               "timeline run/timeline.json)")
+
+
+# --- fail before Spark starts: a missing source path, a program that does not fit its source -------
+
+
+@pytest.fixture
+def no_spark(monkeypatch):
+    """Every entry point's session factory refuses: a check that passes this ran before Spark."""
+    import fissure.spark.adaptive
+    import fissure.spark.runner
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("Spark was started")
+
+    monkeypatch.setattr(fissure.spark.runner, "create_session", refuse)
+    monkeypatch.setattr(fissure.spark.adaptive, "create_session", refuse)
+
+
+def keyed_on_user() -> Pipeline:
+    return Pipeline("p").partitioned("per_user", lambda state, r: r, key="user")
+
+
+@pytest.mark.parametrize("adaptive", [False, True])
+def test_a_missing_local_source_directory_is_named_with_the_fix_before_spark_starts(no_spark, tmp_path, adaptive):
+    import fissure
+    from fissure.spark.sinks import MemorySink
+    from fissure.spark.sources import FileSource, SourcePathNotFound
+
+    missing = tmp_path / "no" / "such-dir"
+    for path in (str(missing), f"file://{missing}"):
+        with pytest.raises(SourcePathNotFound) as raised:
+            fissure.run(Pipeline("p").map("up", lambda r: r), FileSource(path), MemorySink(), adaptive=adaptive)
+        message = str(raised.value)
+        assert message.startswith(f"file source {path!r}: the directory {missing} does not exist; create it "
+                                  f"(`mkdir -p {missing}`) before the run")
+    with pytest.raises(SourcePathNotFound, match=r"the pattern matches no file or directory"):
+        fissure.Runner(Pipeline("p").map("up", lambda r: r), FileSource(str(tmp_path / "*.json"), format="json",
+                                                                          schema={"a": int}), MemorySink())
+
+
+@pytest.mark.parametrize("make_source", ["text", "json", "testing"])
+def test_a_program_that_does_not_fit_its_source_fails_before_spark_starts(no_spark, tmp_path, make_source):
+    import fissure
+    from fissure.graph import PipelineError
+    from fissure.spark.sinks import MemorySink
+    from fissure.spark.sources import FileSource
+    from fissure.testing import TestingSource
+
+    (tmp_path / "in").mkdir()
+    source = {"text": FileSource(str(tmp_path / "in")),
+              "json": FileSource(str(tmp_path / "in"), format="json", schema={"name": str, "n": int}),
+              "testing": TestingSource([{"name": "a", "n": 1}])}[make_source]
+    fields = "value" if make_source == "text" else "name, n"
+    expected = f"operator 'per_user' .* is keyed on field 'user', but its input .* has only {fields}"
+    for run in (lambda: fissure.run(keyed_on_user(), source, MemorySink(), progress=False),
+                lambda: fissure.run(keyed_on_user(), source, MemorySink(), progress=False, adaptive=True),
+                lambda: fissure.Runner(keyed_on_user(), source, MemorySink())):
+        with pytest.raises(PipelineError, match=expected):
+            run()
+
+
+def test_fissure_run_checks_the_program_before_it_starts_spark(no_spark, tmp_path, capsys):
+    from fissure.cli import main
+
+    (tmp_path / "in").mkdir()
+    (tmp_path / "app.py").write_text(
+        "from fissure import Pipeline\n\n"
+        "def build():\n"
+        "    return Pipeline('app').partitioned('per_user', lambda state, r: r, key='user')\n")
+    assert main(["run", f"{tmp_path / 'app.py'}:build", "--source", str(tmp_path / "in"),
+                 "--run-dir", str(tmp_path / "run")]) == 2
+    error = capsys.readouterr().err
+    assert "operator 'per_user'" in error and "is keyed on field 'user'" in error and "has only value" in error
+    assert "starting Spark" not in error and not (tmp_path / "run").exists()

@@ -153,7 +153,8 @@ def handle(args) -> int:
     import fissure
     from fissure.graph import PipelineError
     from fissure.spark.session import describe_failure
-    from fissure.spark.sources import SourceUnavailable
+    from fissure.spark.sources import SourceUnavailable, check_before_spark
+    from fissure.streamgraph import as_graph
 
     pipeline = load_pipeline(args.pipeline)
     if args.max_batches is not None and args.max_batches < 1:
@@ -180,6 +181,12 @@ def handle(args) -> int:
                                       batch_latency_bound_s=args.latency_bound, spark_ui=args.spark_ui)
     except ValueError as error:
         raise UsageError(str(error)) from None
+    graph = as_graph(pipeline)
+    if len(graph.sources) == 1:  # a graph of several sources is refused below
+        try:  # what can fail without Spark fails before its start (about 10 s)
+            check_before_spark(graph, {graph.sources[0]: source})
+        except (PipelineError, SourceUnavailable) as error:
+            raise UsageError(str(error)) from None
     run_dir = args.run_dir or tempfile.mkdtemp(prefix="fissure-run-")
     os.makedirs(run_dir, exist_ok=True)
     spark_log = os.path.abspath(os.path.join(run_dir, "spark.log"))

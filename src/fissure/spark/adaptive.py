@@ -46,12 +46,12 @@ from fissure.spark.config import RunnerConfig
 from fissure.spark.observed_metrics import Publication
 from fissure.spark.plans import describe_plan, resolve_plan
 from fissure.spark.progress_output import ProgressOutput
-from fissure.spark.runner import RunReport
+from fissure.spark.runner import RunReport, bind_sources
 from fissure.spark.session import create_session, default_parallelism
-from fissure.spark.sources import RateSource, SourceLike
+from fissure.spark.sources import RateSource, SourceLike, check_before_spark
 from fissure.spark.spark_model_search import SparkModelSearch
 from fissure.spark.state import Repartitioner, spark_repartitioner
-from fissure.streamgraph import StreamGraph
+from fissure.streamgraph import StreamGraph, as_graph
 
 log = logging.getLogger(__name__)
 
@@ -120,6 +120,7 @@ def run_adaptive_on_spark(
     run ends after that many micro-batches (the next one, held at its gate, is left for a run on
     the checkpoint).
     """
+    check_before_spark(as_graph(pipeline), bind_sources(as_graph(pipeline), source))
     origin = clock()
 
     def run_clock() -> float:  # seconds since the run started: the timeline's time axis

@@ -51,7 +51,7 @@ from fissure.spark.plans import describe_plan, resolve_plan
 from fissure.spark.progress_output import ProgressOutput
 from fissure.spark.session import QUERY_DEFAULTS, create_session, default_parallelism, is_local
 from fissure.spark.sinks import DeadLetterLog, write_dead_letters
-from fissure.spark.sources import FileSource, open_source
+from fissure.spark.sources import FileSource, check_before_spark, open_source
 from fissure.spark.state import RepartitionRecovery, checkpoint_exists, delete_checkpoint, recover_unfinished_repartition
 from fissure.streamgraph import StreamGraph, as_graph
 from fissure.worker.cost_sample import measure_sample_isolated
@@ -236,6 +236,11 @@ def _bound(graph: StreamGraph, given, role: str, names: tuple[str, ...]) -> dict
     return dict(given)
 
 
+def bind_sources(graph: StreamGraph, given) -> dict:
+    """A graph's sources by name, as `Runner` binds them (PipelineError naming the fix)."""
+    return _bound(graph, given, "source", graph.sources)
+
+
 class DetachableBatchFunction:
     """The function a query's `foreachBatch` calls, cut from the Runner once its query stopped.
 
@@ -299,6 +304,7 @@ class Runner:
         self.pipeline = chain if chain is not None else self.graph  # what plans name
         self.sources = _bound(self.graph, source, "source", self.graph.sources)
         self.sinks = _bound(self.graph, sink, "sink", self.graph.sinks)
+        check_before_spark(self.graph, self.sources)  # a missing path or field fails now, not after Spark's start
         self.config = config
         self.spark = spark if spark is not None else create_session(config)
         self.estimates = estimates
@@ -383,9 +389,11 @@ class Runner:
         if self.config.batch_size == "auto":
             sources, self.admissions = self._sized_sources()
         frames = {name: open_source(sources[name], self.spark) for name in self.graph.sources if name in sources}
+        line_formats = {name: source.line_format() for name, source in sources.items()
+                        if callable(getattr(source, "line_format", None))}
         self.compiled = compile_graph(self.graph, frames, plan=self.plan, boundaries=self.boundaries,
                                       state_partitions=state_partitions, threads=self.threads.worker, profiling=profiling,
-                                      resource_profile_for=_resource_profiles(self.spark))
+                                      resource_profile_for=_resource_profiles(self.spark), line_formats=line_formats)
         frame = observe_run(self.compiled.frame, [operator.name for operator in self.graph.operators],
                             counted=self.profile_settings is not None)
         writer = self._write_batch
