@@ -625,7 +625,7 @@ class Runner:
                 self._collect_progress()
             except Exception:  # noqa: BLE001 - the query ending mid-poll: nothing to show
                 continue
-            self.progress_output.show(self._progress_state(), table=self._due_table)
+            self.progress_output.show(self._progress_state(), table=self.due_table)
             if self.query is not None and not self.query.isActive:
                 break
 
@@ -639,7 +639,7 @@ class Runner:
         return ProgressState(batch_id=None, records_per_s=None, input_records=0,
                              dead_letters=self.dead_letter_log.count, plan=describe_plan(self.plan, self.pipeline))
 
-    def _due_table(self) -> str | None:
+    def due_table(self) -> str | None:
         """With profiling, the operators' statistics table every `table_interval_s` (None: not due)."""
         now = time.monotonic()
         if self.profiler is None or now - self._table_drawn_at < self.profile_settings.table_interval_s:
