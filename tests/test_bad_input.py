@@ -312,3 +312,11 @@ def test_on_spark_null_keys_are_dead_letters_and_a_float_does_not_fit_an_int(spa
     (letter,) = dead_letters_of(dead)
     assert letter["operator"] == "half" and "field 'n' is declared int64" in letter["error"] and \
         "got float 3.5" in letter["error"]
+
+
+def test_a_line_fissure_cannot_read_again_keeps_the_general_reason_and_the_batch_goes_on():
+    from fissure.worker.unreadable_lines import LineFormat
+
+    (reason,) = unreadable_reasons([b"ann||1.5"], LineFormat("csv", delimiter="||"))  # Spark's sep may be longer
+    assert reason == ("it does not parse, or a value has another type (fissure could not read the line again: "
+                      "TypeError: \"delimiter\" must be a 1-character string)")

@@ -77,6 +77,19 @@ def _value(array: pa.Array, row: int) -> object:
         return "<a nested value that is not valid UTF-8>"
 
 
+UNSAID = "it does not parse, or a value has another type"
+
+
+def _why(raw: bytes, schema: pa.Schema, line_format: LineFormat | None) -> str:
+    """What is wrong with an unreadable line; reading it again never fails the batch."""
+    if line_format is None:
+        return UNSAID
+    try:
+        return why_unreadable(raw, schema, line_format)
+    except Exception as error:  # noqa: BLE001 - options Python's csv module cannot follow: say so, go on
+        return f"{UNSAID} (fissure could not read the line again: {type(error).__name__}: {error})"
+
+
 def carried_source_batch(batch: pa.RecordBatch, source_schema: pa.Schema, first_seq: int,
                          source: str, line_format: LineFormat | None = None) -> pa.RecordBatch:
     """A source batch as carried rows of `source_schema` (sequence numbers from `first_seq`), its
@@ -96,8 +109,7 @@ def carried_source_batch(batch: pa.RecordBatch, source_schema: pa.Schema, first_
             if raw is None:
                 continue
             raw_lines[row] = _decoded(raw)
-            why = (why_unreadable(raw, source_schema, line_format) if line_format is not None
-                   else "it does not parse, or a value has another type")
+            why = _why(raw, source_schema, line_format)
             problems[row] = [f"MalformedRecord: source {source!r} could not read the line as a record of its "
                              f"schema {{{fields}}}: {why}; the record is the line as read"]
     for name, column in zip(source_schema.names, columns):
