@@ -152,8 +152,62 @@ def test_text_that_is_not_utf8_is_a_dead_letter_of_the_source_and_the_batch_goes
     assert [(row["value"], row[SEQ]) for row in live] == [("good 1", 10), (None, 12), ("good 2", 13)]
     (dead,) = dead_rows(out)
     assert dead[DEAD_OPERATOR] == "lines" and dead[SEQ] == 11
-    assert dead[DEAD_ERROR].startswith("InvalidUTF8: field 'value' of source 'lines'")
+    assert dead[DEAD_ERROR].startswith("InvalidUTF8: field 'value' of source 'lines' holds bytes that are not valid "
+                                       "UTF-8, the first at byte offset 4 ")
     assert json.loads(dead[DEAD_RECORD]) == {"value": "bad \\xff\\xfe\\x80 line"}
+
+
+RECORD_SCHEMA = pa.schema([("user", pa.string()), ("amount", pa.float64()), ("n", pa.int32()),
+                           ("tags", pa.list_(pa.int64())), ("ok", pa.bool_())])
+
+
+def unreadable_reasons(lines: list[bytes], line_format) -> list[str]:
+    """The dead letters' reasons of rows whose raw lines the reader kept, read again by the worker."""
+    from fissure.worker.columns import CORRUPT_RECORD
+    from fissure.worker.source_rows import carried_source_batch
+
+    nulls = [pa.nulls(len(lines), field.type) for field in RECORD_SCHEMA]
+    corrupt = pa.array(lines, pa.binary()).view(pa.string())
+    batch = pa.RecordBatch.from_arrays([*nulls, corrupt], names=[*RECORD_SCHEMA.names, CORRUPT_RECORD])
+    out = carried_source_batch(batch, RECORD_SCHEMA, 0, "orders", line_format)
+    prefix = ("MalformedRecord: source 'orders' could not read the line as a record of its schema {user: string, "
+              "amount: double, n: int32, tags: list<item: int64>, ok: bool}: ")
+    reasons = []
+    for row in dead_rows(out):
+        assert row[DEAD_ERROR].startswith(prefix) and row[DEAD_ERROR].endswith("; the record is the line as read")
+        reasons.append(row[DEAD_ERROR][len(prefix):-len("; the record is the line as read")])
+    return reasons
+
+
+def test_an_unreadable_json_line_says_whether_it_does_not_parse_or_which_field_has_which_type():
+    from fissure.worker.unreadable_lines import LineFormat
+
+    lines = [b'{"user": "ann", "amount": 1.5,', b'{"user": "bob", "amount": true}', b'{"USER": 7, "n": 2147483648}',
+             b'{"tags": [1, "two"]}', b'{"ok": "yes"}', b'{"user": "b\xc3\x28d"}', b'"just a string"',
+             b'{"amount": "NaN", "n": 3, "user": {"a": 1}, "date": "x"}']
+    assert unreadable_reasons(lines, LineFormat("json")) == [
+        "the line is not valid JSON: Expecting property name enclosed in double quotes at column 31 (char 30)",
+        "field 'amount' is declared double, but the line has boolean True",
+        "field 'n' is declared int32, but the line has number 2147483648, outside int32's range",
+        "field 'tags' is declared list<item: int64>, but the line has an item 1 that is string 'two'",
+        "field 'ok' is declared bool, but the line has string 'yes'",
+        "the line holds bytes that are not valid UTF-8 (the first at byte offset 11)",
+        "the line is a JSON string, not an object of the schema's fields",
+        # Spark refused it for a reason fissure does not check: said so, not guessed
+        "every field's value fits its declared type as fissure reads it; Spark's reader refused the line all the "
+        "same (a date or time in another format, a number too precise for a decimal?)"]
+
+
+def test_an_unreadable_csv_line_names_the_field_its_type_and_the_raw_value_or_the_column_count():
+    from fissure.worker.unreadable_lines import LineFormat
+
+    lines = [b"ann;1.5;x;;true", b"bob;lots;1;;false", b"cid;1.0;2", b"dan;2.0;3;;maybe", b'eve;"2.0;3;;true']
+    assert unreadable_reasons(lines, LineFormat("csv", delimiter=";")) == [
+        "field 'n' (column 3) is declared int32, but the line has 'x'",
+        "field 'amount' (column 2) is declared double, but the line has 'lots'",
+        "the line has 3 columns, the schema 5 (user, amount, n, tags, ok)",
+        "field 'ok' (column 5) is declared bool, but the line has 'maybe'",
+        "the line is not valid CSV: unexpected end of data"]
 
 
 # --- on Spark -----------------------------------------------------------------------------------
@@ -211,9 +265,16 @@ def test_on_spark_unreadable_lines_are_dead_letters_with_the_raw_line(spark, tmp
     os.makedirs(tmp_path / "in")
     if file_format == "json":
         lines, bad = JSON_LINES, JSON_LINES[1:5]
+        reasons = {JSON_LINES[1]: "the line is not valid JSON: Expecting value at column 27 (char 26)",
+                   JSON_LINES[2]: "field 'amount' is declared double, but the line has string 'lots'",
+                   JSON_LINES[3]: "field 'n' is declared int64, but the line has number 3.7",
+                   JSON_LINES[4]: "the line is not valid JSON: Expecting value at column 1 (char 0)"}
     else:
-        lines = ["user,amount,n", "ann,1.5,1", "bob,lots,2", "cid,2.0,3.7", "eve,4.0,5"]
-        bad = lines[2:4]
+        lines = ["user,amount,n", "ann,1.5,1", "bob,lots,2", "cid,2.0,3.7", "dan,1.0", "eve,4.0,5"]
+        bad = lines[2:5]
+        reasons = {lines[2]: "field 'amount' (column 2) is declared double, but the line has 'lots'",
+                   lines[3]: "field 'n' (column 3) is declared int64, but the line has '3.7'",
+                   lines[4]: "the line has 2 columns, the schema 3 (user, amount, n)"}
     with open(tmp_path / "in" / f"part-0.{file_format}", "w", encoding="utf-8") as handle:
         handle.write("".join(line + "\n" for line in lines))
     pipeline = Pipeline("records").map("check", lambda r: {"user": r["user"], "amount": r["amount"] * 2, "n": r["n"]})
@@ -226,8 +287,9 @@ def test_on_spark_unreadable_lines_are_dead_letters_with_the_raw_line(spark, tmp
     letters = dead_letters_of(dead)
     assert sorted(letter["record"] for letter in letters) == sorted(bad)
     for letter in letters:
-        assert letter["operator"] == "source" and letter["error"].startswith("MalformedRecord: source 'source'")
-        assert "user: string, amount: double, n: int64" in letter["error"]
+        assert letter["operator"] == "source" and letter["error"].startswith(
+            "MalformedRecord: source 'source' could not read the line as a record of its schema {user: string, "
+            f"amount: double, n: int64}}: {reasons[letter['record']]}; the record is the line as read")
 
 
 @pytest.mark.spark
@@ -250,3 +312,11 @@ def test_on_spark_null_keys_are_dead_letters_and_a_float_does_not_fit_an_int(spa
     (letter,) = dead_letters_of(dead)
     assert letter["operator"] == "half" and "field 'n' is declared int64" in letter["error"] and \
         "got float 3.5" in letter["error"]
+
+
+def test_a_line_fissure_cannot_read_again_keeps_the_general_reason_and_the_batch_goes_on():
+    from fissure.worker.unreadable_lines import LineFormat
+
+    (reason,) = unreadable_reasons([b"ann||1.5"], LineFormat("csv", delimiter="||"))  # Spark's sep may be longer
+    assert reason == ("it does not parse, or a value has another type (fissure could not read the line again: "
+                      "TypeError: \"delimiter\" must be a 1-character string)")

@@ -111,3 +111,83 @@ def test_the_live_form_redraws_one_line_in_place_and_ends_it():
     assert text.startswith("\rfissure | 100 records/s | batch 0 | 5 records | 0 dead letters | plan [a,b]\x1b[K")
     assert "\r\x1b[Joperator table\nfissure | 100 records/s | batch 1 |" in text
     assert text.endswith("\n") and text.count("\n") == 2
+
+
+def test_the_lines_form_prints_the_operator_table_under_the_line_it_comes_with():
+    clock = FakeClock()
+    stream = io.StringIO()
+    at = datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
+    output = ProgressOutput("lines", interval_s=10.0, stream=stream, clock=clock, wall_clock=lambda: at)
+    asked = []
+
+    def table():
+        asked.append(clock.now)
+        return "profile | plan [a,b]\noperator  kind"
+
+    output.show(state(0, 5), table=table)
+    clock.now = 101.0
+    output.show(state(1, 9), table=table)  # within the interval: no line, and no table asked for
+    assert stream.getvalue().splitlines() == [
+        "2026-01-02T03:04:05+00:00 fissure | batch 0 | 100 records/s | 5 records | 0 dead letters | plan [a,b]",
+        "profile | plan [a,b]", "operator  kind"]
+    assert asked == [100.0]
+
+
+class FakeRunner:
+    def __init__(self):
+        self.tables = 0
+
+    def due_table(self):
+        self.tables += 1
+        return "operator table"
+
+
+def adaptive_progress(stream, clock):
+    """An adaptive run's progress (DecisionProgress) over a query whose runner has a table due."""
+    from types import SimpleNamespace
+
+    from fissure import Pipeline
+    from fissure.spark.adaptive import DecisionProgress
+
+    program = (Pipeline("p").map("tag", lambda r: r)
+               .partitioned("count", lambda state, r: r, key="bucket"))
+    runner = FakeRunner()
+    queries = SimpleNamespace(current=SimpleNamespace(runner=runner), dead_letter_log=SimpleNamespace(count=1))
+    observations = SimpleNamespace(input_records=50)
+    output = ProgressOutput("auto", interval_s=10.0, stream=stream, clock=clock,
+                            wall_clock=lambda: datetime(2026, 1, 2, tzinfo=timezone.utc))
+    return DecisionProgress(queries, observations, output, program), runner
+
+
+def decide(progress, batch_id=3):
+    from fissure.control.adaptive.decisions import Decision
+    from fissure.control.driver import TimelineEntry
+
+    decision = Decision.keep(batch_id, 5.0, "[tag,count]x2", "no better plan")
+    entry = TimelineEntry(batch_id, 5.0, 100.0, 50, None, "[tag,count]x2", 2, "keep", "no better plan",
+                          "[tag,count]x2", thread_levels={"enrich": [8, 6]})
+    progress(decision, entry)
+
+
+FIELDS = ("50 records | 1 dead letters | threads enrich 8,6 | plan [tag,count]x2(bucket) | keep: no better plan")
+
+
+def test_an_adaptive_runs_live_line_has_the_plain_runs_fields_and_its_operator_table():
+    """The plan with its key, the thread levels and the operator table, as a plain run shows them."""
+    terminal = FakeTerminal()
+    progress, runner = adaptive_progress(terminal, FakeClock())
+    decide(progress)
+    progress.close()
+    text = terminal.getvalue()
+    assert text.startswith("\r\x1b[Joperator table\nfissure | 100 records/s | batch 3 | " + FIELDS)
+    assert runner.tables == 1
+    assert progress.last == ProgressState(3, 100.0, 50, 1, "[tag,count]x2(bucket)", threads="enrich 8,6",
+                                          decision="keep: no better plan")
+
+
+def test_an_adaptive_runs_timestamped_lines_have_the_same_fields():
+    stream = io.StringIO()
+    progress, runner = adaptive_progress(stream, FakeClock())
+    decide(progress)
+    assert stream.getvalue().splitlines() == [
+        "2026-01-02T00:00:00+00:00 fissure | batch 3 | 100 records/s | " + FIELDS, "operator table"]

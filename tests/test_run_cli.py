@@ -26,6 +26,9 @@ PIPELINE_FILE = textwrap.dedent("""
 """)
 
 
+JSON_SOURCE = ["--format", "json", "--schema", "user:str,i:int"]  # the files write_inputs writes
+
+
 def write_inputs(directory, count=6):
     directory.mkdir()
     (directory / "part-0.json").write_text("".join(json.dumps({"user": f"u{i % 2}", "i": i}) + "\n"
@@ -189,7 +192,7 @@ def test_spark_ui_flag_turns_the_ui_on_only_when_asked(tmp_path, monkeypatch, fl
         raise KeyboardInterrupt  # stop before any session: what the run would get is known
 
     monkeypatch.setattr(fissure, "run", fake_run)
-    assert main(["run", f"{tmp_path / 'pipeline.py'}:build", "--source", str(tmp_path / "in"),
+    assert main(["run", f"{tmp_path / 'pipeline.py'}:build", "--source", str(tmp_path / "in"), *JSON_SOURCE,
                  "--run-dir", str(tmp_path / "run"), *flags]) == 130
     assert seen["config"].spark_ui is ui
 
@@ -206,7 +209,7 @@ def test_conf_flags_become_the_sessions_spark_settings(tmp_path, monkeypatch):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(fissure, "run", fake_run)
-    assert main(["run", f"{tmp_path / 'pipeline.py'}:build", "--source", str(tmp_path / "in"),
+    assert main(["run", f"{tmp_path / 'pipeline.py'}:build", "--source", str(tmp_path / "in"), *JSON_SOURCE,
                  "--run-dir", str(tmp_path / "run"), "--conf", "spark.sql.streaming.metricsEnabled=true",
                  "--conf", "spark.metrics.conf.*.sink.prometheusServlet.path=/metrics/prometheus"]) == 130
     assert seen["config"].spark_conf == {"spark.sql.streaming.metricsEnabled": "true",
@@ -216,7 +219,7 @@ def test_conf_flags_become_the_sessions_spark_settings(tmp_path, monkeypatch):
 def test_a_conf_flag_without_a_value_is_a_usage_error(tmp_path, capsys):
     (tmp_path / "pipeline.py").write_text(PIPELINE_FILE)
     write_inputs(tmp_path / "in")
-    assert main(["run", f"{tmp_path / 'pipeline.py'}:build", "--source", str(tmp_path / "in"),
+    assert main(["run", f"{tmp_path / 'pipeline.py'}:build", "--source", str(tmp_path / "in"), *JSON_SOURCE,
                  "--run-dir", str(tmp_path / "run"), "--conf", "spark.ui.enabled"]) == 2
     assert "--conf 'spark.ui.enabled' is not KEY=VALUE" in capsys.readouterr().err
 

@@ -162,6 +162,27 @@ def test_fissure_run_runs_every_program(spark, tmp_path):
     assert canonical(piped.records()) == canonical(run_local(pipeline, EVENTS)["sink"])
 
 
+def test_sinks_named_like_the_operators_that_feed_them(spark, tmp_path):
+    """`parsed.sink("parsed")`: the runner binds sinks by name in their own namespace; the sinks'
+    streams live to the end of the query however the stages and boundaries cut it."""
+    import fissure
+
+    g = StreamGraph("namesakes")
+    parsed = g.source("events", schema=EVENT).map("parsed", lambda r: {**r, "v": r["v"] * 10})
+    parsed.sink("parsed")
+    big = parsed.filter("big", lambda r: r["v"] >= 20)
+    big.sink("big")
+    big.partitioned("per_host", count, key="host", schema={"host": str, "n": int}).sink("per_host")
+    sinks = {name: MemorySink() for name in g.sinks}
+    report = fissure.run(g, {"events": sources(tmp_path)["events"]}, sinks, spark=spark, progress=False,
+                         boundaries=["big"], state_partitions=2)
+    local = run_local(g, {"events": EVENTS})
+    for name, sink in sinks.items():
+        assert canonical(sink.records()) == canonical(local[name]), name
+    assert len(local["parsed"]) == len(EVENTS) and 0 < len(local["big"]) == len(local["per_host"]) < len(EVENTS)
+    assert report.output_records == len(EVENTS) + 2 * len(local["big"])
+
+
 def test_binding_and_boundary_errors_name_the_fix(spark, tmp_path):
     graph = build_graph()
     with pytest.raises(PipelineError, match="missing enriched"):

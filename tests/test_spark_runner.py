@@ -139,10 +139,15 @@ def test_order_by_field_orders_a_keys_records_within_a_batch(spark, tmp_path):
 
 
 def test_pipeline_that_does_not_fit_its_source_fails_at_start(spark, tmp_path):
+    """A source whose schema is known without Spark (a FileSource) is checked when the Runner is
+    made; one known only from its frame (a callable), when the query starts."""
     source = record_files(tmp_path / "in", events(3), EVENTS)
     pipeline = (Pipeline("misfit").map("scale", scale)
                 .partitioned("per_host", remember_order, key="host", schema=ORDERED))
-    runner = fissure.Runner(pipeline, source, MemorySink(), spark=spark, progress=False)
+    with pytest.raises(PipelineError) as raised:
+        fissure.Runner(pipeline, source, MemorySink(), spark=spark, progress=False)
+    assert "'per_host'" in str(raised.value) and "'host'" in str(raised.value)
+    runner = fissure.Runner(pipeline, source.open, MemorySink(), spark=spark, progress=False)
     with pytest.raises(PipelineError) as raised:
         runner.start(available_now=True)
     assert "'per_host'" in str(raised.value) and "'host'" in str(raised.value)

@@ -232,3 +232,17 @@ def test_failure_description_names_the_innermost_error_not_the_wrappers():
         "StreamingQueryException: [STREAM_FAILED] Query [id = 1] terminated with exception: "
         "[FOREACH_BATCH_USER_FUNCTION_ERROR] ...",
         "  caused by ParentNotDirectoryException: Parent path is not a directory: file:/out"]
+
+
+def test_a_path_spark_cannot_find_is_named_with_the_fix(spark, tmp_path, monkeypatch):
+    """A path of another scheme than the local file system is checked by Spark when it opens the
+    source; its PATH_NOT_FOUND becomes the same clear error as a missing local directory's."""
+    from fissure.spark.sources import SourcePathNotFound
+
+    missing = f"file://{tmp_path}/nowhere"
+    monkeypatch.setattr(FileSource, "local_path", lambda self: None)  # as for s3a:// or hdfs://
+    with pytest.raises(SourcePathNotFound) as raised:
+        FileSource(missing, format="json", schema=SCHEMA).open(spark)
+    message = str(raised.value)
+    assert message.startswith(f"file source {missing!r}: Spark finds no such path ([PATH_NOT_FOUND]")
+    assert "create the directory before the run, or check the URL's scheme, host and path" in message

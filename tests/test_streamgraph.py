@@ -67,8 +67,16 @@ def test_duplicate_names_across_kinds():
     with pytest.raises(PipelineError, match=r"'lines' is used twice .*\(a source and an operator\)"):
         s.map("lines", lambda r: r)
     s.map("parse", lambda r: r)
-    with pytest.raises(PipelineError, match="'parse' is used twice"):
+    with pytest.raises(PipelineError, match=r"sink 'parse' of graph 'g' is fed by 'lines', but 'parse' is the name of "
+                                            r"operator parse .*: name it 'lines' or give it a name of its own"):
         s.sink("parse")
+    g.sink("out", "later")
+    with pytest.raises(PipelineError, match="sink 'out' of graph 'g' is fed by 'later', but 'out' is the name of "
+                                            "operator out"):
+        s.map("out", lambda r: r)
+    s.sink("lines")  # the name of the stream that feeds it
+    with pytest.raises(PipelineError, match="sink name 'lines' is used twice"):
+        s.sink("lines")
 
 
 def test_chain_checks_are_reused():
@@ -589,3 +597,44 @@ def test_runs_of_operators_fuse_until_a_fan_out_or_a_union():
     assert fusion_runs(g, ["a", "b", "c", "d", "u", "e", "f"]) == [["a", "b"], ["c"], ["d"], ["u"], ["e", "f"]]
     records = [{"v": 1}, {"v": 2}]
     assert run_local(g, {"in": records, "other": [{"v": 3}]})["out"] == records + [{"v": 3}]
+
+
+def namesake_graph() -> StreamGraph:
+    """Sinks named like the operators that feed them: `parsed` feeds its sink and an operator,
+    `big` its sink and a keyed operator, `per_host` only its sink."""
+    g = StreamGraph("namesakes")
+    parsed = g.source("events", schema=EVENT).map("parsed", lambda r: {**r, "v": r["v"] * 10})
+    parsed.sink("parsed")
+    big = parsed.filter("big", lambda r: r["v"] >= 20)
+    big.sink("big")
+    big.partitioned("per_host", count, key="host", schema={"host": str, "n": int}).sink("per_host")
+    return g
+
+
+NAMESAKE_EVENTS = [{"host": f"h{i % 2}", "ts": i, "v": i % 4} for i in range(8)]
+
+
+def test_a_sink_named_like_the_operator_that_feeds_it_runs_in_process():
+    from fissure.testing import TestingSink, TestingSource, run_main
+
+    g = namesake_graph()
+    assert g.sinks == ("parsed", "big", "per_host") and g.names == ("parsed", "big", "per_host")
+    assert g.sink_node("big").inputs == ("big",) and g.node("big").kind.value == "operator"
+    assert g.consumers("parsed") == ("big",) and g.sinks_of("parsed") == ("parsed",)
+    assert g.check().order == ("events", "parsed", "big", "per_host")
+    results = run_local(g, {"events": NAMESAKE_EVENTS})
+    assert [r["v"] for r in results["parsed"]] == [0, 10, 20, 30, 0, 10, 20, 30]
+    assert [r["v"] for r in results["big"]] == [20, 30, 20, 30]
+    assert results["per_host"] == [{"host": "h0", "n": 1}, {"host": "h0", "n": 2}, {"host": "h1", "n": 1},
+                                   {"host": "h1", "n": 2}]
+    out = {name: [] for name in g.sinks}
+    run_main(g, TestingSource(NAMESAKE_EVENTS, batch_size=3), {name: TestingSink(out[name]) for name in g.sinks})
+    assert {name: len(records) for name, records in out.items()} == {"parsed": 8, "big": 4, "per_host": 4}
+    # Streams a sink reads live to the end, and a run does not fuse past an operator a sink reads.
+    stages = plan_graph_stages(g)
+    assert [(stage.kind, stage.nodes) for stage in stages] == [("pe", ("parsed", "big")), ("keyed", ("per_host",))]
+    assert stream_lifetimes(g, stages)[-1] == frozenset({"parsed", "big", "per_host"})
+    assert fusion_runs(g, ["parsed", "big"]) == [["parsed"], ["big"]]
+    chain = StreamGraph("c")
+    chain.source("lines").map("upper", lambda r: {"value": r["value"].upper()}).sink("upper")
+    assert chain.as_chain().names == ("upper",) and repr(chain) == "StreamGraph('c': 3 nodes, sinks upper)"

@@ -164,8 +164,9 @@ StreamLike = typing.Union[Stream, str]
 
 @dataclass(frozen=True)
 class GraphLayout:
-    """A checked graph: its nodes in topological order and the schema of every stream (None where
-    a source's schema is not known yet)."""
+    """A checked graph: its sources and operators (not its sinks) in topological order and the
+    schema of every stream they make (None where a source's schema is not known yet); a sink's
+    records are its stream's (`graph.sink_node(name).inputs[0]`)."""
 
     order: tuple[str, ...]
     schemas: Mapping[str, pa.Schema | None]
@@ -178,7 +179,9 @@ class StreamGraph:
         if not isinstance(name, str) or not _NAME_PATTERN.match(name):
             raise PipelineError(f"graph name {name!r} is not valid; use letters, digits, '_' or '-'")
         self.name = name
-        self._nodes: dict[str, Node] = {}
+        self._nodes: dict[str, Node] = {}  # sources and operators (unions and joins too): one namespace
+        # Sinks have their own: a sink may take the name of the stream that feeds it.
+        self._sinks: dict[str, Node] = {}
 
     @classmethod
     def from_pipeline(cls, pipeline: Pipeline, source: str = "source", sink: str = "sink") -> StreamGraph:
@@ -259,7 +262,8 @@ class StreamGraph:
         return Stream(self, name)
 
     def sink(self, name: str, stream: StreamLike | None) -> StreamGraph:
-        """A named output fed by `stream`; bound to a real sink by name at run time."""
+        """A named output fed by `stream`; bound to a real sink by name at run time. Its name may
+        be the name of the stream that feeds it (`counts.sink("counts")`), no other node's."""
         inputs = self._input_names(name, [] if stream is None else [stream])
         self._register(Node(name, NodeKind.SINK, inputs))
         return self
@@ -285,23 +289,48 @@ class StreamGraph:
         if node.name.startswith(RESERVED_FIELD_PREFIX):
             raise PipelineError(f"{node.kind.value} name {node.name!r} uses the prefix {RESERVED_FIELD_PREFIX!r} "
                                 f"that fissure reserves")
+        if node.kind is NodeKind.SINK:
+            if node.name in self._sinks:
+                raise PipelineError(f"sink name {node.name!r} is used twice in graph {self.name!r}; give each sink "
+                                    f"its own name")
+            namesake = self._nodes.get(node.name)
+            if namesake is not None and node.inputs and node.inputs != (node.name,):
+                raise _sink_namesake_error(self.name, node, namesake)
+            self._sinks[node.name] = node
+            return
         existing = self._nodes.get(node.name)
         if existing is not None:
             raise PipelineError(f"name {node.name!r} is used twice in graph {self.name!r} ({_article(existing.kind.value)} "
-                                f"and {_article(node.kind.value)}); sources, operators and sinks share one namespace: "
-                                f"give each its own name")
+                                f"and {_article(node.kind.value)}); sources and operators (unions and joins too) "
+                                f"share one namespace: give each its own name (a sink may share the name of the "
+                                f"stream that feeds it)")
+        sink = self._sinks.get(node.name)
+        if sink is not None and sink.inputs and sink.inputs != (node.name,):
+            raise _sink_namesake_error(self.name, sink, node)
         self._nodes[node.name] = node
 
     # --- reading -----------------------------------------------------------------------------
     @property
     def nodes(self) -> tuple[Node, ...]:
-        return tuple(self._nodes.values())
+        """Every node: the sources and operators, then the sinks (a sink may share the name of the
+        stream that feeds it)."""
+        return tuple(self._nodes.values()) + tuple(self._sinks.values())
 
     def node(self, name: str) -> Node:
+        """The source or operator `name`, else the sink `name` (a sink's own: `sink_node`)."""
+        node = self._nodes.get(name) or self._sinks.get(name)
+        if node is None:
+            raise PipelineError(f"graph {self.name!r} has no node {name!r}; it has "
+                                f"{', '.join(dict.fromkeys([*self._nodes, *self._sinks]))}")
+        return node
+
+    def sink_node(self, name: str) -> Node:
+        """The sink `name` (its input: the stream whose records it receives)."""
         try:
-            return self._nodes[name]
+            return self._sinks[name]
         except KeyError:
-            raise PipelineError(f"graph {self.name!r} has no node {name!r}; it has {', '.join(self._nodes)}") from None
+            raise PipelineError(f"graph {self.name!r} has no sink {name!r}; its sinks are "
+                                f"{', '.join(self._sinks) or 'none'}") from None
 
     def _of_kind(self, kind: NodeKind) -> tuple[str, ...]:
         return tuple(node.name for node in self._nodes.values() if node.kind is kind)
@@ -312,14 +341,19 @@ class StreamGraph:
 
     @property
     def sinks(self) -> tuple[str, ...]:
-        return self._of_kind(NodeKind.SINK)
+        return tuple(self._sinks)
 
     def consumers(self, name: str) -> tuple[str, ...]:
-        """The nodes that read `name`'s output, in the order they were added."""
+        """The operators (unions and joins too) that read `name`'s output, in the order they were
+        added; the sinks it feeds are `sinks_of(name)`."""
         return tuple(node.name for node in self._nodes.values() if name in node.inputs)
 
+    def sinks_of(self, name: str) -> tuple[str, ...]:
+        """The sinks `name`'s output feeds."""
+        return tuple(sink.name for sink in self._sinks.values() if sink.inputs == (name,))
+
     def __repr__(self) -> str:
-        return f"StreamGraph({self.name!r}: {len(self._nodes)} nodes, sinks {', '.join(self.sinks) or 'none'})"
+        return f"StreamGraph({self.name!r}: {len(self.nodes)} nodes, sinks {', '.join(self.sinks) or 'none'})"
 
     # --- the program as the planner sees it --------------------------------------------------
     @property
@@ -371,12 +405,12 @@ class StreamGraph:
             return None
         operators, stream = [], self.sources[0]
         while True:
-            consumers = self.consumers(stream)
-            if len(consumers) != 1:
+            consumers, sinks = self.consumers(stream), self.sinks_of(stream)
+            if len(consumers) + len(sinks) != 1:
                 return None
-            node = self._nodes[consumers[0]]
-            if node.kind is NodeKind.SINK:
+            if sinks:
                 break
+            node = self._nodes[consumers[0]]
             if node.kind is not NodeKind.OPERATOR:
                 return None
             operators.append(node.operator)
@@ -481,19 +515,20 @@ class StreamGraph:
     def _check_structure(self) -> None:
         if not self._nodes:
             raise PipelineError(f"graph {self.name!r} is empty; add a source with graph.source(...)")
-        if not self.sinks:
+        if not self._sinks:
             raise PipelineError(f"graph {self.name!r} has no sink, so nothing it computes is kept; end each branch "
                                 f"with stream.sink('name')")
-        for node in self._nodes.values():
+        for node in self.nodes:
             if node.kind is NodeKind.SINK and not node.inputs:
                 raise PipelineError(f"sink {node.name!r} is fed by nothing; give it a stream: graph.sink({node.name!r}, stream)")
             for name in node.inputs:
-                if name not in self._nodes:
-                    raise PipelineError(f"{node.describe()} reads {name!r}, which graph {self.name!r} does not have; "
-                                        f"add it, or read one of {', '.join(n for n in self._nodes if n != node.name)}")
-                if self._nodes[name].kind is NodeKind.SINK:
+                if name in self._nodes:
+                    continue
+                if name in self._sinks:
                     raise PipelineError(f"{node.describe()} reads sink {name!r}; a sink has no output: read the stream "
-                                        f"that feeds the sink instead ({', '.join(self._nodes[name].inputs)})")
+                                        f"that feeds the sink instead ({', '.join(self._sinks[name].inputs)})")
+                raise PipelineError(f"{node.describe()} reads {name!r}, which graph {self.name!r} does not have; "
+                                    f"add it, or read one of {', '.join(n for n in self._nodes if n != node.name)}")
 
     def _topological_order(self) -> list[str]:
         remaining = {name: len(node.inputs) for name, node in self._nodes.items()}
@@ -524,13 +559,13 @@ class StreamGraph:
             seen.add(following)
 
     def _check_connected(self, order: list[str]) -> None:
-        reaches_sink = set(self.sinks)
+        reaches_sink: set[str] = set()
         for name in reversed(order):
-            if any(consumer in reaches_sink for consumer in self.consumers(name)):
+            if self.sinks_of(name) or any(consumer in reaches_sink for consumer in self.consumers(name)):
                 reaches_sink.add(name)
         for name in order:
             node = self._nodes[name]
-            if node.kind is NodeKind.SOURCE and not self.consumers(name):
+            if node.kind is NodeKind.SOURCE and not self.consumers(name) and not self.sinks_of(name):
                 raise PipelineError(f"source {name!r} is read by nothing; connect it (e.g. graph.source({name!r}).map(...)"
                                     f" ... .sink(...)) or remove it")
             if name not in reaches_sink:
@@ -543,8 +578,6 @@ class StreamGraph:
             node = self._nodes[name]
             if node.kind is NodeKind.SOURCE:
                 schemas[name] = known[name]
-            elif node.kind is NodeKind.SINK:
-                schemas[name] = schemas[node.inputs[0]]
             elif node.kind is NodeKind.UNION:
                 schemas[name] = _union_schema(node, [(source, schemas[source]) for source in node.inputs])
             elif node.kind is NodeKind.JOIN:
@@ -556,6 +589,14 @@ class StreamGraph:
                     _check_operator_fields(node.operator, upstream, node.inputs[0])
                 schemas[name] = node.operator.schema if node.operator.schema is not None else upstream
         return schemas
+
+
+def _sink_namesake_error(graph: str, sink: Node, namesake: Node) -> PipelineError:
+    fed_by = sink.inputs[0]
+    return PipelineError(
+        f"sink {sink.name!r} of graph {graph!r} is fed by {fed_by!r}, but {sink.name!r} is the name of "
+        f"{namesake.describe()}; a sink may take the name of the stream that feeds it and no other node's: name it "
+        f"{fed_by!r} or give it a name of its own (e.g. {fed_by + '_out'!r})")
 
 
 def _article(word: str) -> str:

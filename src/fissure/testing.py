@@ -32,6 +32,7 @@ from fissure.spark.sinks import MemorySink
 from fissure.spark.sources import FileSource
 from fissure.streamgraph import StreamGraph, as_graph
 from fissure.worker.graph_local import LocalDeadLetter, LocalGraphRun
+from fissure.worker.unreadable_lines import LineFormat
 
 __all__ = ["MemorySink", "TestingSink", "TestingSource", "record_files", "run_main", "text_files"]
 
@@ -55,6 +56,14 @@ class TestingSource:
     def batches(self) -> list[list[dict]]:
         size = self.batch_size or max(1, len(self.records))
         return [self.records[start:start + size] for start in range(0, len(self.records), size)]
+
+    def known_schema(self):
+        """The declared or inferred schema (None: no records to infer one from)."""
+        return self.schema
+
+    def line_format(self):
+        """On Spark its records are JSON lines (`open`)."""
+        return LineFormat("json")
 
     def open(self, spark):
         """On Spark: the records as JSON-lines files, one per batch, read one per micro-batch."""

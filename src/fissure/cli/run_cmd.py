@@ -152,9 +152,9 @@ def load_pipeline(reference: str):
 def handle(args) -> int:
     import fissure
     from fissure.graph import PipelineError
-    from fissure.spark.plans import describe_plan
     from fissure.spark.session import describe_failure
-    from fissure.spark.sources import SourceUnavailable
+    from fissure.spark.sources import SourceUnavailable, check_before_spark
+    from fissure.streamgraph import as_graph
 
     pipeline = load_pipeline(args.pipeline)
     if args.max_batches is not None and args.max_batches < 1:
@@ -181,6 +181,12 @@ def handle(args) -> int:
                                       batch_latency_bound_s=args.latency_bound, spark_ui=args.spark_ui)
     except ValueError as error:
         raise UsageError(str(error)) from None
+    graph = as_graph(pipeline)
+    if len(graph.sources) == 1:  # a graph of several sources is refused below
+        try:  # what can fail without Spark fails before its start (about 10 s)
+            check_before_spark(graph, {graph.sources[0]: source})
+        except (PipelineError, SourceUnavailable) as error:
+            raise UsageError(str(error)) from None
     run_dir = args.run_dir or tempfile.mkdtemp(prefix="fissure-run-")
     os.makedirs(run_dir, exist_ok=True)
     spark_log = os.path.abspath(os.path.join(run_dir, "spark.log"))
@@ -221,7 +227,7 @@ def handle(args) -> int:
     out = sys.stderr if args.json else sys.stdout  # with --json, stdout's last line is the summary
     print(f"{report.input_records:,} records in {report.batches} batch{'' if report.batches == 1 else 'es'}, "
           f"{report.records_per_s:,.0f} records/s, {report.dead_letters} dead letters; "
-          f"plan {describe_plan(report.plan, pipeline)}", file=out)
+          f"plan {report.described_plan}", file=out)
     for admission in report.admissions:
         print(admission.describe(), file=out)
     if args.sink:
@@ -231,5 +237,5 @@ def handle(args) -> int:
               file=out)
     print(f"Spark's output: {spark_log}", file=out)
     if args.json:
-        print(json.dumps(report.summary(describe_plan(report.plan, pipeline))), flush=True)
+        print(json.dumps(report.summary()), flush=True)
     return 0

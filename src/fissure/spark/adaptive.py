@@ -34,7 +34,7 @@ from fissure.control.adaptive.controller import AdaptiveController
 from fissure.control.adaptive.decisions import Decision
 from fissure.control.driver import Timeline, TimelineEntry, plot_timeline, run_adaptive
 from fissure.control.model_correction import Correction
-from fissure.control.plan_change import plan_fingerprint
+from fissure.control.plan_change import parse_fingerprint, plan_fingerprint
 from fissure.control.progress import ProgressState, requested_mode
 from fissure.graph import OperatorEstimate, Pipeline
 from fissure.model.types import Machine, Plan
@@ -44,14 +44,14 @@ from fissure.spark.adaptive_queries import QueryManager, canonical_plan
 from fissure.spark.adaptive_realizer import SparkPlanRealizer, SwitchRecord
 from fissure.spark.config import RunnerConfig
 from fissure.spark.observed_metrics import Publication
-from fissure.spark.plans import resolve_plan
+from fissure.spark.plans import describe_plan, resolve_plan
 from fissure.spark.progress_output import ProgressOutput
-from fissure.spark.runner import RunReport
+from fissure.spark.runner import RunReport, bind_sources
 from fissure.spark.session import create_session, default_parallelism
-from fissure.spark.sources import RateSource, SourceLike
+from fissure.spark.sources import RateSource, SourceLike, check_before_spark
 from fissure.spark.spark_model_search import SparkModelSearch
 from fissure.spark.state import Repartitioner, spark_repartitioner
-from fissure.streamgraph import StreamGraph
+from fissure.streamgraph import StreamGraph, as_graph
 
 log = logging.getLogger(__name__)
 
@@ -67,24 +67,54 @@ class AdaptiveRunReport(RunReport):
     queries: int = 0  # streaming queries started (1 + restarts)
     correction: str | None = None  # the model correction learned from the measured plans, described
 
+    def describe(self) -> str:
+        """The RunReport's key figures, then the plan switches, the queries and the timeline."""
+        timeline = f", timeline {self.timeline_json}" if self.timeline_json else ""
+        return (f"{super().describe()}, {len(self.switches)} switch{'' if len(self.switches) == 1 else 'es'}, "
+                f"{self.queries} quer{'y' if self.queries == 1 else 'ies'}{timeline}")
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.describe()})"
+
 
 class DecisionProgress:
-    """`fissure run`'s progress during an adaptive run: throughput, batch, records, plan in force,
-    last decision; in the form and at the moments `output`'s policy chooses."""
+    """`fissure run`'s progress during an adaptive run, with the fields a plain run's progress has
+    (fissure.spark.runner): throughput, batch, records, dead letters, the waiting operators'
+    thread levels, the plan in force described with its keys, the operator table when one is due;
+    and the last decision. In the form and at the moments `output`'s policy chooses."""
 
-    def __init__(self, queries: QueryManager, observations: SparkObservations, output: ProgressOutput) -> None:
+    def __init__(self, queries: QueryManager, observations: SparkObservations, output: ProgressOutput,
+                 program: Pipeline | StreamGraph | None = None) -> None:
         self.queries, self.observations, self.output = queries, observations, output
+        self.program = program  # names the keys of the plan's replicated regions
         self.last: ProgressState | None = None
 
     def __call__(self, decision: Decision, entry: TimelineEntry) -> None:
+        live = self.queries.current
         self.last = ProgressState(batch_id=entry.batch_id, records_per_s=entry.throughput_per_s,
                                   input_records=self.observations.input_records,
-                                  dead_letters=self.queries.dead_letter_log.count, plan=decision.plan_in_force,
+                                  dead_letters=self.queries.dead_letter_log.count,
+                                  plan=described_fingerprint(decision.plan_in_force, self.program),
+                                  threads=levels_text(entry.thread_levels),
                                   decision=f"{decision.action.value}: {decision.reason}")
-        self.output.show(self.last)
+        self.output.show(self.last, table=live.runner.due_table if live is not None else None)
 
     def close(self) -> None:
         self.output.close(self.last)
+
+
+def described_fingerprint(fingerprint: str, program: Pipeline | StreamGraph | None) -> str:
+    """A plan fingerprint (`[a,b]x2`) as the progress line describes plans: with the key of each
+    replicated region (`[a,b]x2(host)`, fissure.spark.plans.describe_plan)."""
+    try:
+        return describe_plan(parse_fingerprint(fingerprint), program)
+    except ValueError:
+        return fingerprint
+
+
+def levels_text(levels: Mapping[str, Sequence[int]] | None) -> str:
+    """Thread levels per operator as the progress line shows them: `enrich 8,6`."""
+    return " ".join(f"{operator} {','.join(map(str, values))}" for operator, values in (levels or {}).items())
 
 
 def run_adaptive_on_spark(
@@ -111,6 +141,7 @@ def run_adaptive_on_spark(
     run ends after that many micro-batches (the next one, held at its gate, is left for a run on
     the checkpoint).
     """
+    check_before_spark(as_graph(pipeline), bind_sources(as_graph(pipeline), source))
     origin = clock()
 
     def run_clock() -> float:  # seconds since the run started: the timeline's time axis
@@ -139,7 +170,7 @@ def run_adaptive_on_spark(
         search=search, clock=run_clock)
     progress_output = ProgressOutput(requested_mode(progress, config.progress),
                                      interval_s=config.progress_lines_interval_s, clock=clock)
-    decision_progress = DecisionProgress(queries, observations, progress_output)
+    decision_progress = DecisionProgress(queries, observations, progress_output, pipeline)
 
     def decided(decision: Decision, entry: TimelineEntry) -> None:
         # Before the loop releases the next batch: that batch's progress report carries it.
@@ -166,7 +197,8 @@ def run_adaptive_on_spark(
         dead_letters=queries.dead_letter_log.count, elapsed_s=run_clock() - started, checkpoint=checkpoint,
         timeline=timeline, switches=tuple(realizer.switches), timeline_json=paths[0], timeline_png=paths[1],
         queries=queries.queries_started, correction=correction.describe() if correction is not None else None,
-        batch_log=tuple(queries.batch_log), batch_times=tuple(observations.times), admissions=queries.admissions)
+        batch_log=tuple(queries.batch_log), batch_times=tuple(observations.times), admissions=queries.admissions,
+        plan_text=describe_plan(controller.plan, pipeline))
     if owned_checkpoint:
         shutil.rmtree(checkpoint, ignore_errors=True)
     return report

@@ -46,7 +46,7 @@ from fissure.spark.stages import (
 from fissure.streamgraph import NodeKind, StreamGraph
 from fissure.worker.columns import DEAD_OPERATOR, SEQ
 from fissure.worker.graph_profiling import ProfiledGraphRegion
-from fissure.worker.source_rows import without_corrupt_record
+from fissure.worker.source_rows import LineFormat, without_corrupt_record
 from fissure.worker.graph_pe import (
     ROUTE, EnvelopeLayout, GraphStage, StageProfiling, consumers_after, pieces_for, plan_graph_stages,
     state_partitions_of, stream_lifetimes,
@@ -82,8 +82,8 @@ class CompiledGraph:
 
 
 def _source_envelopes(name: str, index: int, frame: DataFrame, layout: EnvelopeLayout,
-                      pack_for: PackSpec | None) -> DataFrame:
-    function = SourceEnvelopeFunction(name, index, layout, layout.stream_schema(name), pack_for)
+                      pack_for: PackSpec | None, line_format: LineFormat | None) -> DataFrame:
+    function = SourceEnvelopeFunction(name, index, layout, layout.stream_schema(name), pack_for, line_format)
     return frame.mapInArrow(function, spark_schema_of(layout.schema if pack_for is None else PACKED_SCHEMA))
 
 
@@ -118,7 +118,8 @@ def _join_key_column(node, layout: EnvelopeLayout, spread: int):
 def compile_graph(graph: StreamGraph, source_frames: Mapping[str, DataFrame], *, plan: Plan | None = None,
                   boundaries: Iterable[str] | None = None, state_partitions: int | None = None,
                   threads: WorkerThreads | None = None, profiling: WorkerProfiling | None = None,
-                  resource_profile_for=lambda processes: None) -> CompiledGraph:
+                  resource_profile_for=lambda processes: None,
+                  line_formats: Mapping[str, LineFormat] | None = None) -> CompiledGraph:
     """The query of `graph` under `plan` (default: sequential) over the streaming DataFrames of its
     sources (by source name).
 
@@ -128,7 +129,10 @@ def compile_graph(graph: StreamGraph, source_frames: Mapping[str, DataFrame], *,
     region, 1 without). `profiling`: what the stages count into the run's profile accumulator
     (None: not profiled). `threads`: how waiting operators run on elastic threads and report their levels
     (None: declared ones still do, with the default policy, unreported). `resource_profile_for(n)`
-    may return a ResourceProfile for a pe stage of n processes (None: Spark's default)."""
+    may return a ResourceProfile for a pe stage of n processes (None: Spark's default).
+    `line_formats`: how the JSON and CSV sources' lines are written (by source name), so that an
+    unreadable line's dead letter says what is wrong with it."""
+    line_formats = line_formats or {}
     threads = threads or WorkerThreads()
     query_token = uuid.uuid4().hex[:12]
     piece_prefix = f"{graph.name}.{query_token}" if profiling is not None and profiling.pieces else None
@@ -150,7 +154,7 @@ def compile_graph(graph: StreamGraph, source_frames: Mapping[str, DataFrame], *,
                                 f"graph {graph.name!r}; a boundary is the input port of a stateless operator or union")
     if state_partitions is None:
         state_partitions = state_partitions_of(graph, plan)
-    schemas = {name: schema for name, schema in checked.schemas.items() if graph.node(name).kind is not NodeKind.SINK}
+    schemas = dict(checked.schemas)  # every stream's (a sink's records are its stream's)
     every_stream = EnvelopeLayout(schemas)
     layouts = [every_stream.restricted(live) for live in stream_lifetimes(graph, stages)]  # between stages
     # One source read by a first pe stage: its records become envelopes inside that stage's PE, not
@@ -163,9 +167,11 @@ def compile_graph(graph: StreamGraph, source_frames: Mapping[str, DataFrame], *,
     packs = [_pack_spec(graph, stage, layouts[stage.position], state_partitions) for stage in stages] + [None]
     if enveloped_in_first_stage:
         frame = source_frames[graph.sources[0]]
-        source_envelopes = SourceEnvelopeFunction(graph.sources[0], 0, layouts[0], layouts[0].stream_schema(graph.sources[0]))
+        source = graph.sources[0]
+        source_envelopes = SourceEnvelopeFunction(source, 0, layouts[0], layouts[0].stream_schema(source),
+                                                  line_format=line_formats.get(source))
     else:
-        frames = [_source_envelopes(name, index, source_frames[name], layouts[0], packs[0])
+        frames = [_source_envelopes(name, index, source_frames[name], layouts[0], packs[0], line_formats.get(name))
                   for index, name in enumerate(graph.sources)]
         frame = frames[0]
         for other in frames[1:]:
@@ -225,7 +231,7 @@ def compile_graph(graph: StreamGraph, source_frames: Mapping[str, DataFrame], *,
 
 def sink_frame(compiled: CompiledGraph, graph: StreamGraph, sink: str, frame: DataFrame) -> DataFrame:
     """The live rows of `sink`'s stream in an envelope frame, under the stream's field names."""
-    stream = graph.node(sink).inputs[0]
+    stream = graph.sink_node(sink).inputs[0]
     columns = compiled.layout.columns_of(stream)
     names = compiled.layout.stream_schema(stream).names
     return (frame.filter((F.col(ROUTE) == F.lit(compiled.layout.route_of(stream))) & F.col(DEAD_OPERATOR).isNull())

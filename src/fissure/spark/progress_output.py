@@ -4,10 +4,13 @@
     output.show(state)                                  # each look at the run
     output.close(state)                                 # the end
 
-The live form redraws one line in place (a carriage return, then erase-to-end-of-line), with the
-profiler's table above it when one is due (cursor moves up over the last table, erase below);
-its plan is abbreviated to the terminal's width. The lines form prints whole lines, each
-starting with the local time in ISO 8601 with its offset, the plan in full:
+Both forms show the same fields: the batch, records/s, records, dead letters, the waiting
+operators' thread levels, the plan (with its keys), an adaptive run's last decision, and the
+profiler's operator table when one is due. The live form redraws one line in place (a carriage
+return, then erase-to-end-of-line), with the table above it (cursor moves up over the last
+table, erase below); its plan is abbreviated to the terminal's width. The lines form prints
+whole lines, each starting with the local time in ISO 8601 with its offset, the plan in full,
+and the table as plain lines under the line it came with:
 
     2026-11-25T13:40:12+00:00 fissure | batch 17 | 12,345 records/s | 210,000 records | 3 dead letters | plan [parse|events]x2 -> [results]
 
@@ -99,12 +102,15 @@ class ProgressOutput:
     def show(self, state: ProgressState, *, table: Callable[[], str | None] | None = None,
              final: bool = False) -> bool:
         """Show `state` if the policy says so (True then). `table`: the profiler's table when one
-        is due (None: not now), drawn above the live line; the lines form never asks for it."""
+        is due (None: not now), asked for only when a line is shown: drawn above the live line,
+        printed under a timestamped line."""
         if not self.policy.should_show(state, final=final):
             return False
         waiting_s = self._clock() - self._started_s
         if self.form is ProgressForm.LINES:
-            print(timestamped_line(state, waiting_s, self._wall_clock()), file=self.stream, flush=True)
+            drawn = table() if table else None
+            print(timestamped_line(state, waiting_s, self._wall_clock()) + ("\n" + drawn if drawn else ""),
+                  file=self.stream, flush=True)
             return True
         self._draw(live_line(state, waiting_s, terminal_columns(self.stream)), table() if table else None)
         return True

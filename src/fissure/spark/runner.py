@@ -51,7 +51,7 @@ from fissure.spark.plans import describe_plan, resolve_plan
 from fissure.spark.progress_output import ProgressOutput
 from fissure.spark.session import QUERY_DEFAULTS, create_session, default_parallelism, is_local
 from fissure.spark.sinks import DeadLetterLog, write_dead_letters
-from fissure.spark.sources import FileSource, open_source
+from fissure.spark.sources import FileSource, check_before_spark, open_source
 from fissure.spark.state import RepartitionRecovery, checkpoint_exists, delete_checkpoint, recover_unfinished_repartition
 from fissure.streamgraph import StreamGraph, as_graph
 from fissure.worker.cost_sample import measure_sample_isolated
@@ -93,7 +93,8 @@ class BatchListeners:
 
 @dataclass(frozen=True)
 class RunReport:
-    """What a finished (or stopped) run did."""
+    """What a finished (or stopped) run did. Its repr is one short line of the key figures
+    (`describe()`); the batch logs and profiles are in the fields."""
 
     plan: Plan
     batches: int
@@ -111,14 +112,23 @@ class RunReport:
     decisions: tuple = ()
     batch_times: tuple[BatchTime, ...] = ()  # every batch Spark reported, in batch order
     admissions: tuple[SourceAdmission, ...] = ()  # batch sizes fissure chose for file sources
+    plan_text: str = ""  # the plan described when the report was made, with its keys: `[a|b]x2(user)`
 
     @property
     def output_records(self) -> int:
         """Records written to the sinks (every sink's, summed; a replayed batch's once per write)."""
         return sum(batch.output_records for batch in self.batch_log)
 
-    def summary(self, plan: str) -> dict:
-        """The run as `fissure run --json` prints it (docs/commands.md); `plan` as described."""
+    @property
+    def described_plan(self) -> str:
+        """The plan as the progress line and `fissure run` show it (`plan_text`, else the plan
+        described without its keys)."""
+        return self.plan_text or describe_plan(self.plan)
+
+    def summary(self, plan: str | None = None) -> dict:
+        """The run as `fissure run --json` prints it (docs/commands.md); `plan`: the plan as
+        described (default: the report's own description, `described_plan`)."""
+        plan = self.described_plan if plan is None else plan
         times = sorted(self.batch_times, key=lambda time: time.batch_id)
         later = times[1:]
         later_s = sum(time.duration_s for time in later)
@@ -132,6 +142,17 @@ class RunReport:
     @property
     def records_per_s(self) -> float:
         return self.input_records / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+    def describe(self) -> str:
+        """The key figures on one line: plan, batches, records in and out, dead letters, elapsed
+        seconds, throughput."""
+        return (f"plan {self.described_plan}, {self.batches} batch{'' if self.batches == 1 else 'es'}, "
+                f"{self.input_records:,} records in, {self.output_records:,} out, {self.dead_letters:,} dead "
+                f"letter{'' if self.dead_letters == 1 else 's'}, {self.elapsed_s:.1f} s, "
+                f"{self.records_per_s:,.0f} records/s")
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.describe()})"
 
 
 def ship_operator_modules(program: Pipeline | StreamGraph) -> None:
@@ -215,6 +236,11 @@ def _bound(graph: StreamGraph, given, role: str, names: tuple[str, ...]) -> dict
     return dict(given)
 
 
+def bind_sources(graph: StreamGraph, given) -> dict:
+    """A graph's sources by name, as `Runner` binds them (PipelineError naming the fix)."""
+    return _bound(graph, given, "source", graph.sources)
+
+
 class DetachableBatchFunction:
     """The function a query's `foreachBatch` calls, cut from the Runner once its query stopped.
 
@@ -278,6 +304,7 @@ class Runner:
         self.pipeline = chain if chain is not None else self.graph  # what plans name
         self.sources = _bound(self.graph, source, "source", self.graph.sources)
         self.sinks = _bound(self.graph, sink, "sink", self.graph.sinks)
+        check_before_spark(self.graph, self.sources)  # a missing path or field fails now, not after Spark's start
         self.config = config
         self.spark = spark if spark is not None else create_session(config)
         self.estimates = estimates
@@ -362,9 +389,11 @@ class Runner:
         if self.config.batch_size == "auto":
             sources, self.admissions = self._sized_sources()
         frames = {name: open_source(sources[name], self.spark) for name in self.graph.sources if name in sources}
+        line_formats = {name: source.line_format() for name, source in sources.items()
+                        if callable(getattr(source, "line_format", None))}
         self.compiled = compile_graph(self.graph, frames, plan=self.plan, boundaries=self.boundaries,
                                       state_partitions=state_partitions, threads=self.threads.worker, profiling=profiling,
-                                      resource_profile_for=_resource_profiles(self.spark))
+                                      resource_profile_for=_resource_profiles(self.spark), line_formats=line_formats)
         frame = observe_run(self.compiled.frame, [operator.name for operator in self.graph.operators],
                             counted=self.profile_settings is not None)
         writer = self._write_batch
@@ -467,7 +496,8 @@ class Runner:
                          profile=self.profile_summary() if self.profiler is not None else None,
                          thread_levels=self.threads.batches if self.threads is not None else (),
                          batch_log=tuple(self.batch_log), boundaries=self.boundaries, decisions=self.decisions,
-                         batch_times=self.batch_times(), admissions=self.admissions)
+                         batch_times=self.batch_times(), admissions=self.admissions,
+                         plan_text=describe_plan(self.plan, self.pipeline))
 
     def batch_times(self) -> tuple[BatchTime, ...]:
         return tuple(BatchTime(batch_id, self._seen_batches[batch_id], seconds)
@@ -528,7 +558,7 @@ class Runner:
         dead-letter job, which runs every batch."""
         observation = Observation(f"fissure_batch_{batch_id}")
         live = F.col(DEAD_OPERATOR).isNull()
-        routes = [self.compiled.layout.route_of(self.graph.node(sink).inputs[0]) for sink in self.graph.sinks]
+        routes = [self.compiled.layout.route_of(self.graph.sink_node(sink).inputs[0]) for sink in self.graph.sinks]
         observed = frame.observe(observation, F.count_if(~live).alias("dead"),
                                  *[F.count_if(live & (F.col(ROUTE) == route)).alias(f"sink{index}")
                                    for index, route in enumerate(routes)])
@@ -595,7 +625,7 @@ class Runner:
                 self._collect_progress()
             except Exception:  # noqa: BLE001 - the query ending mid-poll: nothing to show
                 continue
-            self.progress_output.show(self._progress_state(), table=self._due_table)
+            self.progress_output.show(self._progress_state(), table=self.due_table)
             if self.query is not None and not self.query.isActive:
                 break
 
@@ -609,7 +639,7 @@ class Runner:
         return ProgressState(batch_id=None, records_per_s=None, input_records=0,
                              dead_letters=self.dead_letter_log.count, plan=describe_plan(self.plan, self.pipeline))
 
-    def _due_table(self) -> str | None:
+    def due_table(self) -> str | None:
         """With profiling, the operators' statistics table every `table_interval_s` (None: not due)."""
         now = time.monotonic()
         if self.profiler is None or now - self._table_drawn_at < self.profile_settings.table_interval_s:

@@ -13,8 +13,11 @@ socket source's `value` (str); Kafka's `key` and `value` (bytes), `topic` (str),
 
 from __future__ import annotations
 
+import glob
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from urllib.parse import unquote, urlparse
 
 import pyarrow as pa
 from pyspark.errors import AnalysisException
@@ -23,6 +26,7 @@ from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 
 from fissure.graph import SchemaSpec, to_arrow_schema as declared_arrow_schema
 from fissure.worker.columns import CORRUPT_RECORD
+from fissure.worker.unreadable_lines import LineFormat
 
 FILE_FORMATS = ("text", "json", "csv", "parquet")
 LINE_FORMATS = ("json", "csv")  # formats whose unreadable lines become dead letters with the raw line
@@ -39,7 +43,11 @@ class FileSource:
 
     Bad input: JSON and CSV files are read in PERMISSIVE mode with the raw line of a line that
     does not parse or fit the schema kept in the column CORRUPT_RECORD; that row, and a row whose
-    text is not valid UTF-8, becomes a dead letter of the source (fissure.worker.source_rows).
+    text is not valid UTF-8, becomes a dead letter of the source (fissure.worker.source_rows),
+    whose reason says what is wrong with the line (`line_format`).
+
+    A path that does not exist raises SourcePathNotFound naming it and the fix: a local one (no
+    scheme, or file://) before Spark starts (`check_path`), any other when Spark opens it.
     """
 
     path: str
@@ -64,7 +72,49 @@ class FileSource:
             raise ValueError(f"{where}: give max_files_per_trigger or max_bytes_per_trigger, not both "
                              f"(Spark's file source refuses the pair)")
 
+    def known_schema(self) -> pa.Schema | None:
+        """The fields the program reads, known without Spark: text's `value`, else the declared schema."""
+        if self.format == "text":
+            return pa.schema([("value", pa.string())])
+        return declared_arrow_schema(self.schema, f"file source {self.path!r}")
+
+    def line_format(self) -> LineFormat | None:
+        """How the worker reads an unreadable line again to say what is wrong with it (JSON, CSV)."""
+        if self.format not in LINE_FORMATS:
+            return None
+        options = {name.lower(): value for name, value in self.options.items()}
+        return LineFormat(self.format, delimiter=options.get("sep", options.get("delimiter", ",")),
+                          quote=options.get("quote", '"'), escape=options.get("escape", "\\"))
+
+    def local_path(self) -> str | None:
+        """The path on this machine's file system (None: another scheme, such as s3a:// or hdfs://)."""
+        parsed = urlparse(self.path)
+        if parsed.scheme == "":
+            return self.path
+        if parsed.scheme == "file":
+            return unquote(parsed.path)
+        return None
+
+    def check_path(self) -> None:
+        """A local path that matches nothing raises SourcePathNotFound (Spark would fail later, and
+        with `AnalysisException: [PATH_NOT_FOUND]`); other schemes are checked when Spark opens them."""
+        local = self.local_path()
+        if local is None:
+            return
+        if any(character in local for character in "*?[{"):
+            if not glob.glob(local):
+                raise SourcePathNotFound(f"file source {self.path!r}: the pattern matches no file or directory "
+                                         f"(in {os.path.abspath(os.path.dirname(local) or '.')}); check the pattern, "
+                                         f"or give the directory the input files arrive in")
+            return
+        if not os.path.exists(local):
+            raise SourcePathNotFound(
+                f"file source {self.path!r}: the directory {os.path.abspath(local)} does not exist; create it "
+                f"(`mkdir -p {local}`) before the run, or give the directory the input files arrive in: a streaming "
+                f"file source watches an existing directory for new files")
+
     def open(self, spark: SparkSession) -> DataFrame:
+        self.check_path()
         reader = spark.readStream.format(self.format)
         if self.schema is not None:
             schema = declared_arrow_schema(self.schema, f"file source {self.path!r}")
@@ -82,7 +132,14 @@ class FileSource:
             reader = reader.option("header", "true")
         for name, value in self.options.items():
             reader = reader.option(name, value)
-        return reader.load(self.path)
+        try:
+            return reader.load(self.path)
+        except AnalysisException as error:
+            if error.getCondition() != "PATH_NOT_FOUND":
+                raise
+            raise SourcePathNotFound(
+                f"file source {self.path!r}: Spark finds no such path ({str(error).splitlines()[0]}); create the "
+                f"directory before the run, or check the URL's scheme, host and path") from None
 
 
 @dataclass(frozen=True)
@@ -104,6 +161,9 @@ class SocketSource:
     host: str = "127.0.0.1"
     port: int = 9999
 
+    def known_schema(self) -> pa.Schema:
+        return pa.schema([("value", pa.string())])
+
     def open(self, spark: SparkSession) -> DataFrame:
         return spark.readStream.format("socket").option("host", self.host).option("port", str(self.port)).load()
 
@@ -112,8 +172,12 @@ KAFKA_FIELDS = ("key", "value", "topic", "partition", "offset", "timestamp", "ti
 
 
 class SourceUnavailable(RuntimeError):
-    """A source this Spark cannot open (a connector missing from its classpath); the message says
-    how to add it."""
+    """A source this Spark cannot open (a connector missing from its classpath, a path that does
+    not exist); the message says what to do."""
+
+
+class SourcePathNotFound(SourceUnavailable):
+    """A file source whose path does not exist; the message names the path and the fix."""
 
 
 def kafka_connector(spark_version: str, scala_version: str = "2.13") -> str:
@@ -188,6 +252,30 @@ def open_source(source: SourceLike, spark: SparkSession) -> DataFrame:
         raise TypeError(f"the source {source!r} gave {type(frame).__name__}, not a streaming DataFrame; "
                         f"build it with spark.readStream")
     return frame
+
+
+def known_source_schemas(sources: Mapping[str, object]) -> dict[str, pa.Schema]:
+    """The schemas of the bound sources (by name) that are known without Spark: a source's
+    `known_schema()` (FileSource, SocketSource, fissure.testing.TestingSource), where it has one."""
+    schemas = {}
+    for name, source in sources.items():
+        known = getattr(source, "known_schema", None)
+        schema = known() if callable(known) else None
+        if isinstance(schema, pa.Schema):
+            schemas[name] = schema
+    return schemas
+
+
+def check_before_spark(graph, sources: Mapping[str, object]) -> None:
+    """What can be checked of a run before Spark starts, so every entry point fails in a moment,
+    not after the session's start: each local FileSource path exists (SourcePathNotFound), and
+    the program's fields (read, keyed and ordered by, joined and unioned), names and schemas fit
+    the sources whose schema is known without Spark (`graph.check`, PipelineError). Sources of
+    unknown schema are checked again when their frames exist."""
+    for source in sources.values():
+        if isinstance(source, FileSource):
+            source.check_path()
+    graph.check(known_source_schemas(sources))
 
 
 def arrow_schema_of(frame: DataFrame) -> pa.Schema:

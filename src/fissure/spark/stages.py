@@ -32,7 +32,7 @@ from fissure.worker.keyed import StatefulStep, run_group, run_keys
 from fissure.worker.packing import PACKED_KEY, PackSpec, pack, unpack
 from fissure.worker.profiling import RECORDS_IN, ProfiledUpdate
 from fissure.worker.report_rows import report_envelope, report_text, reported_counts
-from fissure.worker.source_rows import carried_source_batch
+from fissure.worker.source_rows import LineFormat, carried_source_batch
 from fissure.worker.region import processing_element
 
 KEY = PACKED_KEY  # the grouping column of every keyed stage, packed or not
@@ -299,16 +299,17 @@ class SourceEnvelopeFunction:
     dead letter of the source (fissure.worker.source_rows)."""
 
     def __init__(self, name: str, index: int, layout: EnvelopeLayout, source_schema: pa.Schema,
-                 pack_for: PackSpec | None = None) -> None:
+                 pack_for: PackSpec | None = None, line_format: LineFormat | None = None) -> None:
         self.name, self.index, self.layout, self.source_schema = name, index, layout, source_schema
         self.pack_for = pack_for  # set: the envelopes are packed for the keyed stage that follows
+        self.line_format = line_format  # the source's JSON or CSV lines: what is wrong with an unreadable one
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         from pyspark import TaskContext
 
         first_seq = (self.index << SOURCE_SHIFT) + (TaskContext.get().partitionId() << SEQ_PARTITION_SHIFT)
         for batch in batches:
-            carried = carried_source_batch(batch, self.source_schema, first_seq, self.name)
+            carried = carried_source_batch(batch, self.source_schema, first_seq, self.name, self.line_format)
             first_seq += batch.num_rows
             envelopes = self.layout.wrap(carried, self.name)
             yield envelopes if self.pack_for is None else pack(envelopes, self.pack_for)

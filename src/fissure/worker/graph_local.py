@@ -3,6 +3,7 @@
     results = run_local(graph, {"lines": [{"value": "..."}, ...]})
     results["alerts"]          # the records that reached sink "alerts", as dicts
     results.dead_letters       # every record an operator could not process, with the reason
+    results                    # {'alerts': [...]} with 1 dead letter: 'parse': ValueError: ...
 
 Each operator runs with the same per-operator code as on Spark (fissure.worker.fused for
 stateless operators, fissure.worker.keyed for stateful ones, fissure.worker.graph_join for
@@ -14,6 +15,7 @@ the state between calls, to run several micro-batches.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -40,9 +42,39 @@ class LocalDeadLetter:
 
 
 class LocalResults(dict):
-    """Sink name -> records (dicts); `dead_letters` holds what operators could not process."""
+    """Sink name -> records (dicts); `dead_letters` holds what operators could not process. Its
+    repr shows the dead letters too: their count and the first SHOWN_DEAD_LETTERS with operator and
+    reason."""
 
-    dead_letters: list[LocalDeadLetter]
+    SHOWN_DEAD_LETTERS = 3
+    SHOWN_ERROR_CHARS = 120
+
+    def __init__(self, *args, dead_letters: Sequence[LocalDeadLetter] = (), **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.dead_letters: list[LocalDeadLetter] = list(dead_letters)
+
+    def describe_dead_letters(self) -> str:
+        """`2 dead letters: 'parse': ValueError: ... (record {...}); ...`, the first few in full."""
+        count = len(self.dead_letters)
+        if not count:
+            return "no dead letters"
+        shown = []
+        for letter in self.dead_letters[:self.SHOWN_DEAD_LETTERS]:
+            error = letter.error if len(letter.error) <= self.SHOWN_ERROR_CHARS else \
+                letter.error[:self.SHOWN_ERROR_CHARS - 3] + "..."
+            record = letter.record if len(letter.record) <= 60 else letter.record[:57] + "..."
+            shown.append(f"{letter.node!r}: {error} (record {record})")
+        more = f"; and {count - len(shown)} more" if count > len(shown) else ""
+        return f"{count} dead letter{'' if count == 1 else 's'}: {'; '.join(shown)}{more}"
+
+    def __repr__(self) -> str:
+        return f"{dict.__repr__(self)} with {self.describe_dead_letters()}"
+
+    __str__ = __repr__
+
+
+class DeadLettersWarning(UserWarning):
+    """`run_local` returned results with dead letters (records an operator could not process)."""
 
 
 @dataclass
@@ -90,8 +122,6 @@ class LocalGraphRun:
         dead: list[LocalDeadLetter] = []
         for name in layout.order:
             node = graph.node(name)
-            if node.kind is NodeKind.SINK:
-                continue
             started = self.clock() if self.clock is not None else 0.0
             if node.kind is NodeKind.SOURCE:
                 index = graph.sources.index(name)
@@ -124,11 +154,10 @@ class LocalGraphRun:
                 dead += [LocalDeadLetter(row[DEAD_OPERATOR], row[DEAD_ERROR], row[DEAD_RECORD], row[SEQ])
                          for row in new_dead.select([SEQ, *DEAD_COLUMNS]).to_pylist()]
             streams[name] = live
-        results = LocalResults()
+        results = LocalResults(dead_letters=dead)
         for sink in graph.sinks:
-            stream = graph.node(sink).inputs[0]
+            stream = graph.sink_node(sink).inputs[0]
             results[sink] = streams[stream].select(schemas[stream].names).to_pylist()
-        results.dead_letters = dead
         return results
 
     def _stateful(self, node, carried: pa.RecordBatch, schemas) -> pa.RecordBatch:
@@ -174,11 +203,22 @@ def _inferred_schema(source: str, records: Sequence[Mapping]) -> pa.Schema:
 def run_local(program: Pipeline | StreamGraph, sources: Mapping[str, Sequence[Mapping]] | Sequence[Mapping]
               ) -> LocalResults:
     """Run `program` over the given records of every source, as one micro-batch; see the module
-    docstring. A chain (a Pipeline) takes its records as a list and its results are under "sink"."""
+    docstring. A chain (a Pipeline) takes its records as a list and its results are under "sink".
+
+    A batch with dead letters also warns (DeadLettersWarning, on stderr unless filtered): the
+    results are printed and compared as sink records, where a record an operator could not process
+    is simply absent, so a test or a notebook cell that looks only at the sinks would read a
+    failing operator as a filter. The warning names the count and the first letters; the results'
+    repr shows them too. Silence it where dead letters are expected with
+    `warnings.simplefilter("ignore", DeadLettersWarning)` (or pytest's filterwarnings)."""
     graph = as_graph(program)
     if not isinstance(sources, Mapping):
         if len(graph.sources) != 1:
             raise PipelineError(f"graph {graph.name!r} has sources {', '.join(graph.sources)}; pass a dict of their "
                                 f"records by name")
         sources = {graph.sources[0]: sources}
-    return LocalGraphRun(graph).run_batch(sources)
+    results = LocalGraphRun(graph).run_batch(sources)
+    if results.dead_letters:
+        warnings.warn(DeadLettersWarning(f"run_local({graph.name!r}): {results.describe_dead_letters()}; they are "
+                                         f"not in the sinks' records: read results.dead_letters"), stacklevel=2)
+    return results

@@ -133,8 +133,8 @@ def pieces_for(graph: StreamGraph, nodes: Sequence[str], boundaries: Iterable[st
 
 
 def consumers_after(graph: StreamGraph, stream: str, done: set[str]) -> bool:
-    """Whether some consumer of `stream` (a node or a sink) is not in `done`."""
-    return any(consumer not in done for consumer in graph.consumers(stream))
+    """Whether a sink reads `stream`, or some operator that reads it is not in `done`."""
+    return bool(graph.sinks_of(stream)) or any(consumer not in done for consumer in graph.consumers(stream))
 
 
 # --- envelopes --------------------------------------------------------------------------------
@@ -261,8 +261,8 @@ def stream_lifetimes(graph: StreamGraph, stages: Sequence[GraphStage]) -> tuple[
     made_in = {name: -1 for name in graph.sources}
     made_in.update({name: stage.position for stage in stages for name in stage.nodes})
     end = len(stages)
-    last_read = {stream: max((made_in[consumer] if graph.node(consumer).kind is not NodeKind.SINK else end)
-                             for consumer in graph.consumers(stream)) for stream in made_in}
+    last_read = {stream: end if graph.sinks_of(stream) else max(made_in[consumer] for consumer in graph.consumers(stream))
+                 for stream in made_in}
     return tuple(frozenset(stream for stream, made in made_in.items() if made < boundary <= last_read[stream])
                  for boundary in range(end + 1))
 
@@ -329,7 +329,7 @@ def fusion_runs(graph: StreamGraph, piece: Sequence[str]) -> list[list[str]]:
         node = graph.node(name)
         previous = runs[-1][-1] if runs else None
         if (previous is not None and node.kind is NodeKind.OPERATOR and node.inputs == (previous,)
-                and graph.node(previous).kind is NodeKind.OPERATOR and graph.consumers(previous) == (name,)):
+                and graph.node(previous).kind is NodeKind.OPERATOR and graph.consumers(previous) == (name,) and not graph.sinks_of(previous)):
             runs[-1].append(name)
         else:
             runs.append([name])

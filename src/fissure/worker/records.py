@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import sysconfig
 import traceback
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -23,11 +24,39 @@ class DeadLetter:
     seq: int
 
 
+# Where code that is not the user's lives: the standard library, installed packages, fissure itself.
+_NOT_USER_DIRS = tuple(os.path.normcase(os.path.realpath(path)) + os.sep for path in dict.fromkeys(
+    sysconfig.get_paths()[name] for name in ("stdlib", "platstdlib", "purelib", "platlib")))
+_FISSURE_DIR = os.path.normcase(os.path.realpath(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))) + os.sep
+_PACKAGE_DIR_NAMES = ("site-packages", "dist-packages")
+
+
+def is_user_frame(filename: str) -> bool:
+    """Whether a traceback frame's file is the user's code: not the standard library, not an
+    installed package (site-packages), not fissure itself, not a frozen or generated module."""
+    if not filename or filename.startswith("<"):
+        return False
+    path = os.path.normcase(os.path.realpath(filename))
+    if path.startswith(_FISSURE_DIR) or path.startswith(_NOT_USER_DIRS):
+        return False
+    return not any(part in _PACKAGE_DIR_NAMES for part in path.split(os.sep))
+
+
 def describe_error(error: BaseException) -> str:
-    """`Type: message` and the innermost frame, enough to find the failing line."""
+    """`Type: message` and the user's line: the innermost frame of the user's code (not the
+    standard library, installed packages or fissure), so that an operator calling json.loads is
+    pointed at its own call, not at json/decoder.py; where the error was raised deeper, that frame
+    follows as `raised in`. Without a user frame, the innermost frame."""
     frames = traceback.extract_tb(error.__traceback__)
-    where = f" (at {frames[-1].filename}:{frames[-1].lineno} in {frames[-1].name})" if frames else ""
-    return f"{type(error).__name__}: {error}{where}"
+    text = f"{type(error).__name__}: {error}"
+    if not frames:
+        return text
+    innermost = frames[-1]
+    user = next((frame for frame in reversed(frames) if is_user_frame(frame.filename)), None)
+    if user is None or user is innermost:
+        return f"{text} (at {innermost.filename}:{innermost.lineno} in {innermost.name})"
+    return (f"{text} (at {user.filename}:{user.lineno} in {user.name}; raised in "
+            f"{os.path.basename(innermost.filename)}:{innermost.lineno} in {innermost.name})")
 
 
 class OperatorFailedError(RuntimeError):
