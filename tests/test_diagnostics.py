@@ -162,6 +162,22 @@ def test_a_missing_local_source_directory_is_named_with_the_fix_before_spark_sta
                                                                           schema={"a": int}), MemorySink())
 
 
+def test_a_path_without_a_scheme_is_checked_early_only_where_it_is_known_to_be_local(tmp_path):
+    from fissure.spark.sources import FileSource, SourcePathNotFound, check_before_spark, default_file_system
+
+    from fissure.streamgraph import as_graph
+
+    graph = as_graph(Pipeline("p").map("up", lambda r: r))
+    missing = {"source": FileSource(str(tmp_path / "missing"))}
+    assert default_file_system(None, "local[2]", {}) == "file:///"
+    with pytest.raises(SourcePathNotFound):
+        check_before_spark(graph, missing, default_file_system(None, "local[2]", {}))
+    # On a cluster, or with HDFS as the default file system, the path is not on this machine:
+    # Spark checks it when the source opens.
+    for master, conf in (("spark://host:7077", {}), ("local[2]", {"spark.hadoop.fs.defaultFS": "hdfs://nn:8020"})):
+        check_before_spark(graph, missing, default_file_system(None, master, conf))
+
+
 @pytest.mark.parametrize("make_source", ["text", "json", "testing"])
 def test_a_program_that_does_not_fit_its_source_fails_before_spark_starts(no_spark, tmp_path, make_source):
     import fissure

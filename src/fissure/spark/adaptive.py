@@ -48,7 +48,7 @@ from fissure.spark.plans import describe_plan, resolve_plan
 from fissure.spark.progress_output import ProgressOutput
 from fissure.spark.runner import RunReport, bind_sources
 from fissure.spark.session import create_session, default_parallelism
-from fissure.spark.sources import RateSource, SourceLike, check_before_spark
+from fissure.spark.sources import RateSource, SourceLike, check_before_spark, default_file_system
 from fissure.spark.spark_model_search import SparkModelSearch
 from fissure.spark.state import Repartitioner, spark_repartitioner
 from fissure.streamgraph import StreamGraph, as_graph
@@ -141,7 +141,8 @@ def run_adaptive_on_spark(
     run ends after that many micro-batches (the next one, held at its gate, is left for a run on
     the checkpoint).
     """
-    check_before_spark(as_graph(pipeline), bind_sources(as_graph(pipeline), source))
+    check_before_spark(as_graph(pipeline), bind_sources(as_graph(pipeline), source),
+                       default_file_system(spark, config.master, config.spark_conf))
     origin = clock()
 
     def run_clock() -> float:  # seconds since the run started: the timeline's time axis

@@ -51,7 +51,7 @@ from fissure.spark.plans import describe_plan, resolve_plan
 from fissure.spark.progress_output import ProgressOutput
 from fissure.spark.session import QUERY_DEFAULTS, create_session, default_parallelism, is_local
 from fissure.spark.sinks import DeadLetterLog, write_dead_letters
-from fissure.spark.sources import FileSource, check_before_spark, open_source
+from fissure.spark.sources import FileSource, check_before_spark, default_file_system, open_source
 from fissure.spark.state import RepartitionRecovery, checkpoint_exists, delete_checkpoint, recover_unfinished_repartition
 from fissure.streamgraph import StreamGraph, as_graph
 from fissure.worker.cost_sample import measure_sample_isolated
@@ -304,7 +304,8 @@ class Runner:
         self.pipeline = chain if chain is not None else self.graph  # what plans name
         self.sources = _bound(self.graph, source, "source", self.graph.sources)
         self.sinks = _bound(self.graph, sink, "sink", self.graph.sinks)
-        check_before_spark(self.graph, self.sources)  # a missing path or field fails now, not after Spark's start
+        # A missing path or field fails now, not after Spark's start.
+        check_before_spark(self.graph, self.sources, default_file_system(spark, config.master, config.spark_conf))
         self.config = config
         self.spark = spark if spark is not None else create_session(config)
         self.estimates = estimates

@@ -86,19 +86,20 @@ class FileSource:
         return LineFormat(self.format, delimiter=options.get("sep", options.get("delimiter", ",")),
                           quote=options.get("quote", '"'), escape=options.get("escape", "\\"))
 
-    def local_path(self) -> str | None:
-        """The path on this machine's file system (None: another scheme, such as s3a:// or hdfs://)."""
+    def local_path(self, default_file_system: str = "file:///") -> str | None:
+        """The path on this machine's file system (None: another scheme, such as s3a:// or hdfs://;
+        a path without a scheme is on `default_file_system`, Hadoop's fs.defaultFS)."""
         parsed = urlparse(self.path)
         if parsed.scheme == "":
-            return self.path
+            return self.path if default_file_system.startswith("file:") else None
         if parsed.scheme == "file":
             return unquote(parsed.path)
         return None
 
-    def check_path(self) -> None:
+    def check_path(self, default_file_system: str = "file:///") -> None:
         """A local path that matches nothing raises SourcePathNotFound (Spark would fail later, and
         with `AnalysisException: [PATH_NOT_FOUND]`); other schemes are checked when Spark opens them."""
-        local = self.local_path()
+        local = self.local_path(default_file_system)
         if local is None:
             return
         if any(character in local for character in "*?[{"):
@@ -114,7 +115,7 @@ class FileSource:
                 f"file source watches an existing directory for new files")
 
     def open(self, spark: SparkSession) -> DataFrame:
-        self.check_path()
+        self.check_path(spark.sparkContext._jsc.hadoopConfiguration().get("fs.defaultFS") or "file:///")
         reader = spark.readStream.format(self.format)
         if self.schema is not None:
             schema = declared_arrow_schema(self.schema, f"file source {self.path!r}")
@@ -254,6 +255,17 @@ def open_source(source: SourceLike, spark: SparkSession) -> DataFrame:
     return frame
 
 
+def default_file_system(spark: SparkSession | None, master: str, spark_conf: Mapping[str, str]) -> str | None:
+    """Where a path without a scheme lives: the session's Hadoop fs.defaultFS; without a session
+    yet, the local file system in local mode unless the settings name another, and None (not known
+    before the session reads the cluster's Hadoop configuration) on a cluster."""
+    if spark is not None:
+        return spark.sparkContext._jsc.hadoopConfiguration().get("fs.defaultFS") or "file:///"
+    if not master.startswith("local"):
+        return None
+    return spark_conf.get("spark.hadoop.fs.defaultFS", "file:///")
+
+
 def known_source_schemas(sources: Mapping[str, object]) -> dict[str, pa.Schema]:
     """The schemas of the bound sources (by name) that are known without Spark: a source's
     `known_schema()` (FileSource, SocketSource, fissure.testing.TestingSource), where it has one."""
@@ -266,15 +278,17 @@ def known_source_schemas(sources: Mapping[str, object]) -> dict[str, pa.Schema]:
     return schemas
 
 
-def check_before_spark(graph, sources: Mapping[str, object]) -> None:
+def check_before_spark(graph, sources: Mapping[str, object], default_file_system: str | None = "file:///") -> None:
     """What can be checked of a run before Spark starts, so every entry point fails in a moment,
     not after the session's start: each local FileSource path exists (SourcePathNotFound), and
     the program's fields (read, keyed and ordered by, joined and unioned), names and schemas fit
     the sources whose schema is known without Spark (`graph.check`, PipelineError). Sources of
-    unknown schema are checked again when their frames exist."""
+    unknown schema are checked again when their frames exist. `default_file_system`: where a path
+    without a scheme lives (None: not known before Spark starts, as on a cluster whose Hadoop
+    configuration names it; such paths are checked when the source opens)."""
     for source in sources.values():
         if isinstance(source, FileSource):
-            source.check_path()
+            source.check_path(default_file_system or "hdfs:")
     graph.check(known_source_schemas(sources))
 
 
