@@ -47,6 +47,7 @@ from fissure.streamgraph import NodeKind, StreamGraph
 from fissure.worker.columns import DEAD_OPERATOR, SEQ
 from fissure.worker.graph_profiling import ProfiledGraphRegion
 from fissure.worker.source_rows import without_corrupt_record
+from fissure.worker.state_codec import StateAccess, missing_key_message
 from fissure.worker.graph_pe import (
     ROUTE, EnvelopeLayout, GraphStage, StageProfiling, consumers_after, pieces_for, plan_graph_stages,
     state_partitions_of, stream_lifetimes,
@@ -118,7 +119,8 @@ def _join_key_column(node, layout: EnvelopeLayout, spread: int):
 def compile_graph(graph: StreamGraph, source_frames: Mapping[str, DataFrame], *, plan: Plan | None = None,
                   boundaries: Iterable[str] | None = None, state_partitions: int | None = None,
                   threads: WorkerThreads | None = None, profiling: WorkerProfiling | None = None,
-                  resource_profile_for=lambda processes: None) -> CompiledGraph:
+                  resource_profile_for=lambda processes: None, state_access: StateAccess = StateAccess()
+                  ) -> CompiledGraph:
     """The query of `graph` under `plan` (default: sequential) over the streaming DataFrames of its
     sources (by source name).
 
@@ -128,8 +130,13 @@ def compile_graph(graph: StreamGraph, source_frames: Mapping[str, DataFrame], *,
     region, 1 without). `profiling`: what the stages count into the run's profile accumulator
     (None: not profiled). `threads`: how waiting operators run on elastic threads and report their levels
     (None: declared ones still do, with the default policy, unreported). `resource_profile_for(n)`
-    may return a ResourceProfile for a pe stage of n processes (None: Spark's default)."""
+    may return a ResourceProfile for a pe stage of n processes (None: Spark's default).
+    `state_access`: the key that signs pickled state, and whether an earlier fissure's pickled
+    state may be migrated (fissure.worker.state_codec)."""
     threads = threads or WorkerThreads()
+    for operator in graph.operators:
+        if operator.state_codec == "pickle" and operator.kind is not Kind.STATELESS and not state_access.key:
+            raise PipelineError(missing_key_message(operator.name))
     query_token = uuid.uuid4().hex[:12]
     piece_prefix = f"{graph.name}.{query_token}" if profiling is not None and profiling.pieces else None
     operator_profiling = profiling if profiling is not None and profiling.operators else None
@@ -211,7 +218,7 @@ def compile_graph(graph: StreamGraph, source_frames: Mapping[str, DataFrame], *,
         packed, pack_next = packs[stage.position] is not None, packs[stage.position + 1]
         processor = GraphStateProcessor(graph, schemas, entering, node.name, forward, leaving, operator_profiling,
                                         packed_input=packed, pack_for=pack_next, stage_position=stage.position,
-                                        publishes=stage is stages[-1])
+                                        publishes=stage is stages[-1], state_access=state_access)
         if not packed:
             frame = frame.withColumn(KEY, _join_key_column(node, entering, state_partitions))
         output_schema = spark_schema_of(leaving.schema if pack_next is None else PACKED_SCHEMA)

@@ -364,7 +364,8 @@ class Runner:
         frames = {name: open_source(sources[name], self.spark) for name in self.graph.sources if name in sources}
         self.compiled = compile_graph(self.graph, frames, plan=self.plan, boundaries=self.boundaries,
                                       state_partitions=state_partitions, threads=self.threads.worker, profiling=profiling,
-                                      resource_profile_for=_resource_profiles(self.spark))
+                                      resource_profile_for=_resource_profiles(self.spark),
+                                      state_access=self.config.state_access())
         frame = observe_run(self.compiled.frame, [operator.name for operator in self.graph.operators],
                             counted=self.profile_settings is not None)
         writer = self._write_batch
