@@ -1,13 +1,18 @@
-"""Keyed state size: does a batch cost more when the state it reads holds many keys?
+"""Keyed state size: does a batch cost more, in time and in bytes written, when the state it
+reads holds many keys?
 
 A keyed count (`partitioned`, one record per key per batch) on Spark local[2], sequential plan.
-Held: one query first fills its state with `--keys` distinct keys (one batch), then runs three
-batches that each touch a different 1 % of those keys. Empty: a second query runs a tiny first
-batch (it pays the query's start), then three batches of the same size whose keys are new. Keys
-live in sub-buckets of about 128 keys (fissure.worker.key_buckets): a held batch's keys fall in
-thousands of sub-buckets, the empty state's new keys in a few per bucket, so held / empty
-measures both the state store's growth and that loss of locality. Reported: each batch's
-duration (Spark's triggerExecution), the medians, and held / empty.
+Held: one query first fills its state with `--keys` distinct keys (one batch), then runs
+`TOUCHES` batches that each touch a different 1 % of those keys. Empty: a second query runs a tiny
+first batch (it pays the query's start), then as many batches of the same size whose keys are new.
+The held state's buckets start coarse (sub-buckets of about 128 keys, written by the first batch,
+which touches every key) and the first touching batch, touching 1 %, switches them to one entry
+per key (fissure.worker.key_buckets): that batch rewrites the whole state once. Reported: each
+batch's duration (Spark's triggerExecution), the medians, held / empty; and the bytes of each
+held batch's state changelog (what the RocksDB state store writes per batch, summed over
+partitions), against the state's size (the changelog of the switching batch, which writes every
+key once in the final layout), with the checkpoint's state folder at the end and the snapshot
+files Spark wrote in the background.
 The method of benchmarks/method.py: a warm-up query first (not counted), then --repeats (at least
 3) repeats of both queries, their order rotated; results state_size.md/.json under --out.
 
@@ -34,7 +39,7 @@ from fissure.testing import record_files  # noqa: E402
 import method  # noqa: E402
 
 KEYED = {"k": str}
-TOUCHES = 3
+TOUCHES = 5
 
 
 def count_per_key(state, record):
@@ -44,6 +49,23 @@ def count_per_key(state, record):
 
 def pipeline() -> Pipeline:
     return Pipeline("state-size").partitioned("count", count_per_key, key="k", schema={"k": str, "n": int})
+
+
+def state_files(checkpoint: Path) -> dict[str, int]:
+    """Bytes of the checkpoint's state files: every changelog by version ("changelog N"), the
+    snapshots (zips and their SST files) and everything under state/."""
+    sizes: dict[str, int] = {"snapshots": 0, "all": 0}
+    for path in (checkpoint / "state").rglob("*"):
+        if not path.is_file() or path.name.endswith(".crc"):
+            continue
+        size = path.stat().st_size
+        sizes["all"] += size
+        if path.name.endswith(".changelog"):
+            name = f"changelog {int(path.name.split('.')[0].split('_')[0])}"
+            sizes[name] = sizes.get(name, 0) + size
+        elif path.suffix in (".zip", ".sst"):
+            sizes["snapshots"] += size
+    return sizes
 
 
 def batch_seconds(spark, batches: list[list[str]], directory: Path) -> list[float]:
@@ -91,11 +113,21 @@ def main(argv: list[str] | None = None) -> int:
         for name in orders[-1]:
             runs[name].append(queries[name](repeat))
             print(f"repeat {repeat + 1} {name}: " + ", ".join(f"{value:.2f}" for value in runs[name][-1]), flush=True)
+    # batch b commits state version b + 1; the held query's first batch loads every key, its second
+    # switches the layout, the rest touch 1 % each
+    held_bytes = [{f"batch {batch}": files.get(f"changelog {batch + 1}", 0) for batch in range(TOUCHES + 1)}
+                  | {"snapshots": files["snapshots"], "all": files["all"]}
+                  for files in (state_files(work / f"held-{repeat}" / "checkpoint") for repeat in range(args.repeats))]
+    steady = [statistics.median([sizes[f"batch {batch}"] for batch in range(2, TOUCHES + 1)]) for sizes in held_bytes]
+    state_size = [sizes["batch 1"] for sizes in held_bytes]
     medians = {name: [statistics.median(batches[1:]) for batches in items] for name, items in runs.items()}
     document = {"keys": args.keys, "touched_per_batch": touched, "orders": orders,
                 "held_batches_s": runs["held"], "empty_batches_s": runs["empty"],
                 "held_median_s": method.median(medians["held"]), "empty_median_s": method.median(medians["empty"]),
-                "held_over_empty": method.paired_ratio(medians, "held", "empty")}
+                "held_over_empty": method.paired_ratio(medians, "held", "empty"),
+                "held_state_bytes": held_bytes, "touched_batch_bytes_median": method.median(steady),
+                "state_bytes_median": method.median(state_size),
+                "touched_over_state": method.median([a / b for a, b in zip(steady, state_size) if b])}
     held, empty = runs["held"][-1], runs["empty"][-1]
     text = "\n".join([
         "# Keyed state size: a batch touching 1 % of a large state against the same batch on an empty state", "",
@@ -107,7 +139,17 @@ def main(argv: list[str] | None = None) -> int:
         f"Empty (last repeat): a 10-record first batch ({empty[0]:.1f} s), then {TOUCHES} batches of {touched:,} new "
         "keys: " + ", ".join(f"{value:.2f} s" for value in empty[1:]) + ".", "",
         f"Median held / empty: {document['held_median_s']:.2f} s / {document['empty_median_s']:.2f} s; "
-        f"held / empty (median of the repeats' ratios): {document['held_over_empty']:.2f}"])
+        f"held / empty (median of the repeats' ratios): {document['held_over_empty']:.2f}", "",
+        "## Bytes written", "",
+        f"State changelog per held batch (last repeat): loading {args.keys:,} keys "
+        f"{held_bytes[-1]['batch 0']:,} B; the first 1 % batch, switching to one entry per key and so writing "
+        f"the state once, {held_bytes[-1]['batch 1']:,} B; then " +
+        ", ".join(f"{held_bytes[-1][f'batch {batch}']:,} B" for batch in range(2, TOUCHES + 1)) + ".  ",
+        f"Median over repeats of the 1 % batches after the switch: {document['touched_batch_bytes_median']:,.0f} B, "
+        f"{document['touched_over_state']:.1%} of the state's {document['state_bytes_median']:,.0f} B (goal: at most "
+        "10 %, aim 3 %).  ",
+        f"Snapshots Spark wrote (zips and SST files, last repeat): {held_bytes[-1]['snapshots']:,} B; the state folder "
+        f"at the end: {held_bytes[-1]['all']:,} B."])
     run.write_results("state_size", text, document)
     return 0
 

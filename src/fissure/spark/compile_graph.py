@@ -88,9 +88,12 @@ def _source_envelopes(name: str, index: int, frame: DataFrame, layout: EnvelopeL
     return frame.mapInArrow(function, spark_schema_of(layout.schema if pack_for is None else PACKED_SCHEMA))
 
 
-def _pack_spec(graph: StreamGraph, stage: GraphStage, layout: EnvelopeLayout, spread: int) -> PackSpec | None:
+def _pack_spec(graph: StreamGraph, stage: GraphStage, layout: EnvelopeLayout, spread: int,
+               every_group: bool = False) -> PackSpec | None:
     """How the stage before a keyed stage packs its output for it (fissure.worker.packing): for a
-    partitioned or an unkeyed stateful operator; a join's groups stay rows (one per key text)."""
+    partitioned or an unkeyed stateful operator; a join's groups stay rows (one per key text).
+    `every_group`: a row for every group, with records or not (migrating state: every bucket's
+    state is read and rewritten in the first batch)."""
     if stage.kind == "pe":
         return None
     node = graph.node(stage.nodes[0])
@@ -99,7 +102,7 @@ def _pack_spec(graph: StreamGraph, stage: GraphStage, layout: EnvelopeLayout, sp
     (stream,) = node.inputs
     key_columns = (tuple(layout.column(layout.index[stream], field) for field in node.key)
                    if node.operator.kind is Kind.PARTITIONED else None)
-    return PackSpec(layout.route_of(stream), key_columns, STATE_BUCKETS, max(1, spread))
+    return PackSpec(layout.route_of(stream), key_columns, STATE_BUCKETS, max(1, spread), every_group)
 
 
 def _join_key_column(node, layout: EnvelopeLayout, spread: int):
@@ -167,7 +170,8 @@ def compile_graph(graph: StreamGraph, source_frames: Mapping[str, DataFrame], *,
     enveloped_in_first_stage = (len(graph.sources) == 1 and first.kind == "pe"
                                 and ((first.replicas or 1) == 1 or all(stage.kind == "pe" for stage in stages)))
     # A keyed stage's input comes packed by the stage before it (fissure.worker.packing).
-    packs = [_pack_spec(graph, stage, layouts[stage.position], state_partitions) for stage in stages] + [None]
+    packs = [_pack_spec(graph, stage, layouts[stage.position], state_partitions, state_access.trust_legacy_pickle)
+             for stage in stages] + [None]
     if enveloped_in_first_stage:
         frame = source_frames[graph.sources[0]]
         source_envelopes = SourceEnvelopeFunction(graph.sources[0], 0, layouts[0], layouts[0].stream_schema(graph.sources[0]))
