@@ -1,19 +1,24 @@
-"""Keyed state size: does a batch cost more when the state it reads holds many keys?
+"""Keyed state size: does a batch cost more, in time and in bytes written, when the state it
+reads holds many keys?
 
 A keyed count (`partitioned`, one record per key per batch) on Spark local[2], sequential plan.
-Held: one query first fills its state with `--keys` distinct keys (one batch), then runs three
-batches that each touch a different 1 % of those keys. Empty: a second query runs a tiny first
-batch (it pays the query's start), then three batches of the same size whose keys are new. Keys
-live in sub-buckets of about 128 keys (fissure.worker.key_buckets): a held batch's keys fall in
-thousands of sub-buckets, the empty state's new keys in a few per bucket, so held / empty
-measures both the state store's growth and that loss of locality. Reported: each batch's
-duration (Spark's triggerExecution), the medians, and held / empty.
+Held: one query first fills its state with `--keys` distinct keys (one batch), then runs
+`TOUCHES` batches that each touch a different 1 % of those keys. Empty: a second query runs a tiny
+first batch (it pays the query's start), then as many batches of the same size whose keys are new.
+The held state's buckets start coarse (sub-buckets of about 128 keys, written by the first batch,
+which touches every key) and the first touching batch, touching 1 %, switches them to one entry
+per key (fissure.worker.key_buckets): that batch rewrites the whole state once. Reported: each
+batch's duration (Spark's triggerExecution), the medians, held / empty; and the bytes of each
+held batch's state changelog (what the RocksDB state store writes per batch, summed over
+partitions), against the state's size (the changelog of the switching batch, which writes every
+key once in the final layout), with the checkpoint's state folder at the end and the snapshot
+files Spark wrote in the background.
 The method of benchmarks/method.py: a warm-up query first (not counted), then --repeats (at least
 3) repeats of both queries, their order rotated; results state_size.md/.json under --out.
 
     ./dev python benchmarks/state_size.py                 # 200,000 keys, 3 repeats (about 2 minutes)
     ./dev python benchmarks/state_size.py --keys 1000000  # a million keys (about 3 minutes)
-    ./dev python benchmarks/state_size.py --quick         # 5,000 keys, one repeat, a temporary folder
+    ./dev python benchmarks/state_size.py --quick         # 40,000 keys, one repeat, a temporary folder
 """
 
 from __future__ import annotations
@@ -30,11 +35,13 @@ sys.path.insert(0, str(REPOSITORY / "benchmarks"))
 
 import fissure  # noqa: E402
 from fissure import Pipeline  # noqa: E402
+from fissure.model.types import STATE_BUCKETS  # noqa: E402
 from fissure.testing import record_files  # noqa: E402
+from fissure.worker.key_buckets import FINE_MIN_KEYS  # noqa: E402
 import method  # noqa: E402
 
 KEYED = {"k": str}
-TOUCHES = 3
+TOUCHES = 5
 
 
 def count_per_key(state, record):
@@ -44,6 +51,23 @@ def count_per_key(state, record):
 
 def pipeline() -> Pipeline:
     return Pipeline("state-size").partitioned("count", count_per_key, key="k", schema={"k": str, "n": int})
+
+
+def state_files(checkpoint: Path) -> dict[str, int]:
+    """Bytes of the checkpoint's state files: every changelog by version ("changelog N"), the
+    snapshots (zips and their SST files) and everything under state/."""
+    sizes: dict[str, int] = {"snapshots": 0, "all": 0}
+    for path in (checkpoint / "state").rglob("*"):
+        if not path.is_file() or path.name.endswith(".crc"):
+            continue
+        size = path.stat().st_size
+        sizes["all"] += size
+        if path.name.endswith(".changelog"):
+            name = f"changelog {int(path.name.split('.')[0].split('_')[0])}"
+            sizes[name] = sizes.get(name, 0) + size
+        elif path.suffix in (".zip", ".sst"):
+            sizes["snapshots"] += size
+    return sizes
 
 
 def batch_seconds(spark, batches: list[list[str]], directory: Path) -> list[float]:
@@ -67,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keys", type=int, default=200_000)
     args = parser.parse_args(argv)
     if args.quick:
-        args.keys, args.repeats = 5_000, 1
+        args.keys, args.repeats = 40_000, 1  # about 625 keys a bucket: enough to switch to one entry per key
     method.check_repeats(args.repeats, args.quick)
     run = method.Run("state_size.py", argv, quick=args.quick, out=args.out)
     from fissure.spark.config import RunnerConfig
@@ -91,11 +115,25 @@ def main(argv: list[str] | None = None) -> int:
         for name in orders[-1]:
             runs[name].append(queries[name](repeat))
             print(f"repeat {repeat + 1} {name}: " + ", ".join(f"{value:.2f}" for value in runs[name][-1]), flush=True)
+    # batch b commits state version b + 1; the held query's first batch loads every key, its second
+    # switches the layout, the rest touch 1 % each
+    # the state's size: the changelog of the batch that wrote every key in the final layout
+    whole = 1 if args.keys / STATE_BUCKETS >= FINE_MIN_KEYS else 0
+    held_bytes = [{f"batch {batch}": files.get(f"changelog {batch + 1}", 0) for batch in range(TOUCHES + 1)}
+                  | {"snapshots": files["snapshots"], "all": files["all"]}
+                  for files in (state_files(work / f"held-{repeat}" / "checkpoint") for repeat in range(args.repeats))]
+    steady = [statistics.median([sizes[f"batch {batch}"] for batch in range(2, TOUCHES + 1)]) for sizes in held_bytes]
+    state_size = [sizes[f"batch {whole}"] for sizes in held_bytes]
     medians = {name: [statistics.median(batches[1:]) for batches in items] for name, items in runs.items()}
     document = {"keys": args.keys, "touched_per_batch": touched, "orders": orders,
                 "held_batches_s": runs["held"], "empty_batches_s": runs["empty"],
                 "held_median_s": method.median(medians["held"]), "empty_median_s": method.median(medians["empty"]),
-                "held_over_empty": method.paired_ratio(medians, "held", "empty")}
+                "held_over_empty": method.paired_ratio(medians, "held", "empty"),
+                "held_state_bytes": held_bytes, "touched_batch_bytes_median": method.median(steady),
+                "state_bytes_median": method.median(state_size),
+                "touched_over_state": method.median([a / b for a, b in zip(steady, state_size) if b]),
+                "touched_over_first_load": method.median([a / sizes["batch 0"] for a, sizes in zip(steady, held_bytes)
+                                                          if sizes["batch 0"]])}
     held, empty = runs["held"][-1], runs["empty"][-1]
     text = "\n".join([
         "# Keyed state size: a batch touching 1 % of a large state against the same batch on an empty state", "",
@@ -107,7 +145,19 @@ def main(argv: list[str] | None = None) -> int:
         f"Empty (last repeat): a 10-record first batch ({empty[0]:.1f} s), then {TOUCHES} batches of {touched:,} new "
         "keys: " + ", ".join(f"{value:.2f} s" for value in empty[1:]) + ".", "",
         f"Median held / empty: {document['held_median_s']:.2f} s / {document['empty_median_s']:.2f} s; "
-        f"held / empty (median of the repeats' ratios): {document['held_over_empty']:.2f}"])
+        f"held / empty (median of the repeats' ratios): {document['held_over_empty']:.2f}", "",
+        "## Bytes written", "",
+        f"State changelog per held batch (last repeat): loading {args.keys:,} keys "
+        f"{held_bytes[-1]['batch 0']:,} B; the first 1 % batch "
+        f"{'(switching to one entry per key, so writing the state once) ' if whole else ''}"
+        f"{held_bytes[-1]['batch 1']:,} B; then " +
+        ", ".join(f"{held_bytes[-1][f'batch {batch}']:,} B" for batch in range(2, TOUCHES + 1)) + ".  ",
+        f"Median over repeats of the 1 % batches after the switch: {document['touched_batch_bytes_median']:,.0f} B, "
+        f"{document['touched_over_state']:.1%} of the state's {document['state_bytes_median']:,.0f} B (goal: at most "
+        f"10 %, aim 3 %); {document['touched_over_first_load']:.1%} of the first batch's, which wrote every key in "
+        "sub-buckets of about 128 (fewer bytes a key than an entry each).  ",
+        f"Snapshots Spark wrote (zips and SST files, last repeat): {held_bytes[-1]['snapshots']:,} B; the state folder "
+        f"at the end: {held_bytes[-1]['all']:,} B."])
     run.write_results("state_size", text, document)
     return 0
 

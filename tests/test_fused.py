@@ -11,6 +11,7 @@ import pytest
 from fissure.worker.columns import DEAD_ERROR, DEAD_OPERATOR, DEAD_RECORD, SEQ, carried_schema
 from fissure.worker.fused import FusedStage, Step, live_batch
 from fissure.worker.keyed import StatefulStep, key_text, run_group, run_keys
+from fissure.worker.state_codec import decode_data, encode_data
 
 NUMBERS = pa.schema([("n", pa.int64())])
 WORDS = pa.schema([("word", pa.string()), ("n", pa.int64())])
@@ -116,9 +117,9 @@ def test_keyed_group_runs_in_sequence_order_and_returns_state():
     batch = live_batch(pa.RecordBatch.from_pylist([{"n": 3}, {"n": 1}, {"n": 2}], schema=NUMBERS), [30, 10, 20])
     result = run_group(step, batch, None)
     assert result.batch.select(["n", SEQ]).to_pylist() == [{"n": 1, SEQ: 10}, {"n": 3, SEQ: 20}, {"n": 6, SEQ: 30}]
-    again = run_group(step, carried([{"n": 4}]), result.state)
+    again = run_group(step, carried([{"n": 4}]), (result.state, False))
     assert again.batch.column("n").to_pylist() == [10]
-    assert pickle.loads(again.state) == {"total": 10}
+    assert decode_data(again.state) == {"total": 10}  # stored as data, never pickled
 
 
 def test_keyed_group_orders_by_field_and_keeps_dead_letters():
@@ -137,12 +138,12 @@ def test_a_bucket_of_keys_runs_each_key_in_order_with_its_own_state():
     rows = [{"user": "a", "n": 1}, {"user": "b", "n": 10}, {"user": None, "n": 7}, {"user": "a", "n": -2},
             {"user": "b", "n": 20}, {"user": "a", "n": 3}]
     batch = live_batch(pa.RecordBatch.from_pylist(rows, schema=schema), [5, 4, 3, 2, 1, 0])
-    stored = {key_text({"user": "a"}, ("user",)): pickle.dumps({"total": 100})}
+    stored = {key_text({"user": "a"}, ("user",)): encode_data({"total": 100})}
     loaded = []
 
     def load(key):
         loaded.append(key)
-        return stored.get(key)
+        return (stored[key], False) if key in stored else None
 
     output = run_keys(step, batch, load, stored.__setitem__).to_pylist()
     # each key's records in sequence order (seq 0 first), each key loaded once, states stored;
@@ -155,7 +156,7 @@ def test_a_bucket_of_keys_runs_each_key_in_order_with_its_own_state():
     null_key = [r for r in output if r[SEQ] == 3][0]
     assert null_key[DEAD_ERROR].startswith("NullKey: key field 'user' is null or missing")
     assert null_key[DEAD_RECORD] == '{"n": 7, "user": null}'
-    assert {key: pickle.loads(value) for key, value in stored.items()} == {
+    assert {key: decode_data(value) for key, value in stored.items()} == {
         '["a"]': {"total": 102}, '["b"]': {"total": 30}}
 
 
@@ -177,11 +178,11 @@ def test_keys_equal_in_python_but_not_as_text_keep_their_own_state():
     run_keys(step, live_batch(pa.RecordBatch.from_pylist(rows, schema=schema), [0, 1, 2]), stored.get,
              stored.__setitem__)
     # NaN is not equal to itself, yet its records are one key: one state, both records counted
-    assert {key: pickle.loads(value) for key, value in stored.items()} == {"[NaN]": {"total": 6}, "[2.0]": {"total": 10}}
+    assert {key: decode_data(value) for key, value in stored.items()} == {"[NaN]": {"total": 6}, "[2.0]": {"total": 10}}
     step = StatefulStep("total", running_total, dict, pa.schema([("k", pa.list_(pa.int64())), ("n", pa.int64())]),
                         NUMBERS, key=("k",))
     rows = [{"k": [1, 2], "n": 1}, {"k": [1, 2], "n": 2}, {"k": [3], "n": 4}]
     stored = {}
     run_keys(step, live_batch(pa.RecordBatch.from_pylist(rows, schema=step.input_schema), [0, 1, 2]), stored.get,
              stored.__setitem__)
-    assert {key: pickle.loads(value) for key, value in stored.items()} == {"[[1, 2]]": {"total": 3}, "[[3]]": {"total": 4}}
+    assert {key: decode_data(value) for key, value in stored.items()} == {"[[1, 2]]": {"total": 3}, "[[3]]": {"total": 4}}

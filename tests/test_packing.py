@@ -72,6 +72,16 @@ def test_packing_keeps_every_envelope_once_in_its_groups_row_in_input_order():
             assert set(batch.column(ROUTE).to_pylist()) == {2}
 
 
+def test_while_migrating_state_every_bucket_gets_a_row_with_records_or_not():
+    batch = envelopes([row(0, "a"), row(1, "b"), row(2, "c", route=3)])
+    groups = unpacked(pack(batch, PackSpec(1, ("word",), 64, 2, every_group=True)))
+    assert set(range(64)) <= set(groups)
+    assert sum(group.num_rows for group in groups.values()) == 3
+    assert groups[key_bucket(("a",), 64)].num_rows >= 1
+    assert set(unpacked(pack(batch, PackSpec(1, None, 64, 2, every_group=True)))) >= {0}
+    assert not set(range(64)) <= set(unpacked(pack(batch, PackSpec(1, ("word",), 64, 2))))
+
+
 def test_a_large_group_is_cut_into_rows_of_bounded_size():
     rows = [row(seq, "same") for seq in range(MAX_PACKED_ROWS + 10)]
     packed = pack(envelopes(rows), PackSpec(1, ("word",), 64, 1))

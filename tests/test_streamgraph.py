@@ -335,14 +335,17 @@ def test_join_evicts_closed_windows_and_dead_letters_late_records():
     assert fourth["out"] == []
     (late,) = fourth.dead_letters
     assert late.node == "jn" and late.error.startswith("LateRecord: window [0, 10) closed at watermark 12")
-    assert list(pickle_windows(run.states["jn"])) == [1]
+    assert list(join_windows(run.states["jn"])) == [1]
 
 
-def pickle_windows(states):
+def join_windows(states):
     import json
-    import pickle
 
-    return pickle.loads(states[json.dumps(["a"])])["windows"].keys()
+    from fissure.worker.state_codec import DATA_HEADER, decode_data
+
+    stored = states[json.dumps(["a"])]
+    assert stored.startswith(DATA_HEADER)  # a join's state is data, never a pickle
+    return decode_data(stored[len(DATA_HEADER):])["windows"].keys()
 
 
 def test_run_local_dead_letters_carry_node_and_reason():

@@ -16,7 +16,11 @@ Operator kinds (the paper's k(o)):
 
 A stateful function receives its state object (made by `state_factory`, `dict` by default) and
 mutates it in place; it returns the records it emits: an iterable of dicts, a single dict, or
-None. fissure keeps the state in Spark's state store, so it survives restarts.
+None. fissure keeps the state in Spark's state store, so it survives restarts. The state is plain
+data (dicts, lists, tuples, sets, numbers, strings, bytes, datetimes, Decimal: stored as data, never
+as code; fissure.worker.state_codec), unless the operator opts in to pickle with
+`state_codec="pickle"` (signed with a state key the run is given). A state that ends a batch equal
+to a fresh `state_factory()` (a cleared dict) is deleted: that is how a function drops its key.
 
 Schemas: an operator that changes the shape of its records declares `schema=` (a mapping of
 field name to a Python type such as `str`, `int`, `float`, `bool`, `bytes`, `datetime`,
@@ -48,6 +52,7 @@ DEFAULT_COST_US = 10.0
 DEFAULT_SELECTIVITY = 1.0
 
 _NAME_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_\-]*$")
+STATE_CODECS = ("data", "pickle")  # Operator.state_codec (fissure.worker.state_codec)
 # Field names that fissure uses for its own columns between Spark stages.
 RESERVED_FIELD_PREFIX = "_fissure_"
 
@@ -152,6 +157,7 @@ class Operator:
     state_factory: Callable[[], typing.Any] | None = None  # stateful kinds only
     order_by: str | None = None  # stateful kinds: field a key's records are sorted by in a batch
     hints: Hints = field(default_factory=Hints)
+    state_codec: str = "data"  # stateful kinds: "data" (MessagePack) or "pickle" (signed with the run's state key)
 
     @property
     def per_batch(self) -> bool:
@@ -346,27 +352,32 @@ class Pipeline:
                     state_factory: Callable[[], typing.Any] = dict, order_by: str | None = None,
                     reads: Iterable[str] | None = None, cost_us: float | None = None,
                     selectivity: float | None = None, max_scale: float | None = None,
-                    waits: str | None = None) -> Pipeline:
+                    waits: str | None = None, state_codec: str = "data") -> Pipeline:
         """Partitioned stateful: fn(state, record) with one state object per value of `key`.
 
         Within a micro-batch a key's records arrive in source order (sequence numbers), or sorted
         by the field `order_by` (an event time, say) when given. A record whose key field is null
-        or missing is a dead letter ("NullKey"): no state is kept for it.
+        or missing is a dead letter ("NullKey"): no state is kept for it. A key's state that ends
+        a batch equal to a fresh `state_factory()` (e.g. `state.clear()`) is deleted.
+        `state_codec`: "data" (plain data, the default) or "pickle" (any picklable object, signed
+        with the run's state key: RunnerConfig(state_key=...) or FISSURE_STATE_KEY).
         """
         fields = _normalize_key(name, key)
         return self._add(name, Kind.PARTITIONED, Action.UPDATE, fn, 2, key=fields, schema=schema,
                          reads=reads, state_factory=self._state_factory(name, state_factory), order_by=order_by,
-                         hints=Hints(cost_us=cost_us, selectivity=selectivity, max_scale=max_scale, waits=waits))
+                         hints=Hints(cost_us=cost_us, selectivity=selectivity, max_scale=max_scale, waits=waits),
+                         state_codec=state_codec)
 
     def stateful(self, name: str, fn: Callable[[typing.Any, dict], typing.Any], *,
                  schema: SchemaSpec = None, state_factory: Callable[[], typing.Any] = dict,
                  order_by: str | None = None, reads: Iterable[str] | None = None,
                  cost_us: float | None = None, selectivity: float | None = None,
-                 waits: str | None = None) -> Pipeline:
-        """Stateful without a key: fn(state, record) with one state object for the whole stream."""
+                 waits: str | None = None, state_codec: str = "data") -> Pipeline:
+        """Stateful without a key: fn(state, record) with one state object for the whole stream
+        (`state_codec` as for `partitioned`)."""
         return self._add(name, Kind.STATEFUL, Action.UPDATE, fn, 2, schema=schema, reads=reads,
                          state_factory=self._state_factory(name, state_factory), order_by=order_by,
-                         hints=Hints(cost_us=cost_us, selectivity=selectivity, waits=waits))
+                         hints=Hints(cost_us=cost_us, selectivity=selectivity, waits=waits), state_codec=state_codec)
 
     # --- reading the definition ------------------------------------------------------------
     @property
@@ -440,7 +451,7 @@ class Pipeline:
     def _add(self, name: str, kind: Kind, action: Action, fn: Callable, arguments: int, *,
              key: tuple[str, ...] | None = None, schema: SchemaSpec = None, reads=None,
              batch_format: BatchFormat | None = None, state_factory=None, order_by: str | None = None,
-             hints: Hints = Hints()) -> Pipeline:
+             hints: Hints = Hints(), state_codec: str = "data") -> Pipeline:
         if not isinstance(name, str) or not _NAME_PATTERN.match(name):
             raise PipelineError(
                 f"operator name {name!r} ({action.value} {getattr(fn, '__qualname__', fn)!r}) is not valid; "
@@ -457,10 +468,14 @@ class Pipeline:
         if hints.max_scale is not None and not hints.max_scale >= 1:
             raise PipelineError(f"operator {name!r}: max_scale must be >= 1, got {hints.max_scale!r}")
         hints = replace(hints, waits=_normalize_waits(name, kind, action, hints.waits))
+        if state_codec not in STATE_CODECS:
+            raise PipelineError(f"operator {name!r}: state_codec must be \"data\" (plain data, the default) or "
+                                f"\"pickle\" (any picklable object, signed with the run's state key), got {state_codec!r}")
         self._operators.append(Operator(
             name=name, kind=kind, action=action, fn=fn, key=key,
             schema=to_arrow_schema(schema, f"operator {name!r}"), reads=_normalize_reads(name, reads),
             batch_format=batch_format, state_factory=state_factory, order_by=order_by, hints=hints,
+            state_codec=state_codec,
         ))
         return self
 

@@ -91,6 +91,10 @@ def register(subparsers) -> None:
                         help="jars for Spark's JVM from Maven (spark.jars.packages), e.g. the Kafka connector")
     parser.add_argument("--json", action="store_true",
                         help="print the run's summary as one JSON object on the last line of standard output")
+    parser.add_argument("--migrate-pickled-state", action="store_true",
+                        help="read state an earlier fissure stored as pickles (which can run code: only if you "
+                             "trust whoever could write the checkpoint) and rewrite it as data; once "
+                             "(docs/pipeline-api.md). Pickled state is signed with FISSURE_STATE_KEY")
     parser.add_argument("--no-adapt", dest="adapt", action="store_false",
                         help="keep the starting plan (default: re-plan while running, keep what helps, roll back "
                              "what does not; the timeline goes to the run directory)")
@@ -178,7 +182,8 @@ def handle(args) -> int:
         else:
             source = source_of(source_url, args.source)
         config = fissure.RunnerConfig(master=args.master, batch_size="all" if args.all_per_batch else "auto",
-                                      batch_latency_bound_s=args.latency_bound, spark_ui=args.spark_ui)
+                                      batch_latency_bound_s=args.latency_bound, spark_ui=args.spark_ui,
+                                      state_migration="trust-pickle" if args.migrate_pickled_state else None)
     except ValueError as error:
         raise UsageError(str(error)) from None
     graph = as_graph(pipeline)

@@ -47,6 +47,7 @@ from fissure.streamgraph import NodeKind, StreamGraph
 from fissure.worker.columns import DEAD_OPERATOR, SEQ
 from fissure.worker.graph_profiling import ProfiledGraphRegion
 from fissure.worker.source_rows import LineFormat, without_corrupt_record
+from fissure.worker.state_codec import StateAccess, missing_key_message
 from fissure.worker.graph_pe import (
     ROUTE, EnvelopeLayout, GraphStage, StageProfiling, consumers_after, pieces_for, plan_graph_stages,
     state_partitions_of, stream_lifetimes,
@@ -87,9 +88,12 @@ def _source_envelopes(name: str, index: int, frame: DataFrame, layout: EnvelopeL
     return frame.mapInArrow(function, spark_schema_of(layout.schema if pack_for is None else PACKED_SCHEMA))
 
 
-def _pack_spec(graph: StreamGraph, stage: GraphStage, layout: EnvelopeLayout, spread: int) -> PackSpec | None:
+def _pack_spec(graph: StreamGraph, stage: GraphStage, layout: EnvelopeLayout, spread: int,
+               every_group: bool = False) -> PackSpec | None:
     """How the stage before a keyed stage packs its output for it (fissure.worker.packing): for a
-    partitioned or an unkeyed stateful operator; a join's groups stay rows (one per key text)."""
+    partitioned or an unkeyed stateful operator; a join's groups stay rows (one per key text).
+    `every_group`: a row for every group, with records or not (migrating state: every bucket's
+    state is read and rewritten in the first batch)."""
     if stage.kind == "pe":
         return None
     node = graph.node(stage.nodes[0])
@@ -98,7 +102,7 @@ def _pack_spec(graph: StreamGraph, stage: GraphStage, layout: EnvelopeLayout, sp
     (stream,) = node.inputs
     key_columns = (tuple(layout.column(layout.index[stream], field) for field in node.key)
                    if node.operator.kind is Kind.PARTITIONED else None)
-    return PackSpec(layout.route_of(stream), key_columns, STATE_BUCKETS, max(1, spread))
+    return PackSpec(layout.route_of(stream), key_columns, STATE_BUCKETS, max(1, spread), every_group)
 
 
 def _join_key_column(node, layout: EnvelopeLayout, spread: int):
@@ -119,7 +123,8 @@ def compile_graph(graph: StreamGraph, source_frames: Mapping[str, DataFrame], *,
                   boundaries: Iterable[str] | None = None, state_partitions: int | None = None,
                   threads: WorkerThreads | None = None, profiling: WorkerProfiling | None = None,
                   resource_profile_for=lambda processes: None,
-                  line_formats: Mapping[str, LineFormat] | None = None) -> CompiledGraph:
+                  line_formats: Mapping[str, LineFormat] | None = None,
+                  state_access: StateAccess = StateAccess()) -> CompiledGraph:
     """The query of `graph` under `plan` (default: sequential) over the streaming DataFrames of its
     sources (by source name).
 
@@ -131,9 +136,14 @@ def compile_graph(graph: StreamGraph, source_frames: Mapping[str, DataFrame], *,
     (None: declared ones still do, with the default policy, unreported). `resource_profile_for(n)`
     may return a ResourceProfile for a pe stage of n processes (None: Spark's default).
     `line_formats`: how the JSON and CSV sources' lines are written (by source name), so that an
-    unreadable line's dead letter says what is wrong with it."""
+    unreadable line's dead letter says what is wrong with it. `state_access`: the key that signs
+    pickled state, and whether an earlier fissure's pickled state may be migrated
+    (fissure.worker.state_codec)."""
     line_formats = line_formats or {}
     threads = threads or WorkerThreads()
+    for operator in graph.operators:
+        if operator.state_codec == "pickle" and operator.kind is not Kind.STATELESS and not state_access.key:
+            raise PipelineError(missing_key_message(operator.name))
     query_token = uuid.uuid4().hex[:12]
     piece_prefix = f"{graph.name}.{query_token}" if profiling is not None and profiling.pieces else None
     operator_profiling = profiling if profiling is not None and profiling.operators else None
@@ -164,7 +174,8 @@ def compile_graph(graph: StreamGraph, source_frames: Mapping[str, DataFrame], *,
     enveloped_in_first_stage = (len(graph.sources) == 1 and first.kind == "pe"
                                 and ((first.replicas or 1) == 1 or all(stage.kind == "pe" for stage in stages)))
     # A keyed stage's input comes packed by the stage before it (fissure.worker.packing).
-    packs = [_pack_spec(graph, stage, layouts[stage.position], state_partitions) for stage in stages] + [None]
+    packs = [_pack_spec(graph, stage, layouts[stage.position], state_partitions, state_access.trust_legacy_pickle)
+             for stage in stages] + [None]
     if enveloped_in_first_stage:
         frame = source_frames[graph.sources[0]]
         source = graph.sources[0]
@@ -217,7 +228,7 @@ def compile_graph(graph: StreamGraph, source_frames: Mapping[str, DataFrame], *,
         packed, pack_next = packs[stage.position] is not None, packs[stage.position + 1]
         processor = GraphStateProcessor(graph, schemas, entering, node.name, forward, leaving, operator_profiling,
                                         packed_input=packed, pack_for=pack_next, stage_position=stage.position,
-                                        publishes=stage is stages[-1])
+                                        publishes=stage is stages[-1], state_access=state_access)
         if not packed:
             frame = frame.withColumn(KEY, _join_key_column(node, entering, state_partitions))
         output_schema = spark_schema_of(leaving.schema if pack_next is None else PACKED_SCHEMA)

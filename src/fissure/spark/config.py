@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 from fissure.control.adaptive.config import AdaptiveConfig
@@ -19,6 +20,7 @@ from fissure.control.progress import check_progress_mode
 from fissure.control.thread_level.config import ElasticityConfig, POLICY_NAMES
 from fissure.profile.settings import ProfileSettings
 from fissure.spark.graph_autopipeline import GraphAutopipelineConfig
+from fissure.worker.state_codec import STATE_KEY_VARIABLE, StateAccess, state_key_from
 
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 
@@ -74,6 +76,14 @@ class RunnerConfig:
     # Start the Python workers of the session fissure creates in the background as it starts
     # (fissure.spark.session.warm_python_workers): the first micro-batch does not wait for them.
     warm_python_workers: bool = True
+    # The key that signs the state of operators declaring state_codec="pickle" (HMAC-SHA256; a str is
+    # taken as UTF-8). None: the environment variable FISSURE_STATE_KEY, else none, and such an
+    # operator refuses to start. Keep it outside the checkpoint: whoever holds it can make the
+    # workers unpickle what they wrote. Never printed.
+    state_key: str | bytes | None = field(default=None, repr=False)
+    # "trust-pickle": read state an earlier fissure stored as bare pickles, once, and rewrite it as
+    # data (docs/pipeline-api.md, "Migrating old state"); None: such state stops the run.
+    state_migration: str | None = None
     # Extra Spark settings for the session fissure creates.
     spark_conf: dict[str, str] = field(default_factory=dict)
     # File for everything Spark prints (JVM log lines, its Python workers' output) when fissure
@@ -114,5 +124,12 @@ class RunnerConfig:
             raise ValueError(f"progress_lines_interval_s must be > 0, got {self.progress_lines_interval_s!r}")
         if self.query_restarts < 0:
             raise ValueError(f"query_restarts must be >= 0, got {self.query_restarts!r}")
+        if self.state_migration not in (None, "trust-pickle"):
+            raise ValueError(f"state_migration must be None or 'trust-pickle', got {self.state_migration!r}")
         if self.dead_letters_kept < 0 or self.default_state_partitions < 1:
             raise ValueError("dead_letters_kept must be >= 0 and default_state_partitions >= 1")
+
+    def state_access(self) -> StateAccess:
+        """The state key (this setting, else FISSURE_STATE_KEY) and the migration setting, for the workers."""
+        key = self.state_key if self.state_key is not None else os.environ.get(STATE_KEY_VARIABLE)
+        return StateAccess(state_key_from(key), self.state_migration == "trust-pickle")

@@ -394,7 +394,8 @@ class Runner:
                         if callable(getattr(source, "line_format", None))}
         self.compiled = compile_graph(self.graph, frames, plan=self.plan, boundaries=self.boundaries,
                                       state_partitions=state_partitions, threads=self.threads.worker, profiling=profiling,
-                                      resource_profile_for=_resource_profiles(self.spark), line_formats=line_formats)
+                                      resource_profile_for=_resource_profiles(self.spark), line_formats=line_formats,
+                                      state_access=self.config.state_access())
         frame = observe_run(self.compiled.frame, [operator.name for operator in self.graph.operators],
                             counted=self.profile_settings is not None)
         writer = self._write_batch

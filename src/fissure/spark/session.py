@@ -35,6 +35,10 @@ SESSION_DEFAULTS = {
     "spark.sql.execution.pyspark.udf.faulthandler.enabled": "true",
     # Workers forked with pyarrow, pandas and fissure's worker code imported (fissure.spark.worker_daemon).
     "spark.python.daemon.module": "fissure.spark.worker_daemon",
+    # Batches of checkpoint history kept (offset and commit logs, each state store's changelogs
+    # and snapshots): Spark keeps 100, so a state whose batches each write 8 MB would keep 800 MB of
+    # history. fissure resumes from the last committed batch, and repartitions from it, only.
+    "spark.sql.streaming.minBatchesToRetain": "10",
 }
 
 # Set on the session before every query fissure starts.

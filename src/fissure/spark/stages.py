@@ -29,6 +29,7 @@ from fissure.worker.graph_local import SOURCE_SHIFT
 from fissure.worker.graph_pe import EnvelopeLayout, GraphStage, StageProfiling, build_pieces
 from fissure.worker.key_buckets import SubBucketStore
 from fissure.worker.keyed import StatefulStep, run_group, run_keys
+from fissure.worker.state_codec import StateAccess, StateCodec
 from fissure.worker.packing import PACKED_KEY, PackSpec, pack, unpack
 from fissure.worker.profiling import RECORDS_IN, ProfiledUpdate
 from fissure.worker.report_rows import report_envelope, report_text, reported_counts
@@ -168,13 +169,13 @@ class GraphStateProcessor(StatefulProcessor):
     An operator's input arrives packed (`packed_input`, fissure.worker.packing): a group's
     envelopes in a few rows of Arrow IPC, not a row per record. A partitioned operator's groups
     are buckets of keys (`bucketed`: crc32 of the key's text mod STATE_BUCKETS): one call runs
-    every key of the bucket in the batch, the keys' states in sub-buckets, each one MapState entry
-    (fissure.worker.key_buckets). Spark's cost per group (a Python call, a pandas frame each way,
-    state-server round trips) is paid per bucket instead of per key (1,590 us a group calibrated,
-    benchmarks/results/calibrate_defaults.md), and the state-server round trips per sub-bucket of
-    about 128 keys instead of per key (380 us a key before). An unkeyed operator has
-    one group and one ValueState. A join's groups are its key texts, as rows, each pair's state a
-    ValueState.
+    every key of the bucket in the batch, the keys' states in MapState entries laid out by how
+    densely the batches touch them (fissure.worker.key_buckets). Spark's cost per group (a Python
+    call, a pandas frame each way, state-server round trips) is paid per bucket instead of per key
+    (1,590 us a group calibrated, benchmarks/results/calibrate_defaults.md). An unkeyed operator
+    has one group and one ValueState. A join's groups are its key texts, as rows, each pair's
+    state a ValueState. Every stored value is sealed by the operator's StateCodec
+    (fissure.worker.state_codec): data by default, signed pickles when the operator asks.
     """
 
     STATE_NAME = "fissure_state"
@@ -183,8 +184,10 @@ class GraphStateProcessor(StatefulProcessor):
     def __init__(self, graph: StreamGraph, schemas, layout: EnvelopeLayout, node_name: str,
                  forward_inputs: Sequence[str], output_layout: EnvelopeLayout | None = None,
                  profiling: WorkerProfiling | None = None, packed_input: bool = False,
-                 pack_for: PackSpec | None = None, stage_position: int = 0, publishes: bool = False) -> None:
+                 pack_for: PackSpec | None = None, stage_position: int = 0, publishes: bool = False,
+                 state_access: StateAccess = StateAccess()) -> None:
         self.graph, self.schemas, self.layout = graph, schemas, layout
+        self.state_access = state_access
         self.stage_position = stage_position
         self.publishes = publishes  # the query's last stage: see GraphRegionFunction
         self.profiling = profiling
@@ -258,7 +261,7 @@ class GraphStateProcessor(StatefulProcessor):
             return self._run_operator(self.layout.extract(batch, node.inputs[0]))
         spec = node.join
         step = JoinStep(node.name, spec.fn, spec.window.time_field, spec.window.size, spec.window.lateness, spec.schema,
-                        tuple(spec.key))
+                        tuple(spec.key), self.state_access.trust_legacy_pickle)
         arrivals = [arrival for side, stream in ((LEFT, node.inputs[0]), (RIGHT, node.inputs[1]))
                     for arrival in arrivals_of(self.layout.extract(batch, stream), schemas[stream], side)]
         stored = self._state.get()
@@ -269,24 +272,35 @@ class GraphStateProcessor(StatefulProcessor):
 
     def _run_operator(self, carried: pa.RecordBatch) -> pa.RecordBatch:
         """A stateful operator over a group's carried input rows: a bucket's keys or the one state."""
+        codec = self._step.codec
         if self.bucketed:
-            keys = SubBucketStore(self._batched_state.read, self._batched_state.write)
+            state = self._batched_state
+            keys = SubBucketStore(state.read, state.write, codec, remove=state.remove, entries=state.entries)
             result = run_keys(self._step, carried, keys.load, keys.store, keys.prefetch)
             keys.flush()
             return result
-        stored = self._state.get()
-        result = run_group(self._step, carried, stored[0] if stored is not None else None)
-        if result.state is not None:
-            self._state.update((result.state,))
+        stored, migrated = self._state.get(), False
+        if stored is not None and codec.is_legacy(stored[0]):  # an earlier fissure's pickle: only while migrating
+            stored, migrated = (codec.dumps(codec.unpickle_legacy(stored[0]), ""), codec.use_pickle), True
+        elif stored is not None:
+            stored = codec.unseal(stored[0])
+        result = run_group(self._step, carried, stored)
+        if result.deleted:
+            self._state.clear()
+        elif result.state is not None or migrated:
+            self._state.update((codec.seal(result.state if result.state is not None else stored[0]),))
         return result.batch
 
     def _stateful_step(self) -> StatefulStep:
         node, operator = self.node, self.node.operator
         fn = operator.fn if self.profiling is None else ProfiledUpdate(
             operator.fn, operator.name, self.profiling.accumulator, self.profiling.timed_every_records)
+        access = self.state_access
+        codec = StateCodec(operator.name, use_pickle=operator.state_codec == "pickle", key=access.key,
+                           trust_legacy_pickle=access.trust_legacy_pickle)
         return StatefulStep(name=operator.name, fn=fn, state_factory=operator.state_factory,
                             input_schema=self.schemas[node.inputs[0]], output_schema=self.schemas[node.name],
-                            key=operator.key, order_by=operator.order_by)
+                            key=operator.key, order_by=operator.order_by, codec=codec)
 
     def close(self) -> None:
         pass

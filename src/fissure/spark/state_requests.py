@@ -17,14 +17,14 @@ This speaks PySpark's own framing and protobuf messages through its client's pri
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 CHUNK = 256
 
 
 class BatchedMapState:
-    """read / write callbacks for fissure.worker.key_buckets.SubBucketStore over a MapState of
-    `entry int` -> `value binary`."""
+    """read / write / remove / entries callbacks for fissure.worker.key_buckets.SubBucketStore over a
+    MapState of `entry int` -> `value binary`."""
 
     def __init__(self, state) -> None:
         self._state = state
@@ -66,6 +66,24 @@ class BatchedMapState:
         for status, error, _ in self._exchange(requests):
             if status != 0:
                 raise RuntimeError(f"state server: writing a map state entry failed: {error}")
+
+    def remove(self, entries: Sequence[int]) -> None:
+        if not self.pipelined:
+            for entry in entries:
+                self._state.removeKey((entry,))
+            return
+        messages, api, client = self._messages, self._api, self._client
+        requests = [messages.MapStateCall(stateName=self._state._stateName, removeKey=messages.RemoveKey(
+            userKey=api._serialize_to_bytes(client.user_key_schema, (entry,)))) for entry in entries]
+        for status, error, _ in self._exchange(requests):
+            if status != 0:
+                raise RuntimeError(f"state server: removing a map state entry failed: {error}")
+
+    def entries(self) -> Iterator[tuple[int, bytes]]:
+        """Every (entry, value) of the grouping key's map, through PySpark's own iterator (a few
+        requests for the lot: it fetches them in Arrow batches)."""
+        for (entry,), (value,) in self._state.iterator():
+            yield entry, value
 
     def _exchange(self, calls: list) -> list[tuple[int, str, bytes]]:
         """Send the map state calls CHUNK at a time, each chunk back to back, and read their answers."""

@@ -1,12 +1,12 @@
 """The keyed windowed stream-stream join of one key in one micro-batch (no pyspark here).
 
-Semantics: fissure.streamgraph's module docstring. The state of a key is a plain dict, pickled
-between micro-batches: its watermark and, per open window, the left and right records seen.
+Semantics: fissure.streamgraph's module docstring. The state of a key is a plain dict, stored as
+data between micro-batches (fissure.worker.state_codec, never pickled): its watermark and, per
+open window, the left and right records seen.
 """
 
 from __future__ import annotations
 
-import pickle
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -17,7 +17,8 @@ from fissure.worker.arrow_rows import batch_records, column_values
 from fissure.worker.columns import SEQ
 from fissure.worker.fused import assemble, dead_letter_batch, live_batch, records_to_batch
 from fissure.worker.keyed import null_key_error
-from fissure.worker.records import DeadLetter, describe_error, normalize_emitted, record_text
+from fissure.worker.records import DeadLetter, OperatorFailedError, describe_error, normalize_emitted, record_text
+from fissure.worker.state_codec import StateCodec, StateCodecError, decode_data
 
 LEFT, RIGHT = 0, 1
 
@@ -31,6 +32,7 @@ class JoinStep:
     lateness: float
     output_schema: pa.Schema
     key: tuple[str, ...] = ()  # a record with a null key field is a dead letter (keyed.null_key_error)
+    trust_legacy_pickle: bool = False  # migrating: a state an earlier fissure pickled may be read once
 
 
 @dataclass(frozen=True)
@@ -47,7 +49,25 @@ class JoinResult:
     records: list
     seqs: list[int]
     dead: list[DeadLetter]
-    state: bytes
+    state: bytes  # as stored: sealed by the join's data codec
+
+
+def load_join_state(step: JoinStep, stored: bytes | None) -> dict:
+    if stored is None:
+        return {"watermark": None, "windows": {}}
+    codec = StateCodec(step.name, trust_legacy_pickle=step.trust_legacy_pickle)
+    if codec.is_legacy(stored):
+        return codec.unpickle_legacy(stored)  # refused unless migrating
+    body, _ = codec.unseal(stored)  # a join's state is always data: never unpickled
+    return decode_data(body)
+
+
+def dump_join_state(step: JoinStep, state: dict) -> bytes:
+    codec = StateCodec(step.name)
+    try:
+        return codec.seal(codec.dumps(state, "of a key"))
+    except StateCodecError as error:
+        raise OperatorFailedError(str(error)) from error
 
 
 def arrival_order(arrival: JoinArrival, time_field: str) -> tuple:
@@ -56,7 +76,7 @@ def arrival_order(arrival: JoinArrival, time_field: str) -> tuple:
 
 def run_join_group(step: JoinStep, arrivals: Sequence[JoinArrival], stored_state: bytes | None) -> JoinResult:
     """Join one key's arrivals (any order: they are taken by event time, then sequence number)."""
-    state = pickle.loads(stored_state) if stored_state is not None else {"watermark": None, "windows": {}}
+    state = load_join_state(step, stored_state)
     windows: dict[int, tuple[list, list]] = state["windows"]
     records, seqs, dead = [], [], []
     for arrival in sorted(arrivals, key=lambda a: arrival_order(a, step.time_field)):
@@ -92,7 +112,7 @@ def run_join_group(step: JoinStep, arrivals: Sequence[JoinArrival], stored_state
             records.extend(emitted)
             seqs.extend([arrival.seq] * len(emitted))
         sides[arrival.side].append(arrival.record)
-    return JoinResult(records, seqs, dead, pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL))
+    return JoinResult(records, seqs, dead, dump_join_state(step, state))
 
 
 def arrivals_of(carried: pa.RecordBatch, data_schema: pa.Schema, side: int) -> list[JoinArrival]:

@@ -15,6 +15,7 @@ the state between calls, to run several micro-batches.
 
 from __future__ import annotations
 
+import secrets
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -29,6 +30,7 @@ from fissure.worker.columns import DEAD_COLUMNS, DEAD_ERROR, DEAD_OPERATOR, DEAD
 from fissure.worker.fused import FusedStage, Step, assemble, conform, live_batch, split_dead
 from fissure.worker.graph_join import LEFT, RIGHT, JoinArrival, JoinStep, arrivals_of, joined_batch, run_join_group
 from fissure.worker.keyed import StatefulStep, key_text, run_group, run_keys
+from fissure.worker.state_codec import StateCodec
 
 SOURCE_SHIFT = 56  # sequence numbers: source index << SOURCE_SHIFT | position
 
@@ -91,11 +93,15 @@ class LocalGraphRun:
 
     With a `clock` (e.g. time.thread_time), `work` holds each operator and join node's records
     and clock seconds over every call (fissure.worker.cost_sample measures a program this way).
+    States are kept as Spark keeps them, sealed by each operator's StateCodec (so a state the codec
+    cannot store fails here as on Spark); an operator declaring state_codec="pickle" signs them
+    with a key made for this run, which never leaves the process.
     """
 
     def __init__(self, graph: StreamGraph, clock: Callable[[], float] | None = None) -> None:
         self.graph = graph
-        self.states: dict[str, dict[str, bytes]] = {}  # node -> key -> pickled state
+        self.states: dict[str, dict[str, bytes]] = {}  # node -> key -> sealed state
+        self._state_key = secrets.token_bytes(32)
         self.clock = clock
         self.work: dict[str, NodeWork] = {}
 
@@ -163,15 +169,27 @@ class LocalGraphRun:
     def _stateful(self, node, carried: pa.RecordBatch, schemas) -> pa.RecordBatch:
         operator = node.operator
         input_schema = schemas[node.inputs[0]]
+        codec = StateCodec(operator.name, use_pickle=operator.state_codec == "pickle", key=self._state_key)
         step = StatefulStep(name=operator.name, fn=operator.fn, state_factory=operator.state_factory,
                             input_schema=input_schema, output_schema=schemas[node.name], key=operator.key,
-                            order_by=operator.order_by)
+                            order_by=operator.order_by, codec=codec)
         states = self.states.setdefault(node.name, {})
+
+        def load(key: str):
+            stored = states.get(key)
+            return codec.unseal(stored) if stored is not None else None
+
+        def store(key: str, state: bytes | None) -> None:
+            if state is None:
+                states.pop(key, None)
+            else:
+                states[key] = codec.seal(state)
+
         if operator.kind is Kind.PARTITIONED:  # every key's records at once, as a bucket on Spark
-            return run_keys(step, carried, states.get, states.__setitem__)
-        result = run_group(step, carried, states.get("all"))
-        if result.state is not None:
-            states["all"] = result.state
+            return run_keys(step, carried, load, store)
+        result = run_group(step, carried, load("all"))
+        if result.deleted or result.state is not None:
+            store("all", result.state)
         return result.batch
 
     def _join(self, node, streams, schemas) -> pa.RecordBatch:

@@ -1,16 +1,19 @@
 """One stateful operator over the records of a micro-batch (no pyspark here).
 
 The Spark layer's state processor calls `run_keys` once per bucket of keys of a partitioned
-operator (each key's stored state, pickled bytes or None for a key seen for the first time, is
-loaded and its new state stored through callbacks), and `run_group` once per batch for an
-operator without key. A key's records reach the operator in sequence-number order (or by
-`order_by` first), whatever order the exchange delivered them in.
+operator (each key's stored state, its bytes under the operator's StateCodec or None for a key
+seen for the first time, is loaded and its new state stored through callbacks), and `run_group`
+once per batch for an operator without key. A key's records reach the operator in sequence-number
+order (or by `order_by` first), whatever order the exchange delivered them in.
+
+A state equal to a fresh `state_factory()` after a key's records (a cleared dict, by default) is
+deleted, not stored: a key without state gets a fresh one when it comes back, so the two cannot be
+told apart, and a deleted key costs nothing in the state store.
 """
 
 from __future__ import annotations
 
 import json
-import pickle
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from json.encoder import encode_basestring_ascii  # json.dumps's own escaping of a str
@@ -24,6 +27,10 @@ from fissure.worker.columns import SEQ
 from fissure.worker.fused import assemble, dead_letter_batch, live_batch, records_to_batch, reshape_dead, split_dead
 from fissure.worker.records import (DeadLetter, OperatorFailedError, describe_error, mark_running,
                                     normalize_emitted, operator_stopped, record_text)
+from fissure.worker.state_codec import StateCodec, StateCodecError
+
+# A key's stored state: its bytes under the operator's codec, and whether they are a (verified) pickle.
+Stored = tuple[bytes, bool]
 
 
 @dataclass(frozen=True)
@@ -37,6 +44,11 @@ class StatefulStep:
     output_schema: pa.Schema  # the user's fields it emits
     key: tuple[str, ...] | None = None
     order_by: str | None = None  # field sorted on before the sequence number
+    codec: StateCodec | None = None  # None: plain data (StateCodec(name))
+
+    @property
+    def state_codec(self) -> StateCodec:
+        return self.codec if self.codec is not None else StateCodec(self.name)
 
 
 @dataclass(frozen=True)
@@ -44,25 +56,28 @@ class GroupResult:
     """What one key's records produced: the carried output batch and the state to store."""
 
     batch: pa.RecordBatch
-    state: bytes | None  # None: nothing to store (no live record for this key in the batch)
+    state: bytes | None  # None: nothing to store (no live record for this key in the batch), or deleted
+    deleted: bool = False  # the state ended equal to a fresh one: remove what is stored
 
 
-def load_state(step: StatefulStep, stored: bytes | None) -> Any:
-    if stored is not None:
-        return pickle.loads(stored)
+def fresh_state(step: StatefulStep) -> Any:
     try:
         return step.state_factory()
     except Exception as error:
         raise OperatorFailedError(f"operator {step.name!r}: its state_factory raised {describe_error(error)}") from error
 
 
-def dump_state(step: StatefulStep, key: str, state: Any) -> bytes:
+def load_state(step: StatefulStep, stored: Stored | None, codec: StateCodec | None = None) -> Any:
+    if stored is not None:
+        return (codec or step.state_codec).loads(*stored)
+    return fresh_state(step)
+
+
+def dump_state(step: StatefulStep, key: str, state: Any, codec: StateCodec | None = None) -> bytes:
     try:
-        return pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL)
-    except Exception as error:
-        raise OperatorFailedError(
-            f"operator {step.name!r}: the state of key {key!r} cannot be pickled ({type(error).__name__}: {error});"
-            f" keep values pickle can store (no open files, locks, sockets, generators or lambdas)") from error
+        return (codec or step.state_codec).dumps(state, f"of key {key!r}" if step.key else "")
+    except StateCodecError as error:
+        raise OperatorFailedError(str(error)) from error
 
 
 def key_values_text(values: Sequence) -> str:
@@ -95,19 +110,21 @@ def null_key_error(record: Mapping, fields: Sequence[str]) -> str:
             f"without one is not processed (give it a key upstream, or filter it out)")
 
 
-def run_group(step: StatefulStep, batch: pa.RecordBatch, stored_state: bytes | None) -> GroupResult:
+def run_group(step: StatefulStep, batch: pa.RecordBatch, stored_state: Stored | None) -> GroupResult:
     """Run `step` over one key's carried rows in sequence order; dead letters pass through."""
     stored = {}
 
-    def store(key: str, state: bytes) -> None:
+    def store(key: str, state: bytes | None) -> None:
         stored["state"] = state
 
     output = _run(step, batch, lambda records: {"": list(range(len(records)))}, lambda key: stored_state, store)
+    if "state" in stored and stored["state"] is None:
+        return GroupResult(output, None, deleted=True)
     return GroupResult(output, stored.get("state"))
 
 
-def run_keys(step: StatefulStep, batch: pa.RecordBatch, load: Callable[[str], bytes | None],
-             store: Callable[[str, bytes], None],
+def run_keys(step: StatefulStep, batch: pa.RecordBatch, load: Callable[[str], Stored | None],
+             store: Callable[[str, bytes | None], None],
              prefetch: Callable[[list[str]], None] | None = None) -> pa.RecordBatch:
     """Run the partitioned `step` over the carried rows of many keys at once (a bucket of keys, one
     Spark call): each key's records in (order_by, sequence) order with the state `load(key)`
@@ -154,9 +171,11 @@ def run_keys(step: StatefulStep, batch: pa.RecordBatch, load: Callable[[str], by
 
 
 def _run(step: StatefulStep, batch: pa.RecordBatch, group: Callable[[list[dict]], dict[str, list[int]]],
-         load: Callable[[str], bytes | None], store: Callable[[str, bytes], None],
+         load: Callable[[str], Stored | None], store: Callable[[str, bytes | None], None],
          prefetch: Callable[[list[str]], None] | None = None) -> pa.RecordBatch:
     live, upstream_dead = split_dead(batch)
+    codec = step.state_codec
+    fresh: list[bytes] = []  # a fresh state's bytes, made when the first key is stored
     dead: list[DeadLetter] = []
     records: list = []
     seqs: list[int] = []
@@ -177,7 +196,7 @@ def _run(step: StatefulStep, batch: pa.RecordBatch, group: Callable[[list[dict]]
                     dead.append(DeadLetter(step.name, null_key_error(record, step.key), record_text(record),
                                            input_seqs[position]))
                 continue
-            state = load_state(step, load(key))
+            state = load_state(step, load(key), codec)
             for position in positions:
                 record, seq = inputs[position], input_seqs[position]
                 try:
@@ -196,7 +215,10 @@ def _run(step: StatefulStep, batch: pa.RecordBatch, group: Callable[[list[dict]]
                     raise operator_stopped(step.name, error) from error
                 records.extend(emitted)
                 seqs.extend([seq] * len(emitted))
-            store(key, dump_state(step, key, state))
+            data = dump_state(step, key, state, codec)
+            if not fresh:
+                fresh.append(dump_state(step, key, fresh_state(step), codec))
+            store(key, None if data == fresh[0] else data)
     data, seqs = records_to_batch(records, seqs, step.output_schema, step.name, dead)
     emitted_batch = live_batch(data, seqs)
     return assemble(

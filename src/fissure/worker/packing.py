@@ -52,6 +52,7 @@ class PackSpec:
     key_columns: tuple[str, ...] | None
     buckets: int
     spread: int
+    every_group: bool = False  # a row (maybe without records) for every bucket, or group 0 when unkeyed
 
 
 def key_bucket(values: Sequence, buckets: int) -> int:
@@ -122,6 +123,13 @@ def pack(batch: pa.RecordBatch, spec: PackSpec) -> pa.RecordBatch:
         for chunk in range(int(start), int(end), MAX_PACKED_ROWS):
             packed_keys.append(int(sorted_keys[start]))
             payloads.append(_ipc_bytes(ordered.slice(chunk, min(MAX_PACKED_ROWS, int(end) - chunk))))
+    if spec.every_group:  # the keyed stage then runs every group's state, with records or not
+        empty = _ipc_bytes(batch.slice(0, 0))
+        present = set(packed_keys)
+        for group in range(spec.buckets) if spec.key_columns is not None else (0,):
+            if group not in present:
+                packed_keys.append(group)
+                payloads.append(empty)
     return pa.RecordBatch.from_arrays([pa.array(packed_keys, pa.int32()), pa.array(payloads, pa.binary())],
                                       schema=PACKED_SCHEMA)
 

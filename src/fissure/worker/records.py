@@ -62,7 +62,8 @@ def describe_error(error: BaseException) -> str:
 class OperatorFailedError(RuntimeError):
     """An operator failed in a way that is no record's fault and ends the run, named in the message:
     it raised SystemExit or KeyboardInterrupt (an operator may not end its worker process), its
-    state_factory raised, or its state cannot be pickled."""
+    state_factory raised, or its state holds what its state codec cannot store
+    (fissure.worker.state_codec)."""
 
 
 def operator_stopped(operator: str, error: BaseException) -> OperatorFailedError:
