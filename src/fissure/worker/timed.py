@@ -13,8 +13,8 @@ the late rule) and the batch's own (W_now, firing). Per key, in that order:
 A record is late when every window it would go into ended at or before W_prev: that window was
 emitted in an earlier batch (or would have been). For a session, its window is the session it
 would join, or its own [t, t + gap); for expiry, the key's state it would create ([t, t +
-expire_after), a key without state only); for deduplication, a record at or below W_prev is late
-(a duplicate of it may have been forgotten).
+expire_after), a key without state only); for deduplication, a record below W_prev is late (a
+record it duplicates may have been forgotten: a passed time k is forgotten once W >= k + within).
 
 The state of a key is plain data (dicts with string keys, lists, numbers, the key's values, the
 aggregate's accumulators), so any state codec stores it; None deletes it. `deadline` is the
@@ -263,9 +263,9 @@ class DeduplicateKeys(TimedKeyFunction):
         within = self.within
         out, out_seqs = [], []
         for t, seq, record in self.ordered(records, seqs, time, dead):
-            if t <= time.previous:
+            if t < time.previous:
                 dead.append(DeadLetter(
-                    self.name, f"{LATE}: event time {seconds_text(t)} is at or below watermark "
+                    self.name, f"{LATE}: event time {seconds_text(t)} is below watermark "
                                f"{seconds_text(time.previous)}, so a record of its key within {seconds_text(within)} "
                                f"s of it may have been forgotten already", record_text(record), seq))
             elif not any(abs(t - other) < within for other in kept):
