@@ -185,18 +185,22 @@ class BatchStep:
         return sum(1 for letter in self.dead_letters if letter.error.startswith("Late:"))
 
 
-def run_batches(program: Pipeline | StreamGraph, batches: Sequence, *, schemas: Mapping | None = None,
-                end_of_input: bool = True, batch_times: Sequence[float] | None = None) -> list[BatchStep]:
+def run_batches(program: Pipeline | StreamGraph, batches: Sequence, *, schema: SchemaSpec = None,
+                schemas: Mapping[str, SchemaSpec] | None = None, end_of_input: bool = True,
+                batch_times: Sequence[float] | None = None) -> list[BatchStep]:
     """Feed `program` explicit micro-batches in this process: a chain takes a list of batches
     (each a list of records), a graph a list of dicts {source: records} (a source left out gets
     none). Returns one BatchStep per batch, then one for the end of input (unless
-    `end_of_input=False`). `schemas` declares source schemas by name (a chain: the one schema);
-    `batch_times` gives each batch's processing time in seconds (for expiry on processing time)."""
+    `end_of_input=False`). `schema` declares a chain's source schema, `schemas` a graph's by
+    source name (default: inferred from the records); `batch_times` gives each batch's
+    processing time in seconds (for expiry on processing time)."""
     graph = as_graph(program)
     single = not isinstance(program, StreamGraph)
-    if single and schemas is not None and not isinstance(schemas, Mapping):
-        schemas = {graph.sources[0]: schemas}
-    bound = {name: to_arrow_schema(schema, f"source {name!r}") for name, schema in (schemas or {}).items()}
+    if schema is not None:
+        if not single:
+            raise PipelineError(f"run_batches: graph {graph.name!r} takes schemas={{source: schema}}, not schema=")
+        schemas = {graph.sources[0]: schema}
+    bound = {name: to_arrow_schema(spec, f"source {name!r}") for name, spec in (schemas or {}).items()}
     if batch_times is not None and len(batch_times) < len(batches) + (1 if end_of_input else 0):
         raise PipelineError(f"run_batches: {len(batch_times)} batch_times for {len(batches)} batches"
                             f"{' and the end of input' if end_of_input else ''}; give one each")
