@@ -481,3 +481,21 @@ def test_the_watermark_is_fixed_per_batch_and_end_of_input_passes_every_deadline
     deadlines.set("c", 5.0)
     deadlines.set("a", None)
     assert deadlines.due(50.0) == ["c"] and deadlines.earliest() == 5.0 and len(deadlines) == 2
+
+
+def test_the_time_section_of_the_docs_shows_what_the_code_prints():
+    import pathlib
+
+    from fissure.testing import describe_batches
+
+    docs = (pathlib.Path(__file__).parent.parent / "docs" / "pipeline-api.md").read_text()
+    bids = (Pipeline("hot_items").event_time("ts", lateness=5.0)
+            .window("bids", key="auction", window=Tumbling(10.0), aggregate=Count()))
+    result = fissure.run_local(bids, [{"auction": 1, "ts": 3.0}, {"auction": 1, "ts": 12.5},
+                                      {"auction": 2, "ts": 7.0}, {"auction": 1, "ts": 8.0}])["sink"]
+    shown = "# " + repr(result).replace("}, {", "},\n#  {")
+    assert shown in docs
+    steps = run_batches(bids, [[{"auction": 1, "ts": 3.0}, {"auction": 2, "ts": 7.0}], [{"auction": 1, "ts": 21.0}],
+                               [{"auction": 1, "ts": 8.0}], [{"auction": 1, "ts": 4.0}]])
+    assert describe_batches(steps) in docs
+    assert steps[3].dead_letters[0].error in docs
