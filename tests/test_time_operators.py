@@ -499,3 +499,23 @@ def test_the_time_section_of_the_docs_shows_what_the_code_prints():
                                [{"auction": 1, "ts": 8.0}], [{"auction": 1, "ts": 4.0}]])
     assert describe_batches(steps) in docs
     assert steps[3].dead_letters[0].error in docs
+
+
+def test_a_chain_and_the_same_graph_give_the_same_time_results():
+    def build(stream):
+        timed = stream.event_time("ts", lateness=3.0)
+        once = timed.deduplicate("once", key="user", within=2.0)
+        return once.partitioned("visits", count_clicks, key="user", expire_after=15.0, on_expire=summary,
+                                schema={"user": str, "clicks": int, "first": float})
+
+    chain = build(Pipeline("visits"))
+    graph = StreamGraph("visits")
+    build(graph.source("clicks", schema=SCHEMA)).sink("out")
+    data = sorted(events(21, 120, span=300), key=lambda e: e["ts"])
+    batches = [data[start:start + 25] for start in range(0, len(data), 25)]
+    from_chain = run_batches(chain, batches, schema=SCHEMA)
+    from_graph = run_batches(graph, [{"clicks": batch} for batch in batches])
+    assert [step.results["sink"] for step in from_chain] == [step.results["out"] for step in from_graph]
+    assert [step.watermark for step in from_chain] == [step.watermark for step in from_graph]
+    clicks = sum(r["clicks"] for step in from_chain for r in step.results["sink"])
+    assert clicks == len(reference_dedupe(data, 2.0)) and from_chain[-1].results["sink"]

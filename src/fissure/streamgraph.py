@@ -58,8 +58,8 @@ from fissure.graph import (
 )
 from fissure.joins import JoinSpec, TumblingWindow, check_join_fn, check_join_inputs
 from fissure.model.types import Kind, OperatorStats
-from fissure.time_program import (Declaration, TimeLayout, check_time_operator, free_name, graph_time,
-                                  output_schema, upstream_declaration)
+from fissure.time_program import (TimeLayout, check_time_operator, free_name, graph_time, join_window, output_schema,
+                                  upstream_declaration)
 from fissure.windows import Tumbling
 
 # A union only concatenates its inputs' batches: the planner's cost for it until profiles exist.
@@ -300,27 +300,12 @@ class StreamGraph:
             raise PipelineError(f"join {name!r}: declare the schema= of the records fn returns")
         inputs = self._input_names(name, (left, right))
         if isinstance(window, Tumbling):
-            window = self._join_window(name, window, inputs)
+            window = join_window(self, name, window, inputs)
         if inputs[0] == inputs[1]:
             raise PipelineError(f"join {name!r} joins stream {inputs[0]!r} with itself; self-joins are not "
                                 f"supported: fan the stream out through two operators (e.g. two maps) and join those")
         self._register(Node(name, NodeKind.JOIN, inputs, join=JoinSpec(fields, window, fn, declared)))
         return Stream(self, name)
-
-    def _join_window(self, name: str, window: Tumbling, inputs: tuple[str, ...]) -> TumblingWindow:
-        """A join's Tumbling(size) with the event-time field and lateness declared upstream of both
-        sides (the join keeps its own per-key watermark: the module docstring)."""
-        sides = [upstream_declaration(self, stream) for stream in inputs]
-        if all(isinstance(side, Declaration) for side in sides) and sides[0].field == sides[1].field:
-            return TumblingWindow(sides[0].field, window.size, sides[0].lateness)
-        found = ", ".join(f"{stream!r}: {side.field!r}" if isinstance(side, Declaration) else
-                          f"{stream!r}: {'not added yet' if side == 'unknown' else 'none'}"
-                          for stream, side in zip(inputs, sides))
-        raise PipelineError(
-            f"join {name!r}: window=Tumbling({window.size:g}) takes its time field from the event time declared "
-            f"upstream of both inputs, the same field on each side, but they have {found}; declare "
-            f".event_time(field, lateness=...) on both inputs before the join, or pass "
-            f"TumblingWindow(time_field, {window.size:g}, lateness)")
 
     def sink(self, name: str, stream: StreamLike | None) -> StreamGraph:
         """A named output fed by `stream`; bound to a real sink by name at run time. Its name may

@@ -24,7 +24,7 @@ from fissure.eventtime import (AggregateRole, DeduplicateRole, EventTimeRole, Ex
                                seconds_option)
 from fissure.graph import Operator, PipelineError, _positional_capacity
 from fissure.joins import TumblingWindow
-from fissure.windows import Window
+from fissure.windows import Tumbling, Window
 
 WINDOW_START, WINDOW_END = "window_start", "window_end"
 
@@ -266,6 +266,21 @@ def upstream_declaration(graph, name: str) -> Resolved | typing.Literal["unknown
     if node.kind in (NodeKind.UNION, NodeKind.JOIN):
         return _merged(node, inputs)
     return passed_on(node.operator, inputs[0])
+
+
+def join_window(graph, name: str, window: Tumbling, inputs: tuple[str, ...]) -> TumblingWindow:
+    """A join's `Tumbling(size)` with the event-time field and lateness declared upstream of both
+    sides (the join keeps its own per-key watermark: fissure.streamgraph's docstring)."""
+    sides = [upstream_declaration(graph, stream) for stream in inputs]
+    if all(isinstance(side, Declaration) for side in sides) and sides[0].field == sides[1].field:
+        return TumblingWindow(sides[0].field, window.size, sides[0].lateness)
+    found = ", ".join(f"{stream!r}: {side.field!r}" if isinstance(side, Declaration) else
+                      f"{stream!r}: {'not added yet' if side == 'unknown' else 'none'}"
+                      for stream, side in zip(inputs, sides))
+    raise PipelineError(
+        f"join {name!r}: window=Tumbling({window.size:g}) takes its time field from the event time declared upstream "
+        f"of both inputs, the same field on each side, but they have {found}; declare .event_time(field, "
+        f"lateness=...) on both inputs before the join, or pass TumblingWindow(time_field, {window.size:g}, lateness)")
 
 
 def expiry_role(name: str, expire_after: object, on_expire: object) -> ExpiryRole | None:

@@ -30,7 +30,8 @@ from collections.abc import Callable, Iterable, Sequence
 
 from fissure.eventtime import AggregateRole, DeduplicateRole, ExpiryRole, WindowRole, event_seconds, no_event_time
 from fissure.worker.keyed import BatchTime, KeyEmitted, StatefulStep
-from fissure.worker.records import DeadLetter, describe_error, normalize_emitted, operator_stopped, record_text
+from fissure.worker.records import (DeadLetter, OperatorFailedError, describe_error, normalize_emitted,
+                                    operator_stopped, record_text)
 
 LATE = "Late"  # the reason of every late record's dead letter: "Late: ..."
 
@@ -333,8 +334,6 @@ class ExpiringKeys(TimedKeyFunction):
         try:
             return self.state_factory()
         except Exception as error:
-            from fissure.worker.records import OperatorFailedError
-
             raise OperatorFailedError(f"operator {self.name!r}: its state_factory raised "
                                       f"{describe_error(error)}") from error
 
