@@ -394,6 +394,11 @@ def test_the_planner_sees_time_operators_as_partitioned_with_their_keys():
     assert [(s.name, s.key) for s in graph_stats if s.kind is Kind.PARTITIONED] == [
         ("per_auction", ("auction",)), ("top", ("w",))]
     assert program.operator("w").describe() == "w (partitioned window Count() key=user)"
+    assert program.operator("d").describe() == "d (partitioned deduplicate within 5 s key=user,window_start)"
+    # what a run ships to its workers: the user's functions inside aggregates and on_expire too
+    expiring_program = expiring()
+    assert expiring_program.operator("visits").functions == (count_clicks, dict, summary)
+    assert window_program(Aggregate.of(median_of, schema={"median": float})).operator("w").functions[2] is median_of
 
 
 def test_the_sample_measures_a_windows_selectivity():

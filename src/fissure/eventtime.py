@@ -147,7 +147,7 @@ class DeduplicateRole:
         return self.within
 
     def __repr__(self) -> str:
-        return f"deduplicate(within={self.within:g})"
+        return f"within {self.within:g} s"
 
 
 @dataclass(frozen=True)

@@ -159,6 +159,15 @@ class Operator:
     time: typing.Any = None  # fissure.eventtime's role of an event-time or time-aware operator
 
     @property
+    def functions(self) -> tuple[typing.Any, ...]:
+        """Every object of the user's this operator calls, to ship and check before a run: its
+        function (a window's or aggregate's: the aggregate), state_factory, on_expire, and the
+        function an `Aggregate.of` wraps."""
+        found = [self.fn, self.state_factory, getattr(self.time, "on_expire", None),
+                 getattr(getattr(self.time, "aggregate", None), "fn", None)]
+        return tuple(item for item in dict.fromkeys(found) if item is not None and item is not self.time)
+
+    @property
     def per_key(self) -> bool:
         """Runs once per key and micro-batch over the key's records (windows, aggregates,
         deduplication, expiry), not once per record."""
