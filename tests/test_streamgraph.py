@@ -334,7 +334,7 @@ def test_join_evicts_closed_windows_and_dead_letters_late_records():
     fourth = run.run_batch({"l": [], "r": [{"host": "a", "ts": 3, "owner": "z"}]})
     assert fourth["out"] == []
     (late,) = fourth.dead_letters
-    assert late.node == "jn" and late.error.startswith("LateRecord: window [0, 10) closed at watermark 12")
+    assert late.node == "jn" and late.error.startswith("Late: event time 3 is in window [0, 10) that closed at watermark 12 of this key")
     assert list(join_windows(run.states["jn"])) == [1]
 
 

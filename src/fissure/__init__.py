@@ -6,13 +6,19 @@
     fissure.run(program, source(s), sink(s), plan="planner")        # on Spark
     fissure.run_local(program, records)                             # in this process, no JVM
 
+Time: `.event_time(field, lateness=)`, `.window(name, key=, window=Tumbling|Sliding|Session,
+aggregate=Count()|Sum|Min|Max|Mean|Aggregate.of)`, `.aggregate(...)`, `.deduplicate(...)`,
+`partitioned(..., expire_after=, on_expire=)` (docs/pipeline-api.md, Time).
+
 The program definition (no Spark needed to build one) is imported eagerly; the Spark layer's
 names load pyspark on first use, so `import fissure` and the planner stay light. Test helpers
 (in-memory sources and sinks, an in-process run): `fissure.testing`.
 """
 
+from fissure.aggregates import Aggregate, Count, Max, Mean, Min, Sum
 from fissure.graph import OperatorEstimate, Pipeline, PipelineError
 from fissure.streamgraph import StreamGraph, TumblingWindow
+from fissure.windows import Session, Sliding, Tumbling
 from fissure.worker.graph_local import run_local
 
 __version__ = "0.1.0"
@@ -35,8 +41,8 @@ _SPARK_EXPORTS = {
     "run_graph": "fissure.spark.run",
 }
 
-__all__ = ["OperatorEstimate", "Pipeline", "PipelineError", "StreamGraph", "TumblingWindow", "run_local",
-           "__version__", *_SPARK_EXPORTS]
+__all__ = ["Aggregate", "Count", "Max", "Mean", "Min", "OperatorEstimate", "Pipeline", "PipelineError", "Session",
+           "Sliding", "StreamGraph", "Sum", "Tumbling", "TumblingWindow", "run_local", "__version__", *_SPARK_EXPORTS]
 
 
 def __getattr__(name: str):

@@ -46,6 +46,7 @@ from enum import Enum
 import pyarrow as pa
 
 from fissure.model.types import Kind, OperatorStats
+from fissure.time_methods import TimeMethods
 
 # Planner inputs used until profiles exist: costs in microseconds per record.
 DEFAULT_COST_US = 10.0
@@ -70,6 +71,9 @@ class Action(str, Enum):
     MAP_BATCHES = "map_batches"  # batch -> batch of the same length
     FILTER_BATCHES = "filter_batches"  # batch -> boolean mask
     UPDATE = "update"  # (state, record) -> records emitted; stateful kinds only
+    WINDOW = "window"  # a key's records into event-time windows, an aggregate per window (fn: the aggregate)
+    AGGREGATE = "aggregate"  # a running aggregate per key (fn: the aggregate)
+    DEDUPLICATE = "deduplicate"  # a key's first record within some seconds of event time passes
 
 
 class Waits(str, Enum):
@@ -158,6 +162,22 @@ class Operator:
     order_by: str | None = None  # stateful kinds: field a key's records are sorted by in a batch
     hints: Hints = field(default_factory=Hints)
     state_codec: str = "data"  # stateful kinds: "data" (MessagePack) or "pickle" (signed with the run's state key)
+    time: typing.Any = None  # fissure.eventtime's role of an event-time or time-aware operator
+
+    @property
+    def functions(self) -> tuple[typing.Any, ...]:
+        """Every object of the user's this operator calls, to ship and check before a run: its
+        function (a window's or aggregate's: the aggregate), state_factory, on_expire, and the
+        function an `Aggregate.of` wraps."""
+        found = [self.fn, self.state_factory, getattr(self.time, "on_expire", None),
+                 getattr(getattr(self.time, "aggregate", None), "fn", None)]
+        return tuple(item for item in dict.fromkeys(found) if item is not None and item is not self.time)
+
+    @property
+    def per_key(self) -> bool:
+        """Runs once per key and micro-batch over the key's records (windows, aggregates,
+        deduplication, expiry), not once per record."""
+        return self.time is not None and self.kind is Kind.PARTITIONED
 
     @property
     def per_batch(self) -> bool:
@@ -284,7 +304,7 @@ def _normalize_waits(name: str, kind: Kind, action: Action, waits: object) -> Wa
             f"threads do not speed up") from None
 
 
-class Pipeline:
+class Pipeline(TimeMethods):
     """A chain of named operators, in the order records flow through them.
 
     Every builder method returns the pipeline itself, so calls chain; a definition error raises
@@ -352,7 +372,8 @@ class Pipeline:
                     state_factory: Callable[[], typing.Any] = dict, order_by: str | None = None,
                     reads: Iterable[str] | None = None, cost_us: float | None = None,
                     selectivity: float | None = None, max_scale: float | None = None,
-                    waits: str | None = None, state_codec: str = "data") -> Pipeline:
+                    waits: str | None = None, state_codec: str = "data", expire_after: float | None = None,
+                    on_expire: Callable[[typing.Any, typing.Any], typing.Any] | None = None) -> Pipeline:
         """Partitioned stateful: fn(state, record) with one state object per value of `key`.
 
         Within a micro-batch a key's records arrive in source order (sequence numbers), or sorted
@@ -361,12 +382,23 @@ class Pipeline:
         a batch equal to a fresh `state_factory()` (e.g. `state.clear()`) is deleted.
         `state_codec`: "data" (plain data, the default) or "pickle" (any picklable object, signed
         with the run's state key: RunnerConfig(state_key=...) or FISSURE_STATE_KEY).
+
+        `expire_after=SECONDS`: a key's state is dropped once the watermark passes the key's last
+        event time + SECONDS (processing time where the program declares no event time), after
+        `on_expire(state, key)` has emitted what it returns; a key's records then come in
+        event-time order (docs/pipeline-api.md, Time).
         """
+        from fissure.time_program import expiry_role
+
         fields = _normalize_key(name, key)
+        role = expiry_role(name, expire_after, on_expire)
+        if role is not None and order_by is not None:
+            raise PipelineError(f"operator {name!r}: with expire_after= a key's records come in event-time order; "
+                                f"leave out order_by={order_by!r}")
         return self._add(name, Kind.PARTITIONED, Action.UPDATE, fn, 2, key=fields, schema=schema,
                          reads=reads, state_factory=self._state_factory(name, state_factory), order_by=order_by,
                          hints=Hints(cost_us=cost_us, selectivity=selectivity, max_scale=max_scale, waits=waits),
-                         state_codec=state_codec)
+                         state_codec=state_codec, time=role)
 
     def stateful(self, name: str, fn: Callable[[typing.Any, dict], typing.Any], *,
                  schema: SchemaSpec = None, state_factory: Callable[[], typing.Any] = dict,
@@ -451,7 +483,7 @@ class Pipeline:
     def _add(self, name: str, kind: Kind, action: Action, fn: Callable, arguments: int, *,
              key: tuple[str, ...] | None = None, schema: SchemaSpec = None, reads=None,
              batch_format: BatchFormat | None = None, state_factory=None, order_by: str | None = None,
-             hints: Hints = Hints(), state_codec: str = "data") -> Pipeline:
+             hints: Hints = Hints(), state_codec: str = "data", time: typing.Any = None) -> Pipeline:
         if not isinstance(name, str) or not _NAME_PATTERN.match(name):
             raise PipelineError(
                 f"operator name {name!r} ({action.value} {getattr(fn, '__qualname__', fn)!r}) is not valid; "
@@ -459,7 +491,8 @@ class Pipeline:
             )
         if name in self.names:
             raise PipelineError(f"operator name {name!r} is used twice in pipeline {self.name!r}; give each operator its own name")
-        _check_arity(name, action, fn, arguments)
+        if arguments:
+            _check_arity(name, action, fn, arguments)
         for label, value in (("cost_us", hints.cost_us), ("selectivity", hints.selectivity)):
             if value is not None and not value >= 0:
                 raise PipelineError(f"operator {name!r}: {label} must be a number >= 0, got {value!r}")
@@ -471,13 +504,22 @@ class Pipeline:
         if state_codec not in STATE_CODECS:
             raise PipelineError(f"operator {name!r}: state_codec must be \"data\" (plain data, the default) or "
                                 f"\"pickle\" (any picklable object, signed with the run's state key), got {state_codec!r}")
-        self._operators.append(Operator(
+        operator = Operator(
             name=name, kind=kind, action=action, fn=fn, key=key,
             schema=to_arrow_schema(schema, f"operator {name!r}"), reads=_normalize_reads(name, reads),
             batch_format=batch_format, state_factory=state_factory, order_by=order_by, hints=hints,
-            state_codec=state_codec,
-        ))
+            state_codec=state_codec, time=time,
+        )
+        if time is not None:
+            self._check_time(operator)
+        self._operators.append(operator)
         return self
+
+    def _check_time(self, operator: Operator) -> None:
+        """A chain knows what is upstream of the operator it adds: check its event time now."""
+        from fissure.time_program import check_chain_declarations
+
+        check_chain_declarations(self.name, self._operators, operator)
 
 
 def check_operator_fields(operator: Operator, upstream: pa.Schema, input_description: str) -> None:
@@ -503,10 +545,13 @@ def output_schemas(pipeline: Pipeline, source_schema: pa.Schema) -> dict[str, pa
     for name in source_schema.names:
         if name.startswith(RESERVED_FIELD_PREFIX):
             raise PipelineError(f"the source has a field {name!r}; the prefix {RESERVED_FIELD_PREFIX!r} is reserved by fissure")
+    from fissure.time_program import chain_time, output_schema
+
     schemas: dict[str, pa.Schema] = {}
     upstream, upstream_label = source_schema, "the source"
     for operator in pipeline.operators:
         check_operator_fields(operator, upstream, f"its input from {upstream_label}")
-        schemas[operator.name] = operator.schema if operator.schema is not None else upstream
+        schemas[operator.name] = output_schema(operator, upstream)
         upstream, upstream_label = schemas[operator.name], f"operator {operator.name!r}"
+    chain_time(pipeline.operators, schemas, source_schema)
     return schemas

@@ -18,16 +18,26 @@ from dataclasses import dataclass
 import pyarrow as pa
 
 from fissure.graph import PipelineError, _positional_capacity
+from fissure.windows import Tumbling, Window
 
 
 @dataclass(frozen=True)
-class TumblingWindow:
+class TumblingWindow(Window):
     """Tumbling event-time windows of `size` units of the numeric field `time_field`; a window
-    closes `lateness` units after its end (per key, see the module docstring)."""
+    closes `lateness` units after its end (per key, see the module docstring). The windows of
+    `Tumbling(size)`, with the field and lateness carried along: `StreamGraph.join` also takes a
+    plain `Tumbling(size)`, whose field and lateness are the event time declared upstream."""
 
     time_field: str
     size: float
     lateness: float = 0.0
+
+    def windows_of(self, t: float) -> list[tuple[float, float]]:
+        return Tumbling(self.size).windows_of(t)
+
+    @property
+    def horizon(self) -> float:
+        return float(self.size)
 
     def __post_init__(self) -> None:
         if not isinstance(self.time_field, str) or not self.time_field:

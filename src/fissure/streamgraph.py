@@ -11,22 +11,24 @@
     failures.sink("alerts"); per_host.sink("per_host")
 
 A `Stream` has the builder methods of the chain API (`fissure.Pipeline`: map, filter, flat_map,
-map_batches, filter_batches, partitioned, stateful) with the same arguments and checks; each
-returns the new operator's output stream. Using one handle in several places is fan-out. Sources
-are bound to data by name at run time (`run_local`, `fissure.run_graph`).
+map_batches, filter_batches, partitioned, stateful, and for time event_time, window, aggregate,
+deduplicate) with the same arguments and checks; each returns the new operator's output stream.
+Using one handle in several places is fan-out. Sources are bound to data by name at run time
+(`run_local`, `fissure.run_graph`).
 
 `StreamGraph.add(...)` is the low-level form: a node with its inputs named, possibly before they
 exist, so any graph (cycles included) can be written down; `check()` refuses what cannot run.
 
 Join semantics (`join`): an inner equi-join on `key` of two streams, in tumbling event-time
-windows of `window.size` units of the numeric field `window.time_field` (window w holds
+windows of `window.size` units of the numeric field `window.time_field` (`window=Tumbling(size)`:
+the event-time field and lateness declared upstream of both inputs; window w holds
 w * size <= t < (w + 1) * size). A left and a right record join when their keys are equal and
 they fall in the same window; `fn(left, right)` runs once per such pair, when the later of the
 two arrives (a symmetric hash join), and returns a record, several, or None. State is kept per
 key: each key has a watermark, the largest event time it has seen on either side; window w of
 that key closes, and its records are evicted, once the watermark reaches
 (w + 1) * size + window.lateness. A record that arrives for a closed window is not joined: it
-becomes a dead letter ("late record"). Records of one key are taken in event-time order within
+becomes a dead letter ("Late: ..."). Records of one key are taken in event-time order within
 a micro-batch (then source order), so a key's records that arrive in time order across
 micro-batches give the same pairs however the stream is cut into micro-batches.
 """
@@ -56,6 +58,9 @@ from fissure.graph import (
 )
 from fissure.joins import JoinSpec, TumblingWindow, check_join_fn, check_join_inputs
 from fissure.model.types import Kind, OperatorStats
+from fissure.time_program import (TimeLayout, check_time_operator, free_name, graph_time, join_window, output_schema,
+                                  upstream_declaration)
+from fissure.windows import Tumbling
 
 # A union only concatenates its inputs' batches: the planner's cost for it until profiles exist.
 UNION_COST_US = 0.5
@@ -64,7 +69,10 @@ UNION_COST_US = 0.5
 MIN_PLANNED_RATE = 1e-6
 
 # The chain API's builder methods a Stream offers, with the same arguments.
-OPERATOR_METHODS = ("map", "filter", "flat_map", "map_batches", "filter_batches", "partitioned", "stateful")
+OPERATOR_METHODS = ("map", "filter", "flat_map", "map_batches", "filter_batches", "partitioned", "stateful",
+                    "event_time", "window", "aggregate", "deduplicate")
+# Those of them that take no function: their arguments are all keywords (docs/pipeline-api.md, Time).
+FUNCTIONLESS_METHODS = ("event_time", "window", "aggregate", "deduplicate")
 
 
 class NodeKind(str, Enum):
@@ -154,6 +162,24 @@ class Stream:
         """As `Pipeline.stateful`: fn(state, record), one state for the stream."""
         return self.graph.add("stateful", name, fn, inputs=[self], **options)
 
+    def event_time(self, field: str, *, lateness: float = 0.0, name: str | None = None) -> Stream:
+        """As `Pipeline.event_time`: the stream's event-time field from here on (an operator,
+        `name` or `event_time`, `event_time_2`, ... in the graph's namespace)."""
+        name = free_name(self.graph._nodes, "event_time") if name is None else name
+        return self.graph.add("event_time", name, inputs=[self], field=field, lateness=lateness)
+
+    def window(self, name: str, **options) -> Stream:
+        """As `Pipeline.window`: key=, window=, aggregate=."""
+        return self.graph.add("window", name, inputs=[self], **options)
+
+    def aggregate(self, name: str, **options) -> Stream:
+        """As `Pipeline.aggregate`: key=, aggregate=, expire_after=."""
+        return self.graph.add("aggregate", name, inputs=[self], **options)
+
+    def deduplicate(self, name: str, **options) -> Stream:
+        """As `Pipeline.deduplicate`: key=, within=."""
+        return self.graph.add("deduplicate", name, inputs=[self], **options)
+
     def sink(self, name: str) -> StreamGraph:
         """A named sink fed by this stream; bound to a real sink by name at run time."""
         return self.graph.sink(name, self)
@@ -170,6 +196,7 @@ class GraphLayout:
 
     order: tuple[str, ...]
     schemas: Mapping[str, pa.Schema | None]
+    time: TimeLayout = TimeLayout()  # the time-aware operators' event-time fields, lateness, horizon
 
 
 class StreamGraph:
@@ -206,19 +233,35 @@ class StreamGraph:
         self._register(Node(name, NodeKind.SOURCE, schema=to_arrow_schema(schema, f"source {name!r}")))
         return Stream(self, name)
 
-    def add(self, method: str, name: str, fn, *, inputs: Sequence[StreamLike], **options) -> Stream:
-        """Low level: an operator built as `Pipeline.<method>(name, fn, **options)` would build it,
-        reading the named nodes `inputs` (exactly one; they may be added later)."""
+    def add(self, method: str, name: str, fn=None, *, inputs: Sequence[StreamLike], **options) -> Stream:
+        """Low level: an operator built as `Pipeline.<method>(name, fn, **options)` would build it
+        (`Pipeline.event_time(field=..., lateness=..., name=name)`; window, aggregate and
+        deduplicate take no fn), reading the named nodes `inputs` (exactly one; they may be added
+        later: then its event time is checked by `check()`)."""
         if method not in OPERATOR_METHODS:
             raise PipelineError(f"operator {name!r}: unknown method {method!r}; use one of {', '.join(OPERATOR_METHODS)}")
-        scratch = Pipeline(self.name)
-        getattr(scratch, method)(name, fn, **options)  # every check of the chain API, same messages
+        scratch = _OperatorBuilder(self.name)
+        if method in FUNCTIONLESS_METHODS:
+            if fn is not None:
+                raise PipelineError(f"operator {name!r} ({method}) takes no function; pass its keyword arguments "
+                                    f"(docs/pipeline-api.md, Time)")
+            if method == "event_time":
+                scratch.event_time(options.pop("field", None), name=name, **options)
+            else:
+                getattr(scratch, method)(name, **options)
+        else:
+            getattr(scratch, method)(name, fn, **options)  # every check of the chain API, same messages
         inputs = self._input_names(name, inputs)
         if len(inputs) != 1:
             raise PipelineError(
                 f"operator {name!r} ({method}) reads {len(inputs)} streams ({', '.join(inputs) or 'none'}); an "
                 f"operator reads exactly one: merge streams first with graph.union(...) or graph.join(...)")
-        self._register(Node(name, NodeKind.OPERATOR, inputs, operator=scratch.operators[0]))
+        operator = scratch.operators[0]
+        if operator.time is not None:
+            upstream = upstream_declaration(self, inputs[0])
+            if upstream != "unknown":
+                check_time_operator(operator, upstream, None, f"its input {inputs[0]!r}")
+        self._register(Node(name, NodeKind.OPERATOR, inputs, operator=operator))
         return Stream(self, name)
 
     def add_operator(self, operator: Operator, *, inputs: Sequence[StreamLike]) -> Stream:
@@ -248,13 +291,16 @@ class StreamGraph:
         (an iterable) or None; `key` names fields both sides have, with the same types.
         """
         fields = _normalize_key(name, key)
-        if not isinstance(window, TumblingWindow):
-            raise PipelineError(f"join {name!r}: window must be a TumblingWindow(time_field, size), got {window!r}")
+        if not isinstance(window, (TumblingWindow, Tumbling)):
+            raise PipelineError(f"join {name!r}: window must be Tumbling(size) (with the event time declared "
+                                f"upstream) or TumblingWindow(time_field, size, lateness), got {window!r}")
         check_join_fn(name, fn)
         declared = to_arrow_schema(schema, f"join {name!r}")
         if declared is None:
             raise PipelineError(f"join {name!r}: declare the schema= of the records fn returns")
         inputs = self._input_names(name, (left, right))
+        if isinstance(window, Tumbling):
+            window = join_window(self, name, window, inputs)
         if inputs[0] == inputs[1]:
             raise PipelineError(f"join {name!r} joins stream {inputs[0]!r} with itself; self-joins are not "
                                 f"supported: fan the stream out through two operators (e.g. two maps) and join those")
@@ -510,7 +556,8 @@ class StreamGraph:
                     raise PipelineError(f"source {name!r} has a field {field_name!r}; the prefix "
                                         f"{RESERVED_FIELD_PREFIX!r} is reserved by fissure")
             known[name] = schema
-        return GraphLayout(tuple(order), self._schemas(order, known))
+        schemas = self._schemas(order, known)
+        return GraphLayout(tuple(order), schemas, graph_time(self, order, schemas))
 
     def _check_structure(self) -> None:
         if not self._nodes:
@@ -587,7 +634,7 @@ class StreamGraph:
                 upstream = schemas[node.inputs[0]]
                 if upstream is not None:
                     _check_operator_fields(node.operator, upstream, node.inputs[0])
-                schemas[name] = node.operator.schema if node.operator.schema is not None else upstream
+                schemas[name] = output_schema(node.operator, upstream)
         return schemas
 
 
@@ -627,6 +674,13 @@ def _same_fields(first: pa.Schema, second: pa.Schema) -> bool:
 
 def _fields_text(schema: pa.Schema) -> str:
     return ", ".join(f"{field.name}: {field.type}" for field in schema)
+
+
+class _OperatorBuilder(Pipeline):
+    """A Pipeline that builds one operator for a graph: the graph checks its event time."""
+
+    def _check_time(self, operator: Operator) -> None:
+        pass
 
 
 def as_graph(program: Pipeline | StreamGraph) -> StreamGraph:

@@ -16,9 +16,11 @@ import pyarrow as pa
 from fissure.worker.arrow_rows import batch_records, column_values
 from fissure.worker.columns import SEQ
 from fissure.worker.fused import assemble, dead_letter_batch, live_batch, records_to_batch
+from fissure.eventtime import no_event_time
 from fissure.worker.keyed import null_key_error
 from fissure.worker.records import DeadLetter, OperatorFailedError, describe_error, normalize_emitted, record_text
 from fissure.worker.state_codec import StateCodec, StateCodecError, decode_data
+from fissure.worker.timed import late_reason, seconds_text
 
 LEFT, RIGHT = 0, 1
 
@@ -86,7 +88,7 @@ def run_join_group(step: JoinStep, arrivals: Sequence[JoinArrival], stored_state
             continue
         event_time = arrival.record[step.time_field]
         if event_time is None:
-            dead.append(DeadLetter(step.name, f"MissingTime: field {step.time_field!r} is null",
+            dead.append(DeadLetter(step.name, no_event_time(step.time_field, arrival.record),
                                    record_text(arrival.record), arrival.seq))
             continue
         watermark = event_time if state["watermark"] is None else max(state["watermark"], event_time)
@@ -96,8 +98,8 @@ def run_join_group(step: JoinStep, arrivals: Sequence[JoinArrival], stored_state
         window = int(event_time // step.window_size)
         if (window + 1) * step.window_size + step.lateness <= watermark:
             dead.append(DeadLetter(
-                step.name, f"LateRecord: window [{window * step.window_size:g}, {(window + 1) * step.window_size:g}) "
-                           f"closed at watermark {watermark:g} of this key (lateness {step.lateness:g})",
+                step.name, late_reason(event_time, window * step.window_size, (window + 1) * step.window_size,
+                                       watermark) + f" of this key (lateness {seconds_text(step.lateness)})",
                 record_text(arrival.record), arrival.seq))
             continue
         sides = windows.setdefault(window, ([], []))

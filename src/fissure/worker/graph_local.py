@@ -11,11 +11,19 @@ joins), so records, types and dead letters are the same; what differs is the rou
 node by node over whole streams. A call is one micro-batch: a keyed operator gets each key's
 records in (order_by, source order) order, as on Spark within a batch. `LocalGraphRun` keeps
 the state between calls, to run several micro-batches.
+
+Time (fissure.worker.timed, fissure.worker.watermark): `LocalGraphRun` keeps the query's watermark
+across `run_batch` calls, each batch running with the watermark of the batches before it (its
+results carry it: `results.watermark`); every key due at that watermark fires, records or not.
+`finish()` is the end of input: the watermark passes every pending window, session and expiry.
+`run_local` is one batch and the end of input: the complete answer.
 """
 
 from __future__ import annotations
 
+import math
 import secrets
+import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -29,8 +37,10 @@ from fissure.streamgraph import NodeKind, PipelineError, StreamGraph, as_graph
 from fissure.worker.columns import DEAD_COLUMNS, DEAD_ERROR, DEAD_OPERATOR, DEAD_RECORD, SEQ, carried_schema
 from fissure.worker.fused import FusedStage, Step, assemble, conform, live_batch, split_dead
 from fissure.worker.graph_join import LEFT, RIGHT, JoinArrival, JoinStep, arrivals_of, joined_batch, run_join_group
-from fissure.worker.keyed import StatefulStep, key_text, run_group, run_keys
+from fissure.worker.keyed import BatchTime, StatefulStep, key_text, run_group, run_keys
 from fissure.worker.state_codec import StateCodec
+from fissure.worker.timed import LATE, max_event_time, per_key_step
+from fissure.worker.watermark import Deadlines, ProcessingTime, Watermark
 
 SOURCE_SHIFT = 56  # sequence numbers: source index << SOURCE_SHIFT | position
 
@@ -51,9 +61,16 @@ class LocalResults(dict):
     SHOWN_DEAD_LETTERS = 3
     SHOWN_ERROR_CHARS = 120
 
-    def __init__(self, *args, dead_letters: Sequence[LocalDeadLetter] = (), **kwargs) -> None:
+    def __init__(self, *args, dead_letters: Sequence[LocalDeadLetter] = (), watermark: float = -math.inf,
+                 **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.dead_letters: list[LocalDeadLetter] = list(dead_letters)
+        self.watermark = watermark  # the event-time watermark the batch ran with (fired at)
+
+    @property
+    def late_records(self) -> int:
+        """The dead letters of late records (reason `Late: ...`)."""
+        return sum(1 for letter in self.dead_letters if letter.error.startswith(LATE + ":"))
 
     def describe_dead_letters(self) -> str:
         """`2 dead letters: 'parse': ValueError: ... (record {...}); ...`, the first few in full."""
@@ -88,6 +105,15 @@ class NodeWork:
     seconds: float = 0.0
 
 
+@dataclass(frozen=True)
+class _BatchClocks:
+    event: BatchTime | None  # the query's event-time watermarks for this batch
+    processing: BatchTime | None  # the batch times, for nodes on processing time
+
+    def of(self, field: str | None) -> BatchTime | None:
+        return self.event if field is not None else self.processing
+
+
 class LocalGraphRun:
     """Runs micro-batches of `graph` one after another, keeping keyed state between them.
 
@@ -98,17 +124,40 @@ class LocalGraphRun:
     with a key made for this run, which never leaves the process.
     """
 
-    def __init__(self, graph: StreamGraph, clock: Callable[[], float] | None = None) -> None:
+    def __init__(self, graph: StreamGraph, clock: Callable[[], float] | None = None,
+                 wall_clock: Callable[[], float] = time.time) -> None:
         self.graph = graph
         self.states: dict[str, dict[str, bytes]] = {}  # node -> key -> sealed state
         self._state_key = secrets.token_bytes(32)
         self.clock = clock
         self.work: dict[str, NodeWork] = {}
+        self.wall_clock = wall_clock  # processing time, seconds (expiry without event time)
+        self.deadlines: dict[str, Deadlines] = {}  # per-key node -> when its keys next fire
+        self._watermark: Watermark | None = None
+        self._processing = ProcessingTime()
+        self._bound: dict[str, pa.Schema] | None = None  # the source schemas of the last batch
+
+    @property
+    def watermark(self) -> float:
+        """The event-time watermark the next micro-batch runs with (-inf before any event time)."""
+        return self._watermark.next if self._watermark is not None else -math.inf
+
+    def finish(self, batch_time_s: float | None = None) -> LocalResults:
+        """End of input: one more micro-batch without records whose watermark passes every pending
+        deadline (the largest event time seen + the program's horizon; processing-time expiry:
+        all), so every window, session and expiry fires. Returns what it emitted. The watermark
+        stays there: a later batch judges its records late against it."""
+        if self._bound is None:  # no batch ran: nothing is pending
+            return LocalResults({sink: [] for sink in self.graph.sinks}, watermark=self.watermark)
+        return self.run_batch({name: [] for name in self.graph.sources}, self._bound, batch_time_s=batch_time_s,
+                              end_of_input=True)
 
     def run_batch(self, sources: Mapping[str, Sequence[Mapping]],
-                  schemas: Mapping[str, pa.Schema] | None = None) -> LocalResults:
+                  schemas: Mapping[str, pa.Schema] | None = None, *, batch_time_s: float | None = None,
+                  end_of_input: bool = False) -> LocalResults:
         """One micro-batch: the records of every source (by name). A source's schema is the
-        graph's declared one, else `schemas[name]`, else inferred from its records."""
+        graph's declared one, else `schemas[name]`, else inferred from its records.
+        `batch_time_s`: the batch's processing time (default: `wall_clock()`)."""
         graph = self.graph
         schemas = schemas or {}
         unknown = sorted(set(sources) - set(graph.sources))
@@ -120,10 +169,14 @@ class LocalGraphRun:
             raise PipelineError(f"no records given for source(s) {', '.join(map(repr, missing))} of graph {graph.name!r}; "
                                 f"pass an empty list for a source without records")
         declared = {name: graph.node(name).schema for name in graph.sources}
-        bound = {name: declared[name] if declared[name] is not None else
-                 schemas[name] if name in schemas else _inferred_schema(name, sources[name]) for name in graph.sources}
+        earlier = self._bound or {}  # a source without records keeps the schema of its last batch
+        bound = {name: declared[name] if declared[name] is not None else schemas[name] if name in schemas else
+                 earlier[name] if name in earlier and not sources[name] else _inferred_schema(name, sources[name])
+                 for name in graph.sources}
         layout = graph.check(bound)
+        self._bound = bound
         schemas = layout.schemas
+        clocks = self._begin_batch(layout, batch_time_s, end_of_input)
         streams: dict[str, pa.RecordBatch] = {}
         dead: list[LocalDeadLetter] = []
         for name in layout.order:
@@ -140,6 +193,10 @@ class LocalGraphRun:
                 output = merged.take(pc.sort_indices(merged, sort_keys=[(SEQ, "ascending")]))
             elif node.kind is NodeKind.JOIN:
                 output = self._join(node, streams, schemas)
+            elif node.keyed and node.operator.per_key:
+                field = layout.time.fields.get(name)
+                output = self._per_key(node, streams[node.inputs[0]], schemas, field,
+                                       clocks.of(field) if name in layout.time.fields else None)
             elif node.keyed:
                 output = self._stateful(node, streams[node.inputs[0]], schemas)
             else:
@@ -160,11 +217,60 @@ class LocalGraphRun:
                 dead += [LocalDeadLetter(row[DEAD_OPERATOR], row[DEAD_ERROR], row[DEAD_RECORD], row[SEQ])
                          for row in new_dead.select([SEQ, *DEAD_COLUMNS]).to_pylist()]
             streams[name] = live
-        results = LocalResults(dead_letters=dead)
+        results = LocalResults(dead_letters=dead, watermark=self._end_batch(layout, streams, clocks))
         for sink in graph.sinks:
             stream = graph.sink_node(sink).inputs[0]
             results[sink] = streams[stream].select(schemas[stream].names).to_pylist()
         return results
+
+    def _begin_batch(self, layout, batch_time_s: float | None, end_of_input: bool) -> _BatchClocks:
+        """The batch's times: the query's watermark, and processing time where a node uses it."""
+        fields = layout.time.fields
+        if not fields:
+            return _BatchClocks(None, None)
+        event = processing = None
+        if any(field is not None for field in fields.values()):
+            if self._watermark is None:
+                self._watermark = Watermark(layout.time.lateness)
+            event = self._watermark.end_of_input(layout.time.horizon) if end_of_input else \
+                self._watermark.begin_batch()
+        if any(field is None for field in fields.values()):
+            now_s = self.wall_clock() if batch_time_s is None else batch_time_s
+            processing = self._processing.batch(now_s, end_of_input)
+        return _BatchClocks(event, processing)
+
+    def _end_batch(self, layout, streams: Mapping[str, pa.RecordBatch], clocks: _BatchClocks) -> float:
+        """Take in the event times the batch's time-aware nodes saw; returns the watermark it ran with."""
+        if clocks.event is None:
+            return self.watermark
+        for name, field in layout.time.fields.items():
+            carried = streams[self.graph.node(name).inputs[0]]
+            if field is not None and carried.num_rows:
+                self._watermark.observe(max_event_time(carried.column(field).to_pylist()))
+        self._watermark.end_batch(clocks.event)
+        return clocks.event.current
+
+    def _per_key(self, node, carried: pa.RecordBatch, schemas, time_field: str | None,
+                 time: BatchTime | None) -> pa.RecordBatch:
+        """A window, aggregate, deduplication or expiring operator: once per key with records and
+        once per key due at the batch's watermark, as on Spark per bucket of keys."""
+        step = per_key_step(node.operator, schemas[node.inputs[0]], schemas[node.name], time_field)
+        codec = step.state_codec
+        states = self.states.setdefault(node.name, {})
+        deadlines = self.deadlines.setdefault(node.name, Deadlines())
+
+        def load(key: str):
+            stored = states.get(key)
+            return codec.unseal(stored) if stored is not None else None
+
+        def store(key: str, state: bytes | None) -> None:
+            if state is None:
+                states.pop(key, None)
+            else:
+                states[key] = codec.seal(state)
+
+        due = deadlines.due(time.current) if time is not None else []
+        return run_keys(step, carried, load, store, time=time, due=due, deadline=deadlines.set)
 
     def _stateful(self, node, carried: pa.RecordBatch, schemas) -> pa.RecordBatch:
         operator = node.operator
@@ -220,8 +326,10 @@ def _inferred_schema(source: str, records: Sequence[Mapping]) -> pa.Schema:
 
 def run_local(program: Pipeline | StreamGraph, sources: Mapping[str, Sequence[Mapping]] | Sequence[Mapping]
               ) -> LocalResults:
-    """Run `program` over the given records of every source, as one micro-batch; see the module
-    docstring. A chain (a Pipeline) takes its records as a list and its results are under "sink".
+    """Run `program` over the given records of every source, as one micro-batch followed by the
+    end of input (every window, session and expiry fires: the complete answer; `results.watermark`
+    is where the watermark ended); see the module docstring. A chain (a Pipeline) takes its
+    records as a list and its results are under "sink".
 
     A batch with dead letters also warns (DeadLettersWarning, on stderr unless filtered): the
     results are printed and compared as sink records, where a record an operator could not process
@@ -235,7 +343,13 @@ def run_local(program: Pipeline | StreamGraph, sources: Mapping[str, Sequence[Ma
             raise PipelineError(f"graph {graph.name!r} has sources {', '.join(graph.sources)}; pass a dict of their "
                                 f"records by name")
         sources = {graph.sources[0]: sources}
-    results = LocalGraphRun(graph).run_batch(sources)
+    run = LocalGraphRun(graph)
+    results = run.run_batch(sources)
+    flushed = run.finish()
+    for sink, records in flushed.items():
+        results[sink] = results[sink] + records
+    results.dead_letters += flushed.dead_letters
+    results.watermark = flushed.watermark
     if results.dead_letters:
         warnings.warn(DeadLettersWarning(f"run_local({graph.name!r}): {results.describe_dead_letters()}; they are "
                                          f"not in the sinks' records: read results.dead_letters"), stacklevel=2)

@@ -9,6 +9,13 @@ order (or by `order_by` first), whatever order the exchange delivered them in.
 A state equal to a fresh `state_factory()` after a key's records (a cleared dict, by default) is
 deleted, not stored: a key without state gets a fresh one when it comes back, so the two cannot be
 told apart, and a deleted key costs nothing in the state store.
+
+A per-key step (`StatefulStep.per_key`: windows, aggregates, deduplication, expiry; built by
+fissure.worker.timed) is called once per key and batch with all the key's records,
+`fn(state, records, seqs, time) -> KeyEmitted`, and also for the keys `due` in that batch without
+records (their windows or expiries fire); `time` is the batch's BatchTime. Its new state None
+deletes the key's state (`store(key, None)`), and `deadline(key, seconds or None)` learns when
+the key next has something to fire.
 """
 
 from __future__ import annotations
@@ -46,9 +53,32 @@ class StatefulStep:
     order_by: str | None = None  # field sorted on before the sequence number
     codec: StateCodec | None = None  # None: plain data (StateCodec(name))
 
+    per_key: bool = False  # fn(state, records, seqs, time) -> KeyEmitted once per key and batch
+
     @property
     def state_codec(self) -> StateCodec:
         return self.codec if self.codec is not None else StateCodec(self.name)
+
+
+@dataclass(frozen=True)
+class BatchTime:
+    """The two watermarks (event-time seconds; processing-time steps: batch times) a micro-batch
+    runs a time-aware step with: a record whose windows all ended at or before `previous` (the
+    batch before's watermark) is late; everything due at or before `current` fires."""
+
+    previous: float
+    current: float
+
+
+@dataclass
+class KeyEmitted:
+    """What a per-key step did with one key in one batch."""
+
+    records: list  # emitted records (dicts)
+    seqs: list[int]  # their sequence numbers
+    dead: list[DeadLetter]  # the key's records it could not process (late, no event time, raised)
+    state: Any  # the key's new state; None: delete it
+    deadline: float | None = None  # when the key next has something to fire; None: nothing pending
 
 
 @dataclass(frozen=True)
@@ -125,7 +155,9 @@ def run_group(step: StatefulStep, batch: pa.RecordBatch, stored_state: Stored | 
 
 def run_keys(step: StatefulStep, batch: pa.RecordBatch, load: Callable[[str], Stored | None],
              store: Callable[[str, bytes | None], None],
-             prefetch: Callable[[list[str]], None] | None = None) -> pa.RecordBatch:
+             prefetch: Callable[[list[str]], None] | None = None, *, time: BatchTime | None = None,
+             due: Sequence[str] = (), deadline: Callable[[str, float | None], None] | None = None
+             ) -> pa.RecordBatch:
     """Run the partitioned `step` over the carried rows of many keys at once (a bucket of keys, one
     Spark call): each key's records in (order_by, sequence) order with the state `load(key)`
     returns (None: a key seen for the first time), its new state handed to `store(key, state)`;
@@ -167,19 +199,31 @@ def run_keys(step: StatefulStep, batch: pa.RecordBatch, load: Callable[[str], St
             grouped[text] = sorted(grouped[text] + places) if text in grouped else places
         return grouped
 
-    return _run(step, batch, by_key, load, store, prefetch)
+    return _run(step, batch, by_key, load, store, prefetch, time, due, deadline)
 
 
 def _run(step: StatefulStep, batch: pa.RecordBatch, group: Callable[[list[dict]], dict[str, list[int]]],
          load: Callable[[str], Stored | None], store: Callable[[str, bytes | None], None],
-         prefetch: Callable[[list[str]], None] | None = None) -> pa.RecordBatch:
+         prefetch: Callable[[list[str]], None] | None = None, time: BatchTime | None = None,
+         due: Sequence[str] = (), deadline: Callable[[str, float | None], None] | None = None) -> pa.RecordBatch:
     live, upstream_dead = split_dead(batch)
     codec = step.state_codec
     fresh: list[bytes] = []  # a fresh state's bytes, made when the first key is stored
     dead: list[DeadLetter] = []
     records: list = []
     seqs: list[int] = []
-    if live.num_rows:
+    if step.per_key:
+        inputs, input_seqs = [], []
+        if live.num_rows:
+            ordered = live.take(pc.sort_indices(live, sort_keys=[(SEQ, "ascending")]))
+            inputs = batch_records(ordered.select(step.input_schema.names))
+            input_seqs = column_values(ordered.column(ordered.schema.get_field_index(SEQ)))
+        if inputs or due:
+            mark_running(step.name)
+            grouped = group(inputs) if inputs else {}
+            _run_per_key(step, grouped, inputs, input_seqs, load, store, prefetch, time, due, deadline,
+                         records, seqs, dead)
+    elif live.num_rows:
         sort_keys = ([(step.order_by, "ascending")] if step.order_by else []) + [(SEQ, "ascending")]
         ordered = live.take(pc.sort_indices(live, sort_keys=sort_keys))
         inputs = batch_records(ordered.select(step.input_schema.names))
@@ -227,3 +271,36 @@ def _run(step: StatefulStep, batch: pa.RecordBatch, group: Callable[[list[dict]]
          dead_letter_batch(dead, step.output_schema) if dead else None],
         emitted_batch.schema,
     )
+
+
+def _run_per_key(step: StatefulStep, grouped: dict[str | None, list[int]], inputs: list[dict], input_seqs: list[int],
+                 load: Callable[[str], bytes | None], store: Callable[[str, bytes | None], None],
+                 prefetch: Callable[[list[str]], None] | None, time: BatchTime | None, due: Sequence[str],
+                 deadline: Callable[[str, float | None], None] | None, records: list, seqs: list[int],
+                 dead: list[DeadLetter]) -> None:
+    """A per-key step over each key with records, then each due key without: one call per key."""
+    for position in grouped.pop(None, []):  # records without a key value
+        record = inputs[position]
+        dead.append(DeadLetter(step.name, null_key_error(record, step.key), record_text(record), input_seqs[position]))
+    keys = list(grouped) + [key for key in dict.fromkeys(due) if key not in grouped]
+    if prefetch is not None and keys:
+        prefetch(keys)
+    fn = step.fn
+    for key in keys:
+        positions = grouped.get(key, ())
+        stored = load(key)
+        state = load_state(step, stored)
+        try:
+            emitted = fn(state, [inputs[position] for position in positions],
+                         [input_seqs[position] for position in positions], time)
+        except (SystemExit, KeyboardInterrupt) as error:
+            raise operator_stopped(step.name, error) from error
+        records.extend(emitted.records)
+        seqs.extend(emitted.seqs)
+        dead.extend(emitted.dead)
+        if emitted.state is not None:
+            store(key, dump_state(step, key, emitted.state))
+        elif stored is not None:
+            store(key, None)
+        if deadline is not None:
+            deadline(key, emitted.deadline if emitted.state is not None else None)

@@ -350,3 +350,33 @@ class ProfiledUpdate:
             values[TIMED_CPU_S] += cpu_clock() - cpu_started_s
             values[TIMED_CALLS] += 1
             values[TIMED_RECORDS_IN] += 1
+
+
+class ProfiledKeyFunction(ProfiledUpdate):
+    """Wraps a per-key step's `fn(state, records, seqs, time) -> KeyEmitted` (windows,
+    aggregates, deduplication, expiry: fissure.worker.timed): per call, the key's records in, the
+    records it emitted and its dead letters (late records, records without event time); every
+    `timed_every`-th call is timed. A call for a key due without records counts as a call with
+    none in: its output still counts, so selectivity is the operator's output per record in."""
+
+    def __call__(self, state: Any, records: list, seqs: list[int], time: Any) -> Any:
+        values = self._values
+        if values is None:
+            values = self.live_counts()
+        values[CALLS] += 1
+        values[KEY_GROUPS] += 1
+        values[RECORDS_IN] += len(records)
+        if values[CALLS] % self.timed_every:
+            emitted = self.fn(state, records, seqs, time)
+        else:
+            cpu_started_s, wall_started_s = cpu_clock(), wall_clock()
+            try:
+                emitted = self.fn(state, records, seqs, time)
+            finally:
+                values[TIMED_WALL_S] += wall_clock() - wall_started_s
+                values[TIMED_CPU_S] += cpu_clock() - cpu_started_s
+                values[TIMED_CALLS] += 1
+                values[TIMED_RECORDS_IN] += len(records)
+        values[RECORDS_OUT] += len(emitted.records)
+        values[DEAD_LETTERS] += len(emitted.dead)
+        return emitted

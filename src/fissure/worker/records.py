@@ -42,11 +42,19 @@ def is_user_frame(filename: str) -> bool:
     return not any(part in _PACKAGE_DIR_NAMES for part in path.split(os.sep))
 
 
+class RecordRejected(ValueError):
+    """fissure's own verdict on a record (no event time, a null value an aggregate needs): its
+    message is the whole dead-letter reason, `Reason: what is wrong; the fix`, with no frame."""
+
+
 def describe_error(error: BaseException) -> str:
     """`Type: message` and the user's line: the innermost frame of the user's code (not the
     standard library, installed packages or fissure), so that an operator calling json.loads is
     pointed at its own call, not at json/decoder.py; where the error was raised deeper, that frame
-    follows as `raised in`. Without a user frame, the innermost frame."""
+    follows as `raised in`. Without a user frame, the innermost frame. A RecordRejected is its
+    message alone."""
+    if isinstance(error, RecordRejected):
+        return str(error)
     frames = traceback.extract_tb(error.__traceback__)
     text = f"{type(error).__name__}: {error}"
     if not frames:

@@ -7,7 +7,8 @@ and every type restored exactly (a tuple stays a tuple, a set a set, an int key 
 
     dict (any keys below that are hashable), list, tuple, set, frozenset, str (lone surrogates
     too), bytes, int (any size), float (NaN, inf, -0.0), bool, None, datetime, date, time
-    (naive, or aware with a fixed-offset `datetime.timezone` or a `zoneinfo.ZoneInfo`),
+    (naive, or aware with a fixed-offset `datetime.timezone`, a `zoneinfo.ZoneInfo` or a pytz zone,
+    read back as the zoneinfo zone of its name),
     timedelta, Decimal.
 
 A state holding anything else (an instance of a class of the program) fails at its first write,
@@ -87,6 +88,11 @@ def _tz_of(value) -> Any:
     zone_key = getattr(tz, "key", None)
     if type(tz).__module__ == "zoneinfo" and isinstance(zone_key, str):
         return [_ZONE_TZ, zone_key]
+    # pytz's zones (pyarrow gives a time-zoned timestamp's values pytz's UTC when pandas brought
+    # pytz along): stored by name, read back as the zoneinfo zone of that name (equal datetimes).
+    pytz_name = getattr(tz, "zone", None)
+    if type(tz).__module__.split(".")[0] == "pytz" and isinstance(pytz_name, str):
+        return [_ZONE_TZ, pytz_name]
     raise _Unsupported(tz)
 
 
