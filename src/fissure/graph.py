@@ -152,6 +152,7 @@ class Operator:
     state_factory: Callable[[], typing.Any] | None = None  # stateful kinds only
     order_by: str | None = None  # stateful kinds: field a key's records are sorted by in a batch
     hints: Hints = field(default_factory=Hints)
+    state_version: int = 1  # stateful kinds: raised when the state's form changes (checkpoints record it)
 
     @property
     def per_batch(self) -> bool:
@@ -346,27 +347,30 @@ class Pipeline:
                     state_factory: Callable[[], typing.Any] = dict, order_by: str | None = None,
                     reads: Iterable[str] | None = None, cost_us: float | None = None,
                     selectivity: float | None = None, max_scale: float | None = None,
-                    waits: str | None = None) -> Pipeline:
+                    waits: str | None = None, state_version: int = 1) -> Pipeline:
         """Partitioned stateful: fn(state, record) with one state object per value of `key`.
 
         Within a micro-batch a key's records arrive in source order (sequence numbers), or sorted
         by the field `order_by` (an event time, say) when given. A record whose key field is null
-        or missing is a dead letter ("NullKey"): no state is kept for it.
+        or missing is a dead letter ("NullKey"): no state is kept for it. `state_version`: raise it
+        when the state's form changes; a checkpoint of another version is refused (docs/pipeline-api.md).
         """
         fields = _normalize_key(name, key)
         return self._add(name, Kind.PARTITIONED, Action.UPDATE, fn, 2, key=fields, schema=schema,
                          reads=reads, state_factory=self._state_factory(name, state_factory), order_by=order_by,
-                         hints=Hints(cost_us=cost_us, selectivity=selectivity, max_scale=max_scale, waits=waits))
+                         hints=Hints(cost_us=cost_us, selectivity=selectivity, max_scale=max_scale, waits=waits),
+                         state_version=state_version)
 
     def stateful(self, name: str, fn: Callable[[typing.Any, dict], typing.Any], *,
                  schema: SchemaSpec = None, state_factory: Callable[[], typing.Any] = dict,
                  order_by: str | None = None, reads: Iterable[str] | None = None,
                  cost_us: float | None = None, selectivity: float | None = None,
-                 waits: str | None = None) -> Pipeline:
+                 waits: str | None = None, state_version: int = 1) -> Pipeline:
         """Stateful without a key: fn(state, record) with one state object for the whole stream."""
         return self._add(name, Kind.STATEFUL, Action.UPDATE, fn, 2, schema=schema, reads=reads,
                          state_factory=self._state_factory(name, state_factory), order_by=order_by,
-                         hints=Hints(cost_us=cost_us, selectivity=selectivity, waits=waits))
+                         hints=Hints(cost_us=cost_us, selectivity=selectivity, waits=waits),
+                         state_version=state_version)
 
     # --- reading the definition ------------------------------------------------------------
     @property
@@ -440,7 +444,7 @@ class Pipeline:
     def _add(self, name: str, kind: Kind, action: Action, fn: Callable, arguments: int, *,
              key: tuple[str, ...] | None = None, schema: SchemaSpec = None, reads=None,
              batch_format: BatchFormat | None = None, state_factory=None, order_by: str | None = None,
-             hints: Hints = Hints()) -> Pipeline:
+             hints: Hints = Hints(), state_version: int = 1) -> Pipeline:
         if not isinstance(name, str) or not _NAME_PATTERN.match(name):
             raise PipelineError(
                 f"operator name {name!r} ({action.value} {getattr(fn, '__qualname__', fn)!r}) is not valid; "
@@ -457,12 +461,20 @@ class Pipeline:
         if hints.max_scale is not None and not hints.max_scale >= 1:
             raise PipelineError(f"operator {name!r}: max_scale must be >= 1, got {hints.max_scale!r}")
         hints = replace(hints, waits=_normalize_waits(name, kind, action, hints.waits))
+        check_state_version(f"operator {name!r}", state_version)
         self._operators.append(Operator(
             name=name, kind=kind, action=action, fn=fn, key=key,
             schema=to_arrow_schema(schema, f"operator {name!r}"), reads=_normalize_reads(name, reads),
             batch_format=batch_format, state_factory=state_factory, order_by=order_by, hints=hints,
+            state_version=state_version,
         ))
         return self
+
+
+def check_state_version(where: str, version: object) -> None:
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        raise PipelineError(f"{where}: state_version must be a whole number >= 1 (raise it when the state's form "
+                            f"changes), got {version!r}")
 
 
 def check_operator_fields(operator: Operator, upstream: pa.Schema, input_description: str) -> None:
