@@ -33,6 +33,7 @@ _SPARK_EXPORTS = {
     "MemorySink": "fissure.spark.sinks",
     "NoopSink": "fissure.spark.sinks",
     "run_graph": "fissure.spark.run",
+    "migrate_state": "fissure.spark.checkpoint_guard",
 }
 
 __all__ = ["OperatorEstimate", "Pipeline", "PipelineError", "StreamGraph", "TumblingWindow", "run_local",
