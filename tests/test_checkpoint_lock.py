@@ -205,3 +205,27 @@ def test_a_holder_whose_lease_ran_out_loses_the_checkpoint_and_is_told(tmp_path)
     holder.release()  # lost: writes nothing
     assert read_latest(store).record.token == taker.record.token
     assert (tmp_path / "ckpt" / LOCK_FOLDER).is_dir()
+
+
+@pytest.mark.spark
+def test_the_lock_works_through_hadoops_file_system(spark, tmp_path):
+    """The store for HDFS and object stores, here on the local file system through Hadoop (its
+    best-effort mode: the write read back); a local path resolves to the operating system's store."""
+    from fissure.spark.checkpoint_files import HadoopStore, open_store
+
+    local = open_store(spark, str(tmp_path / "ckpt"))
+    assert isinstance(local, LocalStore) and local.location == str(tmp_path / "ckpt")
+    store = HadoopStore(spark, f"file://{tmp_path}/remote", "settle", settle_s=0.01)
+    assert store.make_directory() and not store.make_directory()
+    assert store.create_exclusive("fissure/lock/x", "one") and not store.create_exclusive("fissure/lock/x", "two")
+    assert store.read("fissure/lock/x") == "one" and store.names("fissure/lock") == ["x"]
+    store.write("fissure/program.json", "{}")
+    assert store.read("fissure/program.json") == "{}" and store.modified_s("fissure/lock/x") > 0
+    store.delete("fissure/lock/x")
+    assert store.read("fissure/lock/x") is None and store.names("missing") == []
+    first = CheckpointLock.acquire(store, "p", identity=identity(11), alive=alive_set(11), renew=False)
+    with pytest.raises(CheckpointLocked, match="pid 11"):
+        CheckpointLock.acquire(store, "q", identity=identity(12), alive=alive_set(11), renew=False)
+    store.touch(f"{LOCK_FOLDER}/{first.generation:010d}", time.time())
+    first.release()
+    assert read_latest(store).record.released
