@@ -221,3 +221,37 @@ def test_a_missing_offsets_file_is_named_not_taken_for_another_job(spark, tmp_pa
         run(counts(), tmp_path, spark, 30, 40)
     message = str(damaged.value)
     assert expected in message and f"offsets/{deleted} missing" in message and "Multiple streaming jobs" in message
+
+
+CLI_PIPELINE = """
+from fissure import Pipeline
+
+def count(state, record):
+    state["n"] = state.get("n", 0) + 1
+    return {"user": record["user"], "i": record["i"], "n": state["n"]}
+
+def build():
+    return Pipeline("cli").partitioned("count", count, key="user", schema={"user": str, "i": int, "n": int})
+"""
+
+
+def test_fissure_run_shows_the_holder_of_a_locked_checkpoint_whole(tmp_path):
+    """`fissure run` on a checkpoint this test process holds: exit 1, the refusal whole on stderr."""
+    from fissure.spark.checkpoint_lock import CheckpointLock
+
+    (tmp_path / "pipeline.py").write_text(CLI_PIPELINE)
+    record_files(tmp_path / "in", [{"user": "u", "i": 1}], {"user": str, "i": int})
+    checkpoint = tmp_path / "a-checkpoint-with-a-long-name-so-that-the-message-runs-long" / "ckpt"
+    held = CheckpointLock.acquire(LocalStore(str(checkpoint)), "holder-program", renew=False)
+    try:
+        finished = subprocess.run(
+            [sys.executable, "-m", "fissure", "run", f"{tmp_path / 'pipeline.py'}:build", "--source",
+             str(tmp_path / "in"), "--format", "json", "--schema", "user:str,i:int", "--sink", str(tmp_path / "out"),
+             "--checkpoint", str(checkpoint), "--run-dir", str(tmp_path / "run"), "--master", "local[1]"],
+            capture_output=True, text=True, timeout=300)
+    finally:
+        held.release()
+    assert finished.returncode == 1, finished.stderr[-2000:]
+    for part in (f"checkpoint {checkpoint} is in use by another run", "'holder-program'", f"pid {os.getpid()}",
+                 "Two runs on one checkpoint would write the same batches twice"):
+        assert part in finished.stderr, finished.stderr[-2000:]
