@@ -6,8 +6,10 @@ until the input is consumed, and compares the sinks with the plain-Python word c
 input's result once, every word's counts exactly 1..n). Plans: sequential, replicated (the keyed
 region x2), planner, adaptive (a forced switch to the replicated plan: stop, offline state
 repartition, restart). Moments: seeded random delays after the first committed batch; for the
-adaptive plan also the switch's stop and the state repartition. The harness is
-tests/fault_injection.py (tests/test_faults.py runs five of these points).
+adaptive plan also the switch's stop and the state repartition; for the sequential plan a second
+driver started on the checkpoint of a running one (it must be refused by the checkpoint's lock,
+naming the first, which is then killed). Every point also checks that no sink batch was written
+by two runs. The harness is tests/fault_injection.py (tests/test_faults.py runs six of these points).
 
     ./dev python benchmarks/reliability.py            # every plan x program x moment, 2 seeds (about 15 minutes)
     ./dev python benchmarks/reliability.py --seeds 1  # one seed each
@@ -36,7 +38,8 @@ def kill_points(seeds: int) -> list[tuple[str, str, str, int]]:
     points = []
     for program in ("chain", "graph"):
         for plan in ("sequential", "replicated", "planner", "adaptive"):
-            moments = ["random"] + (["switch", "repartition"] if plan == "adaptive" else [])
+            moments = (["random"] + (["switch", "repartition"] if plan == "adaptive" else [])
+                       + (["concurrent"] if plan == "sequential" else []))
             for moment in moments:
                 for seed in range(seeds if moment == "random" else 1):
                     points.append((plan, program, moment, 100 + seed))

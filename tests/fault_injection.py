@@ -9,7 +9,10 @@ as a graph it also sends the normalized words through a filter to a second sink.
 batch 1: a stop, an offline state repartition 1 -> 2 and a restart). Kill moments: "random" (a
 seeded delay after the first committed batch), "repartition" (as soon as the checkpoint shows
 the state repartition's batch, or its new partition), "switch" (as soon as the adaptive switch
-stopped the first query: its abandoned batch).
+stopped the first query: its abandoned batch), "concurrent" (the first driver follows its input
+and never ends; after its first committed batch a second driver is started on the same
+checkpoint and must be refused, naming the first; then the first is killed). Every case also
+checks that no sink batch directory holds two Parquet files (a batch written by two runs).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import json
 import os
 import random
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -38,6 +42,7 @@ DRIVER = textwrap.dedent("""
     from fissure.spark.sources import FileSource
 
     inputs, sink, checkpoint, plan_name, program = sys.argv[1:6]
+    follow = sys.argv[6:7] == ["follow"]  # runs until killed
 
     def norm(record):
         time.sleep(0.005)
@@ -67,7 +72,7 @@ DRIVER = textwrap.dedent("""
         sinks = FileSink(sink + "/counts")
         source = FileSource(inputs, format="json", schema={"word": str, "i": int}, max_files_per_trigger=1)
     config = fissure.RunnerConfig(master="local[2]")
-    common = dict(checkpoint=checkpoint, config=config, available_now=True, progress=False)
+    common = dict(checkpoint=checkpoint, config=config, available_now=not follow, progress=False)
     if plan_name == "adaptive":
         from fissure.spark.adaptive import run_adaptive_on_spark
         from fissure.spark.plans import plan_from_json
@@ -111,6 +116,14 @@ def read_sink(path: Path) -> list[dict]:
         return []
     rows = pq.read_table(path).to_pylist()
     return [{key: value for key, value in row.items() if key != "batch_id"} for row in rows]
+
+
+def batches_written_twice(path: Path) -> list[str]:
+    """Sink batch directories holding more than one Parquet file (FileSink writes one per batch)."""
+    if not path.is_dir():
+        return []
+    return sorted(entry.name for entry in path.iterdir()
+                  if entry.is_dir() and len(list(entry.glob("*.parquet"))) > 1)
 
 
 def committed_batches(path: Path) -> int:
@@ -157,6 +170,30 @@ class KillOutcome:
     detail: str = ""
 
 
+def second_driver_refused(work: Path, plan: str, program: str, holder: subprocess.Popen, timeout_s: float,
+                          python: str, env: dict) -> list[str]:
+    """Start a second driver on the running driver's checkpoint: it must fail, refused by the
+    checkpoint's lock with the running driver named, and leave the first running; the problems
+    found (none: refused so)."""
+    process = subprocess.run([python, str(work / "driver.py"), str(work / "in"), str(work / "out"), str(work / "ckpt"),
+                              plan, program], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                             env=env, timeout=timeout_s)
+    with open(work / "second-driver.log", "w", encoding="utf-8") as log:
+        log.write(process.stderr)
+    problems = []
+    if process.returncode == 0:
+        problems.append("a second driver ran on the checkpoint of a running one")
+    else:
+        name = "wordcount-graph" if program == "graph" else "wordcount"
+        named = ("CheckpointLocked", f"'{name}'", f"pid {holder.pid}", f"host {socket.gethostname()}", "started ")
+        if not all(part in process.stderr for part in named):
+            problems.append(f"the second driver failed, but not refused naming the first ({', '.join(named)}): "
+                            f"{process.stderr[-300:]}")
+    if holder.poll() is not None:
+        problems.append(f"the running driver ended ({holder.returncode}) when the second one started")
+    return problems
+
+
 def run_case(work: Path, plan: str, program: str, moment: str, seed: int, *, max_delay_s: float = 6.0,
              timeout_s: float = 300.0, python: str = sys.executable) -> KillOutcome:
     """One kill point: start a driver, SIGKILL it at the moment, restart until the input is
@@ -168,17 +205,22 @@ def run_case(work: Path, plan: str, program: str, moment: str, seed: int, *, max
     sink, checkpoint = work / "out", work / "ckpt"
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
 
-    def driver():
-        return subprocess.Popen([python, str(script), str(work / "in"), str(sink), str(checkpoint), plan, program],
-                                stdout=subprocess.DEVNULL, stderr=open(work / "driver.log", "ab"), env=env)
+    def driver(*extra):
+        return subprocess.Popen([python, str(script), str(work / "in"), str(sink), str(checkpoint), plan, program,
+                                 *extra], stdout=subprocess.DEVNULL, stderr=open(work / "driver.log", "ab"), env=env)
 
     delay = random.Random(seed).uniform(0.0, max_delay_s)
-    first, killed = driver(), False
+    first, killed = driver(*(["follow"] if moment == "concurrent" else [])), False
     deadline = time.monotonic() + timeout_s
+    problems = []
     try:
         reached_at = None
         while first.poll() is None and time.monotonic() < deadline:
-            if moment == "random":
+            if moment == "concurrent":
+                hit = committed_batches(sink / "counts") >= 1
+                if hit:
+                    problems += second_driver_refused(work, plan, program, first, timeout_s, python, env)
+            elif moment == "random":
                 if reached_at is None and committed_batches(sink / "counts") >= 1:
                     reached_at = time.monotonic()
                 hit = reached_at is not None and time.monotonic() - reached_at >= delay
@@ -207,7 +249,6 @@ def run_case(work: Path, plan: str, program: str, moment: str, seed: int, *, max
             code = None
     expected_counts, expected_evens = reference(records)
     counts = read_sink(sink / "counts")
-    problems = []
     if code != 0:
         problems.append(f"the restarted driver exited with {code}")
     if sorted((r["word"], r["i"], r["n"]) for r in counts) != sorted((r["word"], r["i"], r["n"]) for r in expected_counts):
@@ -216,4 +257,8 @@ def run_case(work: Path, plan: str, program: str, moment: str, seed: int, *, max
                         f" ({len(seen) - len(set(seen))} duplicated)")
     if program == "graph" and sorted(r["i"] for r in read_sink(sink / "evens")) != expected_evens:
         problems.append("the evens sink differs")
+    for name in ("counts", "evens"):
+        twice = batches_written_twice(sink / name)
+        if twice:
+            problems.append(f"{name}: {', '.join(twice)} written by two runs")
     return KillOutcome(plan, program, moment, seed, killed, restarts, not problems, "; ".join(problems))

@@ -131,6 +131,7 @@ def test_a_report_prints_as_one_short_line_of_its_key_figures():
 def no_spark(monkeypatch):
     """Every entry point's session factory refuses: a check that passes this ran before Spark."""
     import fissure.spark.adaptive
+    import fissure.spark.run
     import fissure.spark.runner
 
     def refuse(*args, **kwargs):
@@ -138,6 +139,7 @@ def no_spark(monkeypatch):
 
     monkeypatch.setattr(fissure.spark.runner, "create_session", refuse)
     monkeypatch.setattr(fissure.spark.adaptive, "create_session", refuse)
+    monkeypatch.setattr(fissure.spark.run, "create_session", refuse)
 
 
 def keyed_on_user() -> Pipeline:

@@ -1,7 +1,9 @@
 """Fault injection: `kill -9` of a subprocess driver at seeded random moments, during an adaptive
 plan switch and during its state repartition, then restarts on the same checkpoint until the
 input is consumed; every sink is compared with the plain-Python word count (every input's
-result once, every word's counts exactly 1..n). benchmarks/reliability.py runs more kill points
+result once, every word's counts exactly 1..n, no batch written by two runs). The "concurrent"
+point starts a second driver on the checkpoint of a running one: it must be refused, naming the
+first, which is then killed and its lock taken over by the restart. benchmarks/reliability.py runs more kill points
 and writes the figure to benchmarks/results/reliability.md."""
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ pytestmark = [pytest.mark.spark, pytest.mark.slow]
     ("replicated", "graph", "random", 13),
     ("adaptive", "chain", "repartition", 14),
     ("adaptive", "graph", "switch", 15),
+    ("sequential", "graph", "concurrent", 16),
 ])
 def test_a_killed_driver_restarted_on_its_checkpoint_loses_and_duplicates_nothing(tmp_path, plan, program, moment,
                                                                                  seed):

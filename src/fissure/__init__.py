@@ -39,6 +39,7 @@ _SPARK_EXPORTS = {
     "MemorySink": "fissure.spark.sinks",
     "NoopSink": "fissure.spark.sinks",
     "run_graph": "fissure.spark.run",
+    "migrate_state": "fissure.spark.checkpoint_guard",
 }
 
 __all__ = ["Aggregate", "Count", "Max", "Mean", "Min", "OperatorEstimate", "Pipeline", "PipelineError", "Session",

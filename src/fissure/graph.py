@@ -162,6 +162,7 @@ class Operator:
     order_by: str | None = None  # stateful kinds: field a key's records are sorted by in a batch
     hints: Hints = field(default_factory=Hints)
     state_codec: str = "data"  # stateful kinds: "data" (MessagePack) or "pickle" (signed with the run's state key)
+    state_version: int = 1  # stateful kinds: raised when the state's form changes (checkpoints record it)
     time: typing.Any = None  # fissure.eventtime's role of an event-time or time-aware operator
 
     @property
@@ -372,7 +373,8 @@ class Pipeline(TimeMethods):
                     state_factory: Callable[[], typing.Any] = dict, order_by: str | None = None,
                     reads: Iterable[str] | None = None, cost_us: float | None = None,
                     selectivity: float | None = None, max_scale: float | None = None,
-                    waits: str | None = None, state_codec: str = "data", expire_after: float | None = None,
+                    waits: str | None = None, state_codec: str = "data", state_version: int = 1,
+                    expire_after: float | None = None,
                     on_expire: Callable[[typing.Any, typing.Any], typing.Any] | None = None) -> Pipeline:
         """Partitioned stateful: fn(state, record) with one state object per value of `key`.
 
@@ -382,6 +384,8 @@ class Pipeline(TimeMethods):
         a batch equal to a fresh `state_factory()` (e.g. `state.clear()`) is deleted.
         `state_codec`: "data" (plain data, the default) or "pickle" (any picklable object, signed
         with the run's state key: RunnerConfig(state_key=...) or FISSURE_STATE_KEY).
+        `state_version`: raise it when the state's form changes; a checkpoint of another version
+        is refused (docs/pipeline-api.md).
 
         `expire_after=SECONDS`: a key's state is dropped once the watermark passes the key's last
         event time + SECONDS (processing time where the program declares no event time), after
@@ -398,18 +402,19 @@ class Pipeline(TimeMethods):
         return self._add(name, Kind.PARTITIONED, Action.UPDATE, fn, 2, key=fields, schema=schema,
                          reads=reads, state_factory=self._state_factory(name, state_factory), order_by=order_by,
                          hints=Hints(cost_us=cost_us, selectivity=selectivity, max_scale=max_scale, waits=waits),
-                         state_codec=state_codec, time=role)
+                         state_codec=state_codec, state_version=state_version, time=role)
 
     def stateful(self, name: str, fn: Callable[[typing.Any, dict], typing.Any], *,
                  schema: SchemaSpec = None, state_factory: Callable[[], typing.Any] = dict,
                  order_by: str | None = None, reads: Iterable[str] | None = None,
                  cost_us: float | None = None, selectivity: float | None = None,
-                 waits: str | None = None, state_codec: str = "data") -> Pipeline:
+                 waits: str | None = None, state_codec: str = "data", state_version: int = 1) -> Pipeline:
         """Stateful without a key: fn(state, record) with one state object for the whole stream
-        (`state_codec` as for `partitioned`)."""
+        (`state_codec` and `state_version` as for `partitioned`)."""
         return self._add(name, Kind.STATEFUL, Action.UPDATE, fn, 2, schema=schema, reads=reads,
                          state_factory=self._state_factory(name, state_factory), order_by=order_by,
-                         hints=Hints(cost_us=cost_us, selectivity=selectivity, waits=waits), state_codec=state_codec)
+                         hints=Hints(cost_us=cost_us, selectivity=selectivity, waits=waits), state_codec=state_codec,
+                         state_version=state_version)
 
     # --- reading the definition ------------------------------------------------------------
     @property
@@ -483,7 +488,8 @@ class Pipeline(TimeMethods):
     def _add(self, name: str, kind: Kind, action: Action, fn: Callable, arguments: int, *,
              key: tuple[str, ...] | None = None, schema: SchemaSpec = None, reads=None,
              batch_format: BatchFormat | None = None, state_factory=None, order_by: str | None = None,
-             hints: Hints = Hints(), state_codec: str = "data", time: typing.Any = None) -> Pipeline:
+             hints: Hints = Hints(), state_codec: str = "data", state_version: int = 1,
+             time: typing.Any = None) -> Pipeline:
         if not isinstance(name, str) or not _NAME_PATTERN.match(name):
             raise PipelineError(
                 f"operator name {name!r} ({action.value} {getattr(fn, '__qualname__', fn)!r}) is not valid; "
@@ -504,11 +510,12 @@ class Pipeline(TimeMethods):
         if state_codec not in STATE_CODECS:
             raise PipelineError(f"operator {name!r}: state_codec must be \"data\" (plain data, the default) or "
                                 f"\"pickle\" (any picklable object, signed with the run's state key), got {state_codec!r}")
+        check_state_version(f"operator {name!r}", state_version)
         operator = Operator(
             name=name, kind=kind, action=action, fn=fn, key=key,
             schema=to_arrow_schema(schema, f"operator {name!r}"), reads=_normalize_reads(name, reads),
             batch_format=batch_format, state_factory=state_factory, order_by=order_by, hints=hints,
-            state_codec=state_codec, time=time,
+            state_codec=state_codec, state_version=state_version, time=time,
         )
         if time is not None:
             self._check_time(operator)
@@ -520,6 +527,12 @@ class Pipeline(TimeMethods):
         from fissure.time_program import check_chain_declarations
 
         check_chain_declarations(self.name, self._operators, operator)
+
+
+def check_state_version(where: str, version: object) -> None:
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        raise PipelineError(f"{where}: state_version must be a whole number >= 1 (raise it when the state's form "
+                            f"changes), got {version!r}")
 
 
 def check_operator_fields(operator: Operator, upstream: pa.Schema, input_description: str) -> None:

@@ -54,6 +54,7 @@ class JoinSpec:
     window: TumblingWindow
     fn: Callable[[dict, dict], typing.Any]
     schema: pa.Schema  # the records fn emits
+    state_version: int = 1  # raised when the stored records' form changes (checkpoints record it)
 
     @property
     def callable_name(self) -> str:

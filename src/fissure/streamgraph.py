@@ -50,6 +50,7 @@ from fissure.graph import (
     Operator,
     OperatorEstimate,
     check_operator_fields,
+    check_state_version,
     Pipeline,
     PipelineError,
     SchemaSpec,
@@ -284,17 +285,20 @@ class StreamGraph:
         return Stream(self, name)
 
     def join(self, name: str, left: StreamLike, right: StreamLike, *, key: str | Sequence[str],
-             window: TumblingWindow, fn: Callable[[dict, dict], typing.Any], schema: SchemaSpec) -> Stream:
+             window: TumblingWindow, fn: Callable[[dict, dict], typing.Any], schema: SchemaSpec,
+             state_version: int = 1) -> Stream:
         """Keyed windowed inner join of two streams (see the module docstring for its semantics).
 
         `fn(left_record, right_record)` returns the joined record (a dict of `schema`), several
         (an iterable) or None; `key` names fields both sides have, with the same types.
+        `state_version`: as for `Pipeline.partitioned`.
         """
         fields = _normalize_key(name, key)
         if not isinstance(window, (TumblingWindow, Tumbling)):
             raise PipelineError(f"join {name!r}: window must be Tumbling(size) (with the event time declared "
                                 f"upstream) or TumblingWindow(time_field, size, lateness), got {window!r}")
         check_join_fn(name, fn)
+        check_state_version(f"join {name!r}", state_version)
         declared = to_arrow_schema(schema, f"join {name!r}")
         if declared is None:
             raise PipelineError(f"join {name!r}: declare the schema= of the records fn returns")
@@ -304,7 +308,7 @@ class StreamGraph:
         if inputs[0] == inputs[1]:
             raise PipelineError(f"join {name!r} joins stream {inputs[0]!r} with itself; self-joins are not "
                                 f"supported: fan the stream out through two operators (e.g. two maps) and join those")
-        self._register(Node(name, NodeKind.JOIN, inputs, join=JoinSpec(fields, window, fn, declared)))
+        self._register(Node(name, NodeKind.JOIN, inputs, join=JoinSpec(fields, window, fn, declared, state_version)))
         return Stream(self, name)
 
     def sink(self, name: str, stream: StreamLike | None) -> StreamGraph:

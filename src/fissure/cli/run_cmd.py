@@ -156,6 +156,9 @@ def load_pipeline(reference: str):
 def handle(args) -> int:
     import fissure
     from fissure.graph import PipelineError
+    from fissure.spark.checkpoint_guard import CheckpointDamaged
+    from fissure.spark.checkpoint_lock import CheckpointLocked
+    from fissure.spark.plans import describe_plan
     from fissure.spark.session import describe_failure
     from fissure.spark.sources import SourceUnavailable, check_before_spark
     from fissure.streamgraph import as_graph
@@ -223,6 +226,9 @@ def handle(args) -> int:
                              adaptive=adapt, run_dir=run_dir)
     except (PipelineError, SourceUnavailable) as error:
         raise UsageError(str(error)) from None
+    except (CheckpointLocked, CheckpointDamaged) as error:  # whole: the holder, or the missing files
+        print(f"\nfissure run: {error}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print(f"\nfissure run: interrupted; Spark's output: {spark_log}", file=sys.stderr)
         return 130

@@ -42,6 +42,8 @@ from fissure.profile.settings import ProfileSettings
 from fissure.spark.adaptive_observations import OperatorProfiles, SparkObservations
 from fissure.spark.adaptive_queries import QueryManager, canonical_plan
 from fissure.spark.adaptive_realizer import SparkPlanRealizer, SwitchRecord
+from fissure.spark.checkpoint_files import open_store
+from fissure.spark.checkpoint_lock import CheckpointLock
 from fissure.spark.config import RunnerConfig
 from fissure.spark.observed_metrics import Publication
 from fissure.spark.plans import describe_plan, resolve_plan
@@ -159,7 +161,10 @@ def run_adaptive_on_spark(
     checkpoint = checkpoint or tempfile.mkdtemp(prefix="fissure-checkpoint-")
     run_dir = run_dir or tempfile.mkdtemp(prefix="fissure-run-")
     os.makedirs(run_dir, exist_ok=True)
-    runner_options = {"profile": profile, "profile_log": profile_log}
+    # One lock for every query of the run: a switch's restart re-uses it (fissure.spark.checkpoint_lock).
+    lock = CheckpointLock.acquire(open_store(session, checkpoint), pipeline.name, spark=session,
+                                  lease_s=config.checkpoint_lease_s)
+    runner_options = {"profile": profile, "profile_log": profile_log, "lock": lock}
     queries = QueryManager(pipeline, source, sink, spark=session, checkpoint=checkpoint, dead_letters=dead_letters,
                            config=config, available_now=available_now, clock=run_clock, runner_options=runner_options)
     realizer = SparkPlanRealizer(queries, repartition=repartition, clock=run_clock)
@@ -184,13 +189,15 @@ def run_adaptive_on_spark(
     planned = {int(batch): canonical_plan(resolve_plan(target, pipeline, cores, estimates))
                for batch, target in (injections or {}).items()}
     timeline = Timeline(title=f"fissure adaptive run: {pipeline.name} on Spark ({cores} cores)")
-    queries.start(initial)
     try:
+        queries.start(initial)
         run_adaptive(observations, realizer, controller, run_clock, injections=planned, on_decision=decided,
                      timeline=timeline)
+        lock.check_held()  # the loop ended because another run took the checkpoint over
     finally:
         queries.close()
         decision_progress.close()
+        lock.release()
     correction = controller.correction
     paths = write_timeline(timeline, realizer.switches, run_dir, initial, controller.plan, correction)
     report = AdaptiveRunReport(

@@ -69,6 +69,10 @@ class RunnerConfig:
     # State partitions when a plan has no keyed region of its own to size them (a sequential plan
     # keeps everything on one partition).
     default_state_partitions: int = 1
+    # A run holds its checkpoint's lock (fissure.spark.checkpoint_lock) and renews its lease every
+    # quarter of this; a run on another machine takes the checkpoint over once the lease went this
+    # long without a renewal (one on the same machine as soon as the holder's process is gone).
+    checkpoint_lease_s: float = 120.0
     # Spark's web UI (the Structured Streaming tab shows fissure's observed metrics) for the
     # session fissure creates; its address is printed. Off by default: it costs start-up time
     # (benchmarks/results/spark_ui_startup.md). A session passed in keeps its own setting.
@@ -128,6 +132,8 @@ class RunnerConfig:
             raise ValueError(f"state_migration must be None or 'trust-pickle', got {self.state_migration!r}")
         if self.dead_letters_kept < 0 or self.default_state_partitions < 1:
             raise ValueError("dead_letters_kept must be >= 0 and default_state_partitions >= 1")
+        if not self.checkpoint_lease_s > 0:
+            raise ValueError(f"checkpoint_lease_s must be > 0, got {self.checkpoint_lease_s!r}")
 
     def state_access(self) -> StateAccess:
         """The state key (this setting, else FISSURE_STATE_KEY) and the migration setting, for the workers."""

@@ -25,10 +25,13 @@ from fissure.profile.settings import ProfileSettings
 from fissure.spark.adaptive import run_adaptive_on_spark
 from fissure.spark.adaptive_queries import STOP_LOGGERS, quiet_spark_loggers
 from fissure.spark.batch_gate import POLL_S, BatchLimit
+from fissure.spark.checkpoint_files import open_store
+from fissure.spark.checkpoint_lock import CheckpointLock
 from fissure.spark.config import RunnerConfig
 from fissure.spark.graph_autopipeline import GraphAutopipeliner
-from fissure.spark.runner import Runner, RunReport
-from fissure.spark.session import WORKER_CRASH, noted_failures
+from fissure.spark.runner import Runner, RunReport, bind_sources
+from fissure.spark.session import WORKER_CRASH, create_session, noted_failures
+from fissure.spark.sources import check_before_spark, default_file_system
 from fissure.streamgraph import StreamGraph, as_graph
 
 
@@ -83,17 +86,28 @@ def run(program: Pipeline | StreamGraph, source=None, sink=None, *, plan: object
     limit = BatchLimit(max_batches) if max_batches is not None else None
     owned_checkpoint = checkpoint is None
     checkpoint = checkpoint or tempfile.mkdtemp(prefix="fissure-checkpoint-")
+    lock = None
     try:
         with noted_failures():
+            graph = as_graph(program)
+            # A missing path or field fails now, not after Spark's start.
+            check_before_spark(graph, bind_sources(graph, source),
+                               default_file_system(spark, config.master, config.spark_conf))
+            spark = spark if spark is not None else create_session(config)
+            # One lock for every query of the run: its restarts after a worker crash re-use it.
+            lock = CheckpointLock.acquire(open_store(spark, checkpoint), graph.name, spark=spark,
+                                          lease_s=config.checkpoint_lease_s)
             return _run_to_end(program, source, sink, limit=limit, checkpoint=checkpoint, spark=spark,
                                config=config, available_now=available_now, timeout_s=timeout_s,
                                runner_options=dict(plan=plan, dead_letters=dead_letters, estimates=estimates,
                                                    config=config, progress=progress, profile=profile,
                                                    profile_log=profile_log, boundaries=boundaries,
                                                    state_partitions=state_partitions,
-                                                   profile_pieces=autopipeline),
+                                                   profile_pieces=autopipeline, lock=lock),
                                autopipeline=autopipeline, autopipeline_config=autopipeline_config)
     finally:
+        if lock is not None:
+            lock.release()
         if owned_checkpoint:
             shutil.rmtree(checkpoint, ignore_errors=True)
 

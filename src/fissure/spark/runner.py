@@ -40,8 +40,12 @@ from fissure.profile.collector import ProfileCollector
 from fissure.profile.log import profile_log_path
 from fissure.profile.settings import ProfileSettings
 from fissure.profile.window import BatchProfile, ProfileSummary, render_table
+from fissure.program_fingerprint import program_fingerprint
 from fissure.spark.batch_admission import (SourceAdmission, admit_file_sources, model_batch_cost, needs_size,
                                            sample_rows)
+from fissure.spark.checkpoint_files import open_store
+from fissure.spark.checkpoint_guard import StartGuard
+from fissure.spark.checkpoint_lock import CheckpointLock
 from fissure.spark.compile_graph import CompiledGraph, compile_graph, sink_frame
 from fissure.spark.observed_metrics import Publication, observe_run
 from fissure.spark.stages import BOUNDARIES_PROPERTY, PUBLISHED_PROPERTY, WorkerProfiling
@@ -52,7 +56,7 @@ from fissure.spark.progress_output import ProgressOutput
 from fissure.spark.session import QUERY_DEFAULTS, create_session, default_parallelism, is_local
 from fissure.spark.sinks import DeadLetterLog, write_dead_letters
 from fissure.spark.sources import FileSource, check_before_spark, default_file_system, open_source
-from fissure.spark.state import RepartitionRecovery, checkpoint_exists, delete_checkpoint, recover_unfinished_repartition
+from fissure.spark.state import RepartitionRecovery, delete_checkpoint, recover_unfinished_repartition
 from fissure.streamgraph import StreamGraph, as_graph
 from fissure.worker.cost_sample import measure_sample_isolated
 from fissure.worker.elastic_stage import BatchThreadLevels
@@ -286,6 +290,8 @@ class Runner:
     `boundaries`: a graph's pipeline boundaries instead of the plan's; `state_partitions`: instead
     of the plan's (the most replicas of a keyed region); `profile_pieces`: count a graph's PEs node
     by node for the autopipelining loop (a chain then runs as its graph).
+    `lock`: the checkpoint's lock when the caller holds it for several queries (the adaptive loop,
+    `fissure.run`'s restarts); without one, start() takes it and stop() releases it.
     """
 
     # Set before start() to wrap the foreachBatch function (fissure.spark.batch_gate's gate).
@@ -297,7 +303,8 @@ class Runner:
                  config: RunnerConfig = RunnerConfig(), progress: bool | str | None = None,
                  query_name: str | None = None, profile: ProfileSettings | None = ProfileSettings(),
                  profile_log: str | None = None, boundaries: Iterable[str] | None = None,
-                 state_partitions: int | None = None, profile_pieces: bool = False) -> None:
+                 state_partitions: int | None = None, profile_pieces: bool = False,
+                 lock: CheckpointLock | None = None) -> None:
         self.program = program
         self.graph = as_graph(program)
         chain = program if isinstance(program, Pipeline) else self.graph.as_chain()
@@ -323,6 +330,8 @@ class Runner:
         self._lock = threading.Lock()
         self._temporary_checkpoint = checkpoint is None
         self.checkpoint = checkpoint or tempfile.mkdtemp(prefix="fissure-checkpoint-")
+        self.lock = lock  # the checkpoint's lock while the query runs
+        self._owns_lock = lock is None
         self.dead_letter_sink = dead_letters
         self.dead_letter_log = DeadLetterLog(kept=config.dead_letters_kept)
         self.progress_mode = requested_mode(progress, config.progress)
@@ -350,21 +359,51 @@ class Runner:
     def start(self, available_now: bool = False):
         """Compile the plan and start the query; returns the StreamingQuery.
 
-        A checkpoint whose newest batch is a state repartition a dead process left unfinished is
-        recovered first (`fissure.spark.state.recover_unfinished_repartition`: `self.recovery`).
-        When starting fails, a checkpoint directory this call created is removed again (one that
-        existed before is left as it was)."""
-        created = self._temporary_checkpoint or not checkpoint_exists(self.spark, self.checkpoint)
+        First the checkpoint's lock (fissure.spark.checkpoint_lock: another run holding it is
+        CheckpointLocked), then the checks of fissure.spark.checkpoint_guard: whole logs, and the
+        program's stateful operators against the checkpoint's record (ProgramChanged), before
+        Spark starts the query. A checkpoint whose newest batch is a state repartition a dead
+        process left unfinished is recovered then (`fissure.spark.state.recover_unfinished_repartition`:
+        `self.recovery`). When starting fails, only what this start wrote into a checkpoint that
+        held no stream is removed (`StartGuard.undo`), and a temporary checkpoint of the runner's."""
+        if self.lock is None:
+            self.lock = CheckpointLock.acquire(open_store(self.spark, self.checkpoint), self.graph.name,
+                                               spark=self.spark, lease_s=self.config.checkpoint_lease_s)
+        self.lock.on_lost.append(self._on_lock_lost)
         try:
-            return self._start(available_now)
+            self.lock.check_held()
+            guard = StartGuard.open(self.lock.store)
+        except BaseException:
+            self._let_go_of_lock()
+            raise
+        try:
+            guard.check_logs()
+            return self._start(available_now, guard)
         except BaseException:
             if self.query is not None and self.query.isActive:
                 self.query.stop()
-            if created:
+            if not self._temporary_checkpoint:
+                guard.undo()
+            self._let_go_of_lock()
+            if self._temporary_checkpoint:
                 delete_checkpoint(self.spark, self.checkpoint)
             raise
 
-    def _start(self, available_now: bool):
+    def _on_lock_lost(self, reason: str) -> None:
+        if self.query is not None and self.query.isActive:
+            self.query.stop()
+
+    def _let_go_of_lock(self) -> None:
+        """Stop listening to the lock; release it when this runner took it."""
+        if self.lock is None:
+            return
+        if self._on_lock_lost in self.lock.on_lost:
+            self.lock.on_lost.remove(self._on_lock_lost)
+        if self._owns_lock:
+            self.lock.release()
+            self.lock = None
+
+    def _start(self, available_now: bool, guard: StartGuard):
         ship_operator_modules(self.program)
         check_serializable(self.program)
         state_partitions = self.state_partitions
@@ -373,7 +412,6 @@ class Runner:
                             # Read only when the checkpoint is new: a checkpoint keeps its own value.
                             "spark.sql.shuffle.partitions": str(state_partitions)}.items():
             self.spark.conf.set(name, value)
-        self.recovery = recover_unfinished_repartition(self.spark, self.checkpoint)
         profiling = None
         if self.profile_settings is not None or self.profile_pieces:
             self.accumulator = self.spark.sparkContext.accumulator(ProfileTally(), ProfileTallyParam())
@@ -396,6 +434,8 @@ class Runner:
                                       state_partitions=state_partitions, threads=self.threads.worker, profiling=profiling,
                                       resource_profile_for=_resource_profiles(self.spark), line_formats=line_formats,
                                       state_access=self.config.state_access())
+        guard.check_program(program_fingerprint(self.graph, self.compiled.schemas))
+        self.recovery = recover_unfinished_repartition(self.spark, self.checkpoint)
         frame = observe_run(self.compiled.frame, [operator.name for operator in self.graph.operators],
                             counted=self.profile_settings is not None)
         writer = self._write_batch
@@ -462,8 +502,12 @@ class Runner:
         self._require_started()
         if timeout_s is None:
             self.query.awaitTermination()
-            return True
-        return bool(self.query.awaitTermination(timeout_s))
+            ended = True
+        else:
+            ended = bool(self.query.awaitTermination(timeout_s))
+        if self.lock is not None:
+            self.lock.check_held()  # stopped because another run took the checkpoint over
+        return ended
 
     def process_all_available(self) -> None:
         """Block until every record available at the source now has been processed."""
@@ -485,6 +529,7 @@ class Runner:
         # The last batches may have ended after the watcher's last look.
         self.progress_output.close(self._last_progress)
         report = self.report()
+        self._let_go_of_lock()
         if self._temporary_checkpoint:
             shutil.rmtree(self.checkpoint, ignore_errors=True)
         return report
