@@ -119,11 +119,18 @@ def read_sink(path: Path) -> list[dict]:
 
 
 def batches_written_twice(path: Path) -> list[str]:
-    """Sink batch directories holding more than one Parquet file (FileSink writes one per batch)."""
+    """Sink batch directories holding the Parquet files of more than one write. A write names every
+    file it makes `part-NNNNN-<its job's uuid>-c000...parquet` (one file per partition of the batch's
+    frame), and an overwrite replaces the whole directory: files of two uuids were written by two runs."""
     if not path.is_dir():
         return []
-    return sorted(entry.name for entry in path.iterdir()
-                  if entry.is_dir() and len(list(entry.glob("*.parquet"))) > 1)
+    twice = []
+    for entry in sorted(path.iterdir()):
+        if entry.is_dir():
+            writes = {"-".join(file.name.split("-")[2:7]) for file in entry.glob("part-*.parquet")}
+            if len(writes) > 1:
+                twice.append(entry.name)
+    return twice
 
 
 def committed_batches(path: Path) -> int:
