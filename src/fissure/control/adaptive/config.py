@@ -74,11 +74,14 @@ class AdaptiveConfig:
         evaluation_s: seconds the evaluation lasts, at least.
         discard_after_switch: batches not counted after a switch (and after the start): restart
             effects (the first batch of a restarted query pays the JVM's and workers' warm-up).
-        min_gain: relative gain a switch must be predicted to bring, and a measured gain over
-            the baseline that keeps it (the autopipelining paper keeps any gain: 0).
-        prediction_tolerance: a switch that reaches its prediction within this share, without
-            falling below the baseline, is kept too; a release must process the offered rate
-            with headroom within this share.
+        min_gain: relative gain a switch must be predicted to bring.
+        keep_confidence: a switch made for throughput is kept when its measured gain is beyond
+            the band this run's noise could give with this confidence, one-sided
+            (fissure.control.noise); the autopipelining paper keeps any gain.
+        assumed_noise: the relative spread of one batch's rate assumed until the run has
+            measured its own (weighs as two batches; ±10 % is this project's 2-core machine).
+        prediction_tolerance: a release must process the offered rate with headroom within
+            this share.
         alpha: halt when more than this share of the last planning's candidate changes repeat
             a blacklisted change (Tang and Gedik's alpha; the paper leaves the value open).
         sensitivity: SENS, the relative departure of a plan's throughput from its reference that
@@ -116,6 +119,8 @@ class AdaptiveConfig:
     evaluation_s: float = 3.0
     discard_after_switch: int = 1
     min_gain: float = 0.05
+    keep_confidence: float = 0.9
+    assumed_noise: float = 0.10
     prediction_tolerance: float = 0.10
     alpha: float = 0.5
     sensitivity: float = 0.05
@@ -151,6 +156,10 @@ class AdaptiveConfig:
         for name in ("sensitivity", "prediction_tolerance", "operator_sensitivity", "rate_change"):
             if not 0 < getattr(self, name) < 1:
                 raise ValueError(f"{name} must be in (0, 1) (0.05 means 5 %), got {getattr(self, name)}")
+        if not 0.5 <= self.keep_confidence < 1:
+            raise ValueError(f"keep_confidence must be in [0.5, 1) (0.9 means 90 %), got {self.keep_confidence}")
+        if not (math.isfinite(self.assumed_noise) and self.assumed_noise > 0):
+            raise ValueError(f"assumed_noise must be a relative spread > 0 (0.1 means 10 %), got {self.assumed_noise}")
         if self.planning_method not in METHODS:
             raise ValueError(f"unknown planning_method {self.planning_method!r}; choose one of {', '.join(METHODS)}")
         if self.max_threads is not None and self.max_threads < 1:
