@@ -18,7 +18,7 @@ from fissure.control.adaptive.choice import Choice, PlanChooser
 from fissure.control.adaptive.config import AdaptiveConfig, SwitchCosts
 from fissure.control.adaptive.decisions import Action, Decision, Objective, Phase, PlanSwitch, format_rate
 from fissure.control.adaptive.evaluation import BlacklistShare, Trial, judge
-from fissure.control.noise import NoiseEstimate
+from fissure.control.noise import NoiseEstimate, noise_band
 from fissure.control.adaptive.observations import (
     BatchObservation,
     Sample,
@@ -81,6 +81,7 @@ class AdaptiveController:
         self._last_candidates: tuple[ScoredPlan, ...] = ()  # of the last planning
         self._reference_per_s: float | None = None  # last baseline measured for the plan in force
         self._noise = NoiseEstimate()  # the spread of batches under unchanged plans, this run
+        self._switches_since_change = 0  # plan switches tried since the workload last changed
         # Learning from measurements: what every plan run so far measured, and the last fit.
         correctable = self.config.correct_model and isinstance(self._search, CorrectablePlanSearch)
         self._measured = ModelCorrection(self.config.correction) if correctable else None
@@ -267,6 +268,15 @@ class AdaptiveController:
             self._window = []
             return replace(Decision.observe(batch_id, now_s, in_force, f"settled: {reason}"), correction=used)
         option = choice.option
+        budget = self.config.max_switches_per_workload
+        if budget is not None and self._switches_since_change >= budget:
+            self._phase = Phase.SETTLED
+            self._window = []
+            return replace(Decision.observe(
+                batch_id, now_s, in_force,
+                f"settled: {option.change.after} would be next ({choice.reason}), but the {budget} switches"
+                f" allowed since the workload last changed are spent"), correction=used)
+        self._switches_since_change += 1
         switch = PlanSwitch(option.scored.plan, option.change, option.predicted,
                             relative_gain(current, option.predicted), option.cost_s)
         trial = Trial(switch, self._plan, choice.objective, baseline, choice.required_per_s, baseline_samples)
@@ -318,7 +328,10 @@ class AdaptiveController:
         return note + f"; the correction changed the ranking: uncorrected, the model would pick {uncorrected}"
 
     def _chooser(self) -> PlanChooser:
-        return PlanChooser(self.config, self._plan, self._chain, tuple(self._blacklist), self._costs)
+        config = self.config
+        band = noise_band(self._noise.spread(config.assumed_noise), max(1, config.profile_batches),
+                          max(1, config.evaluation_batches), config.keep_confidence)
+        return PlanChooser(config, self._plan, self._chain, tuple(self._blacklist), self._costs, band)
 
     def _start(self, trial: Trial, batch_id: int, now_s: float, reason: str, action: Action) -> Decision:
         self._trial = trial
@@ -429,6 +442,7 @@ class AdaptiveController:
         self._basis = None
         self._last_candidates = ()
         reason = f"workload changed: {why}"
+        self._switches_since_change = 0
         if self.config.forget_blacklist_on_change and self._blacklist:
             reason += f"; {len(self._blacklist)} blacklisted change(s) forgotten"
             self._blacklist.clear()
