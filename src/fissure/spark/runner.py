@@ -39,7 +39,7 @@ from fissure.profile.calibration import stored_spark_model
 from fissure.profile.collector import ProfileCollector
 from fissure.profile.log import profile_log_path
 from fissure.profile.settings import ProfileSettings
-from fissure.profile.window import BatchProfile, ProfileSummary, render_table
+from fissure.profile.window import BatchProfile, ProfileSummary, render_table, waiting_advice
 from fissure.program_fingerprint import program_fingerprint
 from fissure.spark.batch_admission import (SourceAdmission, admit_file_sources, model_batch_cost, needs_size,
                                            sample_rows)
@@ -354,6 +354,7 @@ class Runner:
         # The plan and latest decision each batch publishes in observedMetrics["fissure"].
         self.publication = Publication(plan=describe_plan(self.plan, self.pipeline))
         self._table_drawn_at = 0.0
+        self._advised_waiting: set[str] = set()  # operators told they wait undeclared
 
     # --- lifecycle ---------------------------------------------------------------------------
     def start(self, available_now: bool = False):
@@ -423,7 +424,8 @@ class Runner:
                                              self.profile_settings, self.profile_log)
         self.threads = ThreadLevels(self.spark, self.pipeline, policy=self.config.thread_policy,
                                     config=self.config.thread_elasticity, profile_summary=self.profile_summary,
-                                    detect=self.config.detect_waiting_operators and self.profiler is not None)
+                                    detect=self.config.detect_waiting_operators and self.profiler is not None,
+                                    run=self.checkpoint)
         sources = self.sources
         if self.config.batch_size == "auto":
             sources, self.admissions = self._sized_sources()
@@ -696,4 +698,10 @@ class Runner:
             return None
         self._table_drawn_at = now
         kinds = {name: self.pipeline.kind_of(name).value for name in self.pipeline.names}
-        return render_table(summary, kinds)
+        declared = [operator.name for operator in self.graph.operators if operator.hints.waits is not None]
+        for advice in waiting_advice(summary, declared):
+            operator = advice.split(" waits:")[0]
+            if operator not in self._advised_waiting:  # once a run, whatever the table's interval
+                self._advised_waiting.add(operator)
+                log.warning("fissure: %s", advice)
+        return render_table(summary, kinds, declared)
