@@ -98,7 +98,7 @@ def judge_gain(before: Sequence[float], after: Sequence[float], noise: NoiseEsti
     before_logs, after_logs = _log_rates(before), _log_rates(after)
     if not before_logs or not after_logs:
         raise ValueError("need at least one usable rate before and after the change")
-    gain = math.expm1(fmean(after_logs) - fmean(before_logs))
+    gain = _relative(fmean(after_logs) - fmean(before_logs))
     spread = noise.spread(assumed_sd)
     band = noise_band(spread, len(before_logs), len(after_logs), confidence)
     bar = max(band, min_gain)
@@ -115,6 +115,11 @@ def judge_gain(before: Sequence[float], after: Sequence[float], noise: NoiseEsti
     if gain > bar:
         return GainVerdict(True, gain, band, f"{figures}, beyond {noise_text}")
     return GainVerdict(False, gain, band, f"{figures}, within {noise_text}")
+
+
+def _relative(log_ratio: float) -> float:
+    """exp(log_ratio) - 1, infinite where a ratio of rates is beyond a float (a rate of 1e-313)."""
+    return math.expm1(log_ratio) if log_ratio < 700 else math.inf
 
 
 def _rate(value: float) -> str:
