@@ -31,7 +31,7 @@ import pyarrow.compute as pc
 from fissure.worker.arrow_rows import batch_records, column_values
 from fissure.worker.columns import DEAD_ERROR, DEAD_OPERATOR, DEAD_RECORD, SEQ, carried_schema
 from fissure.worker.profiling import StageProfile
-from fissure.worker.records import (DeadLetter, describe_error, flat_map_emitted, mark_running,
+from fissure.worker.records import (DeadLetter, flat_map_emitted, mark_running, record_failed,
                                     operator_stopped, record_text, shown_value)
 
 
@@ -112,7 +112,7 @@ def _map_records(step: Step, records: list, seqs: list[int], dead: list[DeadLett
         except Exception as error:  # noqa: BLE001 - any user error becomes a dead letter
             position = len(emitted) + len(failed)
             failed.append(position)
-            dead.append(DeadLetter(step.name, describe_error(error), record_text(record), seqs[position]))
+            dead.append(record_failed(step.name, error, record, seqs[position]))
         except (SystemExit, KeyboardInterrupt) as error:
             raise operator_stopped(step.name, error) from error
     if not failed:
@@ -132,7 +132,7 @@ def _filter_records(step: Step, records: list, seqs: list[int], dead: list[DeadL
                     kept_seqs.append(seq)
             break
         except Exception as error:  # noqa: BLE001
-            dead.append(DeadLetter(step.name, describe_error(error), record_text(record), seq))
+            dead.append(record_failed(step.name, error, record, seq))
         except (SystemExit, KeyboardInterrupt) as error:
             raise operator_stopped(step.name, error) from error
     return kept, kept_seqs
@@ -152,7 +152,7 @@ def _flat_map_records(step: Step, records: list, seqs: list[int], dead: list[Dea
                     emitted_seqs.extend([seq] * len(result))
             break
         except Exception as error:  # noqa: BLE001
-            dead.append(DeadLetter(step.name, describe_error(error), record_text(record), seq))
+            dead.append(record_failed(step.name, error, record, seq))
         except (SystemExit, KeyboardInterrupt) as error:
             raise operator_stopped(step.name, error) from error
     return emitted, emitted_seqs
@@ -380,7 +380,7 @@ def run_batch_step(step: Step, data: pa.RecordBatch, seqs: list[int],
         try:
             result = _call_batch_step(step, single)
         except Exception as error:  # noqa: BLE001
-            dead.append(DeadLetter(step.name, describe_error(error), record_text(single.to_pylist()[0]), seq))
+            dead.append(record_failed(step.name, error, single.to_pylist()[0], seq))
             continue
         if step.action == "filter_batches":
             if result[0].as_py():

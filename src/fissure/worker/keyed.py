@@ -32,7 +32,7 @@ import pyarrow.compute as pc
 from fissure.worker.arrow_rows import batch_records, column_values
 from fissure.worker.columns import SEQ
 from fissure.worker.fused import assemble, dead_letter_batch, live_batch, records_to_batch, reshape_dead, split_dead
-from fissure.worker.records import (DeadLetter, OperatorFailedError, describe_error, mark_running,
+from fissure.worker.records import (DeadLetter, OperatorFailedError, describe_error, mark_running, record_failed,
                                     normalize_emitted, operator_stopped, record_text)
 from fissure.worker.state_codec import StateCodec, StateCodecError
 
@@ -253,7 +253,7 @@ def _run(step: StatefulStep, batch: pa.RecordBatch, group: Callable[[list[dict]]
                         continue
                     emitted = normalize_emitted(emitted)
                 except Exception as error:  # noqa: BLE001 - a bad record becomes a dead letter
-                    dead.append(DeadLetter(step.name, describe_error(error), record_text(record), seq))
+                    dead.append(record_failed(step.name, error, record, seq))
                     continue
                 except (SystemExit, KeyboardInterrupt) as error:
                     raise operator_stopped(step.name, error) from error

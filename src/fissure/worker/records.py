@@ -11,6 +11,8 @@ import traceback
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from fissure.control.failures import RESOURCE_ERRNOS
+
 MAX_DEAD_RECORD_CHARS = 10_000
 
 
@@ -65,6 +67,38 @@ def describe_error(error: BaseException) -> str:
         return f"{text} (at {innermost.filename}:{innermost.lineno} in {innermost.name})"
     return (f"{text} (at {user.filename}:{user.lineno} in {user.name}; raised in "
             f"{os.path.basename(innermost.filename)}:{innermost.lineno} in {innermost.name})")
+
+
+class ResourceExhausted(RuntimeError):
+    """An operator ran out of memory or of another resource of the machine (MemoryError; an
+    OSError of ENOMEM, ENOSPC, EDQUOT, EMFILE, ENFILE or ENOBUFS) while processing a record: no
+    record's fault, so never its dead letter. The task fails and `fissure.run` starts the query
+    again on its checkpoint (fissure.control.failures reads this message back: keep its form)."""
+
+
+def is_resource_error(error: BaseException) -> bool:
+    """Whether `error`, or an error it was raised from, is the machine running out of a resource."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, MemoryError) or isinstance(error, OSError) and error.errno in RESOURCE_ERRNOS:
+            return True
+        seen.add(id(error))
+        error = error.__cause__
+    return False
+
+
+def record_failed(operator: str, error: BaseException, record: object, seq: int) -> DeadLetter:
+    """The dead letter of a record `operator` raised `error` on; raises ResourceExhausted, naming
+    the operator, the error and the record, when the error is the machine's (`is_resource_error`)."""
+    if is_resource_error(error):
+        raise ResourceExhausted(f"operator {operator!r} ran out of resources ({_one_line(describe_error(error))}) on "
+                                f"record {_one_line(record_text(record))}; not the record's fault: the task fails and the query starts again "
+                                f"on its checkpoint") from error
+    return DeadLetter(operator, describe_error(error), record_text(record), seq)
+
+
+def _one_line(text: str) -> str:
+    return text.replace("\n", "\\n").replace("\r", "\\r")
 
 
 class OperatorFailedError(RuntimeError):
