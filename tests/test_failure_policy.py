@@ -12,6 +12,7 @@ from fissure import Pipeline, RunnerConfig
 from fissure.control.failures import (CRASH, RESOURCE, Failure, Restart, RestartPolicy, decide_restart,
                                       restartable_failure)
 from fissure.spark import run as run_module
+from fissure.spark.session import describe_failure
 from fissure.worker.graph_local import DeadLettersWarning, run_local
 from fissure.worker.records import ResourceExhausted, is_resource_error, record_failed
 
@@ -209,3 +210,41 @@ def test_a_failure_of_the_program_is_not_restarted(monkeypatch):
     with pytest.raises(ValueError, match="a bug"):
         run_loop(monkeypatch, [ValueError("a bug"), None], step_s=10)
     assert FakeRunner.starts == 1
+
+
+# --- failure summaries ----------------------------------------------------------------------------
+
+DISK_FULL = (
+    "[STREAM_FAILED] Query [id = 1, runId = 2] terminated with exception: Job aborted due to stage failure: "
+    "Task 0 in stage 7.0 failed 1 times, most recent failure: Lost task 0.0 in stage 7.0 (TID 12) (localhost "
+    "executor driver): java.io.IOException: No space left on device\n"
+    "\tat java.base/java.io.FileOutputStream.writeBytes(Native Method)\n")
+TRUNCATED = (
+    "[STREAM_FAILED] Query [id = 1, runId = 2] terminated with exception: [CANNOT_LOAD_STATE_STORE.UNCATEGORIZED] "
+    "An error occurred during loading state.\n"
+    "Caused by: java.lang.IllegalStateException: Error reading streaming state file "
+    "file:/data/ckpt/state/0/1/3.changelog of RocksDBStateStoreProvider[id = (op=0,part=1)]: the file is "
+    "truncated or corrupt\n"
+    "Caused by: java.io.EOFException\n"
+    "Caused by: java.io.EOFException: \n")
+
+
+def test_a_summary_carries_the_jvm_error_spark_wrote_inside_its_wrapper_whole(tmp_path):
+    """Before: the first line was cut at 160 characters and the disk-full cause in it lost."""
+    summary = describe_failure(RuntimeError(DISK_FULL), spark_log=str(tmp_path / "spark.log"))
+    assert "\n  caused by IOException: No space left on device\n" in summary, summary
+
+
+def test_a_summary_names_the_file_an_enclosing_error_names_when_the_innermost_names_none(tmp_path):
+    summary = describe_failure(RuntimeError(TRUNCATED), spark_log=str(tmp_path / "spark.log"))
+    assert "caused by EOFException" in summary
+    assert ("\n  in IllegalStateException: Error reading streaming state file file:/data/ckpt/state/0/1/3.changelog "
+            "of RocksDBStateStoreProvider[id = (op=0,part=1)]: the file is truncated or corrupt\n") in summary, summary
+
+
+def test_a_long_cause_is_not_cut_at_300_characters(tmp_path):
+    record = '{"text": "' + "x" * 1000 + '"}'
+    message = (f"fissure.worker.records.ResourceExhausted: operator 'load' ran out of resources (MemoryError) on "
+               f"record {record}; not the record's fault: the task fails and the query starts again on its checkpoint")
+    summary = describe_failure(RuntimeError("Job aborted\n" + message), spark_log=str(tmp_path / "spark.log"))
+    assert record in summary
