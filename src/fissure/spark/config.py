@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from fissure.control.adaptive.config import AdaptiveConfig
 from fissure.control.failures import RestartPolicy
 from fissure.control.progress import check_progress_mode
+from fissure.control.watchdog import StallPolicy
 from fissure.control.thread_level.config import ElasticityConfig, POLICY_NAMES
 from fissure.profile.settings import ProfileSettings
 from fissure.spark.graph_autopipeline import GraphAutopipelineConfig
@@ -67,6 +68,12 @@ class RunnerConfig:
     # The lines form: at most one line per this many seconds, beside the first batch's, each plan
     # change's and the end's.
     progress_lines_interval_s: float = 10.0
+    # The watchdog (fissure.control.watchdog): a micro-batch running `stall_factor` times longer
+    # than the last batches' median and the model's predicted batch time, and at least
+    # `stall_min_s`, is reported as stuck with the operator it is in (a warning on stderr, the
+    # progress line, RunReport.stalls), again each time its time doubles. It is not stopped.
+    stall_factor: float = 10.0
+    stall_min_s: float = 60.0
     # Dead letters kept in the driver's memory when no dead-letter path is given (the count is
     # always exact; older letters are dropped from memory, never from a dead-letter path).
     dead_letters_kept: int = 1000
@@ -134,12 +141,16 @@ class RunnerConfig:
         if self.progress_lines_interval_s <= 0:
             raise ValueError(f"progress_lines_interval_s must be > 0, got {self.progress_lines_interval_s!r}")
         self.restart_policy()  # checks query_restarts and query_restart_window_s
+        self.stall_policy()
         if self.state_migration not in (None, "trust-pickle"):
             raise ValueError(f"state_migration must be None or 'trust-pickle', got {self.state_migration!r}")
         if self.dead_letters_kept < 0 or self.default_state_partitions < 1:
             raise ValueError("dead_letters_kept must be >= 0 and default_state_partitions >= 1")
         if not self.checkpoint_lease_s > 0:
             raise ValueError(f"checkpoint_lease_s must be > 0, got {self.checkpoint_lease_s!r}")
+
+    def stall_policy(self) -> StallPolicy:
+        return StallPolicy(factor=self.stall_factor, min_s=self.stall_min_s)
 
     def restart_policy(self) -> RestartPolicy:
         try:

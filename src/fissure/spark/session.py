@@ -9,18 +9,23 @@ streams. The terminal keeps the driver's own output: the progress line, the resu
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import re
+import shutil
 import sys
+import tempfile
 import threading
 import traceback
 
 from pyspark.sql import SparkSession
 
 from fissure.control.failures import CRASH, WORKER_CRASH, restartable_failure  # noqa: F401 - WORKER_CRASH: re-exported
+from fissure.control.watchdog import Heartbeat, read_heartbeat
 from fissure.graph import PipelineError
 from fissure.spark.config import RunnerConfig
+from fissure.worker.records import HEARTBEAT_DIR_VARIABLE
 from fissure.spark.jvm import SPARK_LOG_TERMINAL, launch_jvm_with_output_to, spark_log_path
 
 # Settings of the session fissure creates (measured on PySpark 4.3: see docs/spark-runner.md).
@@ -62,6 +67,38 @@ def ensure_worker_python() -> None:
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 
 
+def ensure_heartbeat_dir() -> str:
+    """The directory this driver's Python workers write their heartbeats to (fissure.worker.records.beat),
+    made now and set in the environment the JVM, started after this, passes to the workers it starts
+    (a JVM already running keeps its own: its workers write none). Removed when the driver exits."""
+    directory = os.environ.get(HEARTBEAT_DIR_VARIABLE)
+    if directory and os.path.isdir(directory):
+        return directory
+    directory = tempfile.mkdtemp(prefix="fissure-heartbeats-")
+    os.environ[HEARTBEAT_DIR_VARIABLE] = directory
+    atexit.register(shutil.rmtree, directory, ignore_errors=True)
+    return directory
+
+
+def read_heartbeats() -> list[Heartbeat]:
+    """The heartbeats this driver's local Python workers wrote (none without the directory)."""
+    directory = os.environ.get(HEARTBEAT_DIR_VARIABLE)
+    beats = []
+    try:
+        names = os.listdir(directory) if directory else []
+    except OSError:
+        return []
+    for name in names:
+        try:
+            with open(os.path.join(directory, name), encoding="utf-8") as heartbeat:
+                beat = read_heartbeat(name, heartbeat.read())
+        except OSError:
+            continue
+        if beat is not None:
+            beats.append(beat)
+    return beats
+
+
 def create_session(config: RunnerConfig = RunnerConfig()) -> SparkSession:
     """A SparkSession on `config.master` (local[*] by default) with fissure's settings.
 
@@ -70,6 +107,7 @@ def create_session(config: RunnerConfig = RunnerConfig()) -> SparkSession:
     terminal as PySpark does, at level ERROR (see fissure.spark.jvm).
     """
     ensure_worker_python()
+    ensure_heartbeat_dir()
     settings = {"spark.master": config.master, "spark.app.name": config.app_name,
                 **SESSION_DEFAULTS, **({"spark.ui.enabled": "true"} if config.spark_ui else {}), **config.spark_conf}
     to_terminal = config.spark_log == SPARK_LOG_TERMINAL

@@ -31,7 +31,7 @@ import pyarrow.compute as pc
 from fissure.worker.arrow_rows import batch_records, column_values
 from fissure.worker.columns import DEAD_ERROR, DEAD_OPERATOR, DEAD_RECORD, SEQ, carried_schema
 from fissure.worker.profiling import StageProfile
-from fissure.worker.records import (DeadLetter, flat_map_emitted, mark_running, record_failed,
+from fissure.worker.records import (DeadLetter, flat_map_emitted, mark_idle, mark_running, record_failed,
                                     operator_stopped, record_text, shown_value)
 
 
@@ -86,6 +86,7 @@ def run_record_steps(steps: Sequence[Step], records: Sequence[dict], seqs: Seque
             wall_s = time.perf_counter() - wall_started_s if timed else 0.0
             observe(index, len(current), len(following), len(dead) - dead_before, cpu_s, wall_s)
         current, current_seqs = following, following_seqs
+    mark_idle()
     return current, current_seqs
 
 
@@ -367,6 +368,7 @@ def run_batch_step(step: Step, data: pa.RecordBatch, seqs: list[int],
     mark_running(step.name)
     try:
         result = _call_batch_step(step, data)
+        mark_idle()
         if step.action == "filter_batches":
             return data.filter(result), [seq for seq, keep in zip(seqs, result.to_pylist()) if keep]
         return result, seqs
@@ -390,6 +392,7 @@ def run_batch_step(step: Step, data: pa.RecordBatch, seqs: list[int],
             pieces.append(result)
             kept_seqs.append(seq)
     schema = data.schema if step.action == "filter_batches" else step.output_schema
+    mark_idle()
     return (pa.concat_batches(pieces) if pieces else pa.RecordBatch.from_pylist([], schema=schema)), kept_seqs
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import sysconfig
+import time
 import traceback
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -113,10 +114,17 @@ def operator_stopped(operator: str, error: BaseException) -> OperatorFailedError
                                f" worker process (raise an Exception to make the record a dead letter)")
 
 
+# The directory where each Python worker process notes the operator it runs (`beat`), for the
+# driver's watchdog (fissure.spark.session sets it before Spark's JVM starts its workers).
+HEARTBEAT_DIR_VARIABLE = "FISSURE_HEARTBEAT_DIR"
+
+
 def mark_running(operator: str) -> None:
-    """Note which operator starts running in this worker process, in the fault-handler log Spark
-    reads when the process dies (`spark.python.worker.faulthandler.enabled`): a crash then names
-    the operator that was running. Once per operator and batch; nothing without that log."""
+    """Note which operator starts running in this worker process: in the fault-handler log Spark
+    reads when the process dies (`spark.python.worker.faulthandler.enabled`), so that a crash names
+    the operator that was running, and in the process's heartbeat file (`beat`), so that the
+    driver's watchdog names the operator a stuck batch is in. Once per operator and Arrow batch."""
+    beat(operator)
     directory = os.environ.get("PYTHON_FAULTHANDLER_DIR")
     if not directory:
         return
@@ -126,6 +134,25 @@ def mark_running(operator: str) -> None:
     try:
         with open(path, "a", encoding="utf-8") as log:
             log.write(f"fissure: operator {operator!r} was running\n")
+    except OSError:
+        pass
+
+
+def mark_idle() -> None:
+    """Note that this worker process runs no operator any more (its heartbeat file)."""
+    beat(None)
+
+
+def beat(operator: str | None) -> None:
+    """Write `{"operator": ..., "since": wall-clock seconds}` to `<heartbeat dir>/<pid>`: one small
+    write per operator and Arrow batch (a 10,000-record batch by default), nothing without the
+    directory (a session fissure did not create, a cluster's executors)."""
+    directory = os.environ.get(HEARTBEAT_DIR_VARIABLE)
+    if not directory:
+        return
+    try:
+        with open(os.path.join(directory, str(os.getpid())), "w", encoding="utf-8") as heartbeat:
+            heartbeat.write(json.dumps({"operator": operator, "since": time.time()}))
     except OSError:
         pass
 
