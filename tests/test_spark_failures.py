@@ -4,7 +4,9 @@ a bounded run its timeout ends with input left exits with what is left."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import time
 
 import pytest
 
@@ -51,3 +53,32 @@ def test_a_memory_error_restarts_the_query_and_is_never_a_dead_letter(spark, tmp
     assert "not restarted: the same failure 2 times in a row on the same record" in summary, summary
     assert "MemoryError: the operator's buffer" in summary and "in operator 'greedy'" in summary, summary
     assert '"i": 3' in summary, summary
+
+
+def hangs_on(i_hung: int, marker: str):
+    def hang(record):
+        if record["i"] == i_hung:
+            open(marker, "w").close()
+            time.sleep(600)
+        return record
+    return hang
+
+
+def test_a_hung_operator_is_reported_by_name_and_the_timeout_says_what_is_left(spark, tmp_path, caplog):
+    """Before: no message while the operator slept, and the run ended by its timeout returned as
+    if it were done, with input unprocessed."""
+    source = record_files(tmp_path / "in", [{"user": "u", "i": i} for i in range(6)], EVENTS, records_per_file=2)
+    source = dataclasses.replace(source, max_files_per_trigger=1)
+    marker = str(tmp_path / "hung")
+    pipeline = (Pipeline("hung").map("tag", lambda record: record, schema=EVENTS)
+                .map("slow_lookup", hangs_on(3, marker), schema=EVENTS))
+    config = fissure.RunnerConfig(stall_factor=2, stall_min_s=2, progress_interval_s=0.5)
+    with pytest.raises(fissure.RunTimedOut) as raised:
+        fissure.run(pipeline, source, MemorySink(), spark=spark, progress=False, config=config, timeout_s=40,
+                    checkpoint=str(tmp_path / "ckpt"))
+    assert os.path.exists(marker)
+    stalls = [stall for stall in raised.value.report.stalls if stall.batch_id == 1]  # batch 0 is file 0's
+    assert stalls and all(stall.operator == "slow_lookup" for stall in stalls), raised.value.report.stalls
+    assert any("operator 'slow_lookup' has been running for" in message for message in caplog.messages)
+    assert raised.value.left.files == 2  # the hung batch's file and the one after it
+    assert f"source ({tmp_path / 'in'}): 2 of 3 files not yet read" in str(raised.value)

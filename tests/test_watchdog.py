@@ -136,8 +136,8 @@ def test_a_bounded_run_ended_by_its_timeout_with_input_left_fails_saying_how_muc
     with pytest.raises(run_module.RunTimedOut) as raised:
         run_until_timeout(monkeypatch, tmp_path, available_now=True)
     message = str(raised.value)
-    assert message.startswith("the run's timeout (90 s) ended it with input left: logs: 2 of 3 files not yet read "
-                              "(72 bytes, about 8 records); 1 batch committed"), message
+    assert message.startswith(f"the run's timeout (90 s) ended it with input left: logs ({tmp_path / 'logs'}): 2 of 3 "
+                              f"files not yet read (72 bytes, about 8 records); 1 batch committed"), message
     assert raised.value.left.files == 2 and raised.value.report.batches == 1
 
 

@@ -31,10 +31,12 @@ class SourceLeft:
     total_files: int
     bytes: int
     records: int | None = None  # about; None: not known
+    location: str = ""  # the source's directory
 
     def describe(self) -> str:
         records = f", about {self.records:,} records" if self.records is not None else ""
-        return (f"{self.source}: {self.files} of {self.total_files} file{'' if self.total_files == 1 else 's'} "
+        where = f" ({self.location})" if self.location else ""
+        return (f"{self.source}{where}: {self.files} of {self.total_files} file{'' if self.total_files == 1 else 's'} "
                 f"not yet read ({self.bytes:,} bytes{records})")
 
 
@@ -66,12 +68,12 @@ def local_path(uri: str) -> str:
 
 
 def files_left(source: str, listed: Sequence[tuple[str, int]], read: set[str],
-               bytes_per_record: float | None = None) -> SourceLeft:
+               bytes_per_record: float | None = None, location: str = "") -> SourceLeft:
     """Pure: of the `listed` files (path, bytes), those not in `read`."""
     left = [(path, size) for path, size in listed if path not in read]
     total = sum(size for _, size in left)
     records = round(total / bytes_per_record) if bytes_per_record else None
-    return SourceLeft(source, len(left), len(listed), total, records)
+    return SourceLeft(source, len(left), len(listed), total, records, location)
 
 
 def committed_files(store: CheckpointStore) -> set[str]:
@@ -83,7 +85,12 @@ def committed_files(store: CheckpointStore) -> set[str]:
     read = set()
     for source in store.names("sources"):
         for name in store.names(f"sources/{source}"):
-            text = store.read(f"sources/{source}/{name}") or ""
+            if not name.removesuffix(".compact").isdigit():  # Hadoop's .crc files beside them
+                continue
+            try:
+                text = store.read(f"sources/{source}/{name}") or ""
+            except (OSError, ValueError):
+                continue
             for line in text.splitlines()[1:]:
                 try:
                     entry = json.loads(line)
@@ -108,6 +115,6 @@ def input_left(sources: Mapping[str, object], store: CheckpointStore) -> InputLe
             per_record = bytes_per_record(source)
         except (OSError, ValueError):
             per_record = None
-        counted.append(files_left(name, listed, read, per_record))
+        counted.append(files_left(name, listed, read, per_record, path))
     return InputLeft(tuple(counted), tuple(uncounted))
 
