@@ -61,8 +61,11 @@ def run(program: Pipeline | StreamGraph, source=None, sink=None, *, plan: object
     """Run `program` from `source` to `sink` and return the run's report.
 
     For a graph, `source` and `sink` are dicts by name (or one object where it has one).
-    available_now=True processes what the sources hold now and ends (file sources); otherwise the
-    query runs until `timeout_s` passes (or forever without it). `max_batches`: the run ends after
+    available_now=True processes what the sources hold now and ends (file sources): a `timeout_s`
+    that passes first, with input left unread, raises RunTimedOut saying what is left; otherwise
+    the query runs until `timeout_s` passes (its normal end) or forever without it. A failure
+    that is the machine's (a worker that died, an operator out of memory) starts the query again
+    on its checkpoint within `config.restart_policy()` (fissure.control.failures). `max_batches`: the run ends after
     that many micro-batches (a later batch is left for a run on the checkpoint). `progress`: how
     progress shows on stderr (None: `config.progress`; False: not at all; fissure.control.progress).
     adaptive=True re-plans while it runs (`adaptive_config`: an AdaptiveConfig; `run_dir`: where its

@@ -449,10 +449,9 @@ class Runner:
         writer = self._write_batch
         if self.profiler is not None:
             writer = self.profiler.wrap(writer)
-        writer = self.threads.wrap(writer)
+        writer = self._watched(self.threads.wrap(writer))  # inside the gate: a held batch is not a stuck one
         if self.wrap_batch is not None:
             writer = self.wrap_batch(writer)
-        writer = self._watched(writer)
         self._batch_function = DetachableBatchFunction(writer)
         stream = frame.writeStream.foreachBatch(self._batch_function).option("checkpointLocation", self.checkpoint)
         if self.query_name:
