@@ -127,11 +127,16 @@ def _run_to_end(program, source, sink, *, limit: BatchLimit | None, checkpoint: 
         try:
             runner.start(available_now=available_now)
             if limit is None:
-                runner.await_termination(timeout_s)
+                drained = runner.await_termination(timeout_s) and available_now
             elif await_batch_limit(runner, limit, timeout_s):
+                drained = False
                 with quiet_spark_loggers(runner.spark, STOP_LOGGERS):
                     limit.stop()  # a held batch raises instead of writing
                     runner.query.stop()
+            else:
+                drained = available_now and not runner.query.isActive
+            if drained:  # the end of input: every window and expiry fires (not when stopped early)
+                runner.finish_input()
         except Exception as error:
             crash = worker_crash(error)
             runner.stop()
