@@ -10,7 +10,8 @@ import math
 import pytest
 
 import fissure
-from fissure import Count, Pipeline, Session, Sliding, Sum, Tumbling
+from fissure import Count, Pipeline, Session, Sliding, StreamGraph, Sum, Tumbling
+from fissure.model.types import Plan, RegionPlan
 from fissure.spark.sinks import MemorySink
 from fissure.testing import TestingSink, TestingSource, run_batches
 
@@ -86,3 +87,90 @@ def test_tumbling_count_matches_reference_with_late_records_and_end_of_input(spa
     assert [window_rows(batch) for batch in got] == [window_rows(step.results["sink"]) for step in steps]
     assert len(got) == len(BATCHES) + 1 and window_rows(got[2]) == [("a", 0.0, 10.0, 2), ("b", 0.0, 10.0, 1)]
     assert report.watermark == 35.0
+
+
+def on_expire(state, key):
+    return {"k": key, "n": state["n"], "what": "expired"}
+
+
+def count_records(state, record):
+    state["n"] = state.get("n", 0) + 1
+    return {"k": record["k"], "n": state["n"], "what": "seen"}
+
+
+def time_graph() -> StreamGraph:
+    """Sliding and session windows, deduplication, expiry with on_expire and an expiring aggregate
+    on one event-time stream."""
+    graph = StreamGraph("time_graph")
+    events = graph.source("events", schema={"k": str, "ts": float}).event_time("ts", lateness=LATENESS)
+    events.window("slide", key="k", window=Sliding(10.0, 5.0), aggregate=Count()).sink("slide")
+    events.window("sessions", key="k", window=Session(4.0), aggregate=Sum("ts")).sink("sessions")
+    events.deduplicate("dedup", key="k", within=3.0).sink("dedup")
+    events.partitioned("expiring", count_records, key="k", expire_after=6.0, on_expire=on_expire,
+                       schema={"k": str, "n": int, "what": str}).sink("expiring")
+    events.aggregate("totals", key="k", aggregate=Count(), expire_after=6.0).sink("totals")
+    return graph
+
+
+GRAPH_BATCHES = [
+    [{"k": "a", "ts": 1.0}, {"k": "a", "ts": 2.0}, {"k": "b", "ts": 4.0}, {"k": "a", "ts": 3.5}],
+    [{"k": "a", "ts": 9.0}, {"k": "b", "ts": 6.0}, {"k": "c", "ts": 14.0}],
+    [{"k": "c", "ts": 15.5}, {"k": "a", "ts": 1.5}, {"k": "b", "ts": 30.0}],  # a 1.5: late for dedup only
+    [{"k": "c", "ts": 16.0}, {"k": "a", "ts": 2.0}],  # a 2.0: late for its emitted session and dedup
+    [{"k": "a", "ts": 33.0}, {"k": "c", "ts": 40.0}],
+]
+
+
+def reference_sessions(batches, gap):
+    """Sessions per key when no record is late: event times less than `gap` apart, [first, last + gap)."""
+    times: dict[str, list[float]] = {}
+    for batch in batches:
+        for record in batch:
+            times.setdefault(record["k"], []).append(record["ts"])
+    sessions = []
+    for key, stamps in times.items():
+        stamps.sort()
+        start = last = stamps[0]
+        total = stamps[0]
+        for t in stamps[1:]:
+            if t - last < gap:
+                total += t
+            else:
+                sessions.append((key, start, last + gap, total))
+                start, total = t, t
+            last = t
+        sessions.append((key, start, last + gap, total))
+    return sorted(sessions)
+
+
+def graph_results(sinks: dict, name: str) -> list[list]:
+    return [sorted(sorted(record.items()) for record in batch) for batch in spark_batches(sinks[name])]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("plan", ["sequential", "fission"])
+def test_windows_sessions_dedup_and_expiry_in_a_graph_match_the_reference(spark, tmp_path, plan):
+    graph = time_graph()
+    names = ("slide", "sessions", "dedup", "expiring", "totals")
+    sinks = {name: MemorySink() for name in names}
+    dead = []
+    chosen = "sequential" if plan == "sequential" else Plan(tuple(
+        RegionPlan(((name,),), replicas=2 if graph.node(name).keyed else 1) for name in graph.check().order
+        if graph.node(name).operator is not None))
+    fissure.run(graph, {"events": TestingSource(batches=GRAPH_BATCHES)}, sinks, spark=spark, plan=chosen,
+                dead_letters=TestingSink(dead), checkpoint=str(tmp_path / "ckpt"), progress=False)
+    steps = run_batches(graph, [{"events": batch} for batch in GRAPH_BATCHES])
+    for name in names:  # batch by batch as in process
+        assert graph_results(sinks, name) == [sorted(sorted(record.items()) for record in step.results[name])
+                                              for step in steps], name
+    sessions = sorted((r["k"], r["window_start"], r["window_end"], r["sum"])
+                      for batch in spark_batches(sinks["sessions"]) for r in batch)
+    # a's 1.5 joins a session not emitted yet; its 2.0 comes after that session was emitted: late
+    without_late = GRAPH_BATCHES[:3] + [[{"k": "c", "ts": 16.0}]] + GRAPH_BATCHES[4:]
+    assert sessions == reference_sessions(without_late, 4.0)
+    expired = sorted((r["k"], r["n"]) for batch in spark_batches(sinks["expiring"]) for r in batch
+                     if r["what"] == "expired")
+    assert {key for key, _ in expired} == {"a", "b", "c"}  # every key's state expired, with on_expire's record
+    in_process_dead = sorted((letter.node, letter.error) for step in steps for letter in step.dead_letters)
+    assert sorted((d["operator"], d["error"]) for d in dead) == in_process_dead
+    assert sorted(operator for operator, error in in_process_dead if error.startswith("Late:")) == ["dedup", "sessions"]
