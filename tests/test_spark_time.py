@@ -174,3 +174,28 @@ def test_windows_sessions_dedup_and_expiry_in_a_graph_match_the_reference(spark,
     in_process_dead = sorted((letter.node, letter.error) for step in steps for letter in step.dead_letters)
     assert sorted((d["operator"], d["error"]) for d in dead) == in_process_dead
     assert sorted(operator for operator, error in in_process_dead if error.startswith("Late:")) == ["dedup", "sessions"]
+
+
+ADAPTIVE_BATCHES = [[{"k": f"k{(i * 7 + j) % 5}", "ts": float(i * 4 + j % 3)} for j in range(4)] for i in range(7)] + [
+    [{"k": "k1", "ts": 2.0}]]  # late: [0, 10) closed long before
+
+
+@pytest.mark.slow
+def test_windows_survive_an_adaptive_switch_that_repartitions_their_state(spark, tmp_path):
+    from fissure.spark.adaptive import run_adaptive_on_spark
+    from fissure.control.adaptive.config import AdaptiveConfig
+
+    program = (Pipeline("adaptive_windows").map("parse", lambda r: r, schema={"k": str, "ts": float})
+               .event_time("ts", lateness=2.0)
+               .window("per_key", key="k", window=Tumbling(10.0), aggregate=Count()))
+    keyed_x2 = Plan((RegionPlan((("parse", "event_time", "per_key"),), replicas=2),))
+    sink, dead = MemorySink(), []
+    report = run_adaptive_on_spark(
+        program, TestingSource(batches=ADAPTIVE_BATCHES), sink, spark=spark, checkpoint=str(tmp_path / "ckpt"),
+        dead_letters=TestingSink(dead), run_dir=str(tmp_path / "run"), injections={2: keyed_x2}, progress=False,
+        adaptive_config=AdaptiveConfig(profile_batches=2, profile_s=1e9, evaluation_s=1e9, min_operator_samples=1))
+    assert report.queries == 2 and report.switches  # the state was repartitioned to 2 partitions
+    expected, late = reference_windows(ADAPTIVE_BATCHES, 10.0, 10.0, 2.0)
+    assert window_rows(sink.records()) == expected
+    assert sorted(json.loads(d["record"])["ts"] for d in dead) == late == [2.0]
+    assert report.late_records == 1
