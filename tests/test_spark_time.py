@@ -87,6 +87,10 @@ def test_tumbling_count_matches_reference_with_late_records_and_end_of_input(spa
     assert [window_rows(batch) for batch in got] == [window_rows(step.results["sink"]) for step in steps]
     assert len(got) == len(BATCHES) + 1 and window_rows(got[2]) == [("a", 0.0, 10.0, 2), ("b", 0.0, 10.0, 1)]
     assert report.watermark == 35.0
+    # keys holding windows: a, b, c after batch 1; none once the end of input fired every window
+    assert (report.state_keys, report.state_keys_peak) == (0, 3)
+    summary = report.summary()
+    assert (summary["state_keys"], summary["state_keys_peak"], summary["late_records"]) == (0, 3, 2)
 
 
 def on_expire(state, key):

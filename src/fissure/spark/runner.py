@@ -33,7 +33,7 @@ from pyspark.sql import Observation, SparkSession
 from pyspark.sql import functions as F
 
 from fissure.graph import OperatorEstimate, Pipeline, PipelineError
-from fissure.control.progress import ProgressState, requested_mode
+from fissure.control.progress import ProgressState, requested_mode, watermark_text
 from fissure.model.types import Plan
 from fissure.profile.calibration import stored_spark_model
 from fissure.profile.collector import ProfileCollector
@@ -125,7 +125,9 @@ class RunReport:
     batch_times: tuple[BatchTime, ...] = ()  # every batch Spark reported, in batch order
     admissions: tuple[SourceAdmission, ...] = ()  # batch sizes fissure chose for file sources
     plan_text: str = ""  # the plan described when the report was made, with its keys: `[a|b]x2(user)`
-    state_keys: int | None = None  # keys holding state after the last batch, over the stateful operators
+    # Keys holding state after the last batch, summed over the stateful operators (their buckets
+    # this run called; None: no stateful operator ran), and the most after any batch.
+    state_keys: int | None = None
     state_keys_peak: int | None = None  # the most after any batch
     late_records: int = 0  # dead letters with the reason Late
     watermark: float | None = None  # where the event-time watermark ended (None: no event time)
@@ -153,7 +155,9 @@ class RunReport:
                 "elapsed_s": round(self.elapsed_s, 3),
                 "first_batch_s": round(times[0].duration_s, 3) if times else None,
                 "steady_records_per_s": round(sum(time.input_records for time in later) / later_s, 1)
-                if later and later_s > 0 else None}
+                if later and later_s > 0 else None,
+                "state_keys": self.state_keys, "state_keys_peak": self.state_keys_peak,
+                "late_records": self.late_records}
 
     @property
     def records_per_s(self) -> float:
@@ -768,6 +772,7 @@ class Runner:
                 dead_letters=self.dead_letter_log.count,
                 plan=describe_plan(self.plan, self.pipeline),
                 threads=self.threads.latest_text() if self.threads is not None else "",
+                time=watermark_text(self.watermark, time.time()),
             )
 
     def _watch(self) -> None:
