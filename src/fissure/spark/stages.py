@@ -276,7 +276,7 @@ class GraphStateProcessor(StatefulProcessor):
             frame = frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)
             batch = carried_batch_from_pandas(frame, self.input_schema).select(self.layout.schema.names)
             spread = str(key[0]).startswith(SPREAD_PREFIX)
-        self._bucket = int(key[0])
+        self._bucket = int(key[0]) if self.node.kind is not NodeKind.JOIN else 0  # a join's key is its text
         update = self._step.fn if self._step is not None else None
         counted = update.live_counts() if not spread and isinstance(update, ProfiledUpdate) else None
         counted_before = list(counted) if counted is not None else None
