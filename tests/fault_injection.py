@@ -81,6 +81,22 @@ DRIVER = textwrap.dedent("""
         REPLICATED = {"regions": [{"pipelines": [["norm", "even"]], "replicas": 1}, {"pipelines": [["count"]], "replicas": 2}]}
         sinks = {"counts": FileSink(sink + "/counts"), "evens": FileSink(sink + "/evens")}
         source = {"words": FileSource(inputs, format="json", schema={"word": str, "i": int}, max_files_per_trigger=1)}
+    elif program == "windows":
+        from fissure import Count, Tumbling
+        def seen(state, record):
+            state["n"] = state.get("n", 0) + 1
+        graph = StreamGraph("wordcount-windows")
+        events = graph.source("words", schema={"word": str, "i": int}).map(
+            "norm", lambda r: {"word": r["word"].lower(), "ts": float(r["i"])}, schema={"word": str, "ts": float}
+        ).event_time("ts", lateness=2.0)
+        events.window("count", key="word", window=Tumbling(10.0), aggregate=Count()).sink("counts")
+        events.partitioned("idle", seen, key="word", expire_after=30.0, schema={"word": str, "n": int},
+                           on_expire=lambda state, word: {"word": word, "n": state["n"]}).sink("evens")
+        SEQUENTIAL = {"regions": [{"pipelines": [["norm", "event_time", "count", "idle"]], "replicas": 1}]}
+        REPLICATED = {"regions": [{"pipelines": [["norm", "event_time"]], "replicas": 1},
+                                  {"pipelines": [["count"]], "replicas": 2}, {"pipelines": [["idle"]], "replicas": 2}]}
+        sinks = {"counts": FileSink(sink + "/counts"), "evens": FileSink(sink + "/evens")}
+        source = {"words": FileSource(inputs, format="json", schema={"word": str, "i": int}, max_files_per_trigger=1)}
     else:
         graph = Pipeline("wordcount").map("norm", norm).partitioned("count", count, key="word", schema=COUNTED)
         sinks = FileSink(sink + "/counts")
@@ -121,6 +137,37 @@ def reference(records: list[dict]) -> tuple[list[dict], list[int]]:
         counts[word] = counts.get(word, 0) + 1
         out.append({"word": word, "i": record["i"], "n": counts[word]})
     return out, [record["i"] for record in records if record["i"] % 2 == 0]
+
+
+def window_reference(records: list[dict]) -> tuple[list[tuple], list[tuple]]:
+    """The "windows" program in plain Python (its input comes in event-time order: nothing is
+    late): the count per word and 10 s window, and each word's expiry record (its count)."""
+    windows, seen = {}, {}
+    for record in records:
+        word, start = record["word"].lower(), float(record["i"] // 10 * 10)
+        windows[(word, start)] = windows.get((word, start), 0) + 1
+        seen[word] = seen.get(word, 0) + 1
+    return (sorted((word, start, start + 10.0, n) for (word, start), n in windows.items()),
+            sorted(seen.items()))
+
+
+def time_batch_uncommitted(checkpoint: Path, what: str) -> bool:
+    """A batch whose clock fires windows (`what` "window-emission": its watermark passed the first
+    window's end, 10) or expiries ("expiry": the end of input, where every word's state expires)
+    is in the checkpoint's time log without a commit: the driver is emitting them."""
+    clocks = checkpoint / "fissure-time"
+    if not clocks.is_dir():
+        return False
+    for name in os.listdir(clocks):
+        if name.isdigit() and not (checkpoint / "commits" / str(int(name))).exists():
+            try:
+                clock = json.loads((clocks / name).read_text())
+            except (OSError, ValueError):
+                continue
+            event = clock.get("event")
+            if clock.get("end_of_input") if what == "expiry" else (event and event[1] >= 10.0):
+                return True
+    return False
 
 
 def read_sink(path: Path) -> list[dict]:
@@ -251,6 +298,8 @@ def run_case(work: Path, plan: str, program: str, moment: str, seed: int, *, max
                 if reached_at is None and committed_batches(sink / "counts") >= 1:
                     reached_at = time.monotonic()
                 hit = reached_at is not None and time.monotonic() - reached_at >= delay
+            elif moment in ("window-emission", "expiry"):
+                hit = time_batch_uncommitted(checkpoint, moment)
             elif moment == "repartition":
                 hit = repartition_started(checkpoint)
             else:
@@ -302,7 +351,14 @@ def sink_problems(sink: Path, program: str, records: list[dict]) -> list[str]:
     problems = []
     expected_counts, expected_evens = reference(records)
     counts = read_sink(sink / "counts")
-    if sorted((r["word"], r["i"], r["n"]) for r in counts) != sorted((r["word"], r["i"], r["n"]) for r in expected_counts):
+    if program == "windows":
+        windows, expired = window_reference(records)
+        got = sorted((r["word"], r["window_start"], r["window_end"], r["count"]) for r in counts)
+        if got != windows:
+            problems.append(f"windows differ: {len(got)} rows for {len(windows)} windows ({got[:3]} ...)")
+        if sorted((r["word"], r["n"]) for r in read_sink(sink / "evens")) != expired:
+            problems.append("the expiry records differ")
+    elif sorted((r["word"], r["i"], r["n"]) for r in counts) != sorted((r["word"], r["i"], r["n"]) for r in expected_counts):
         seen = sorted(r["i"] for r in counts)
         problems.append(f"counts differ: {len(counts)} rows for {len(expected_counts)} inputs"
                         f" ({len(seen) - len(set(seen))} duplicated)")

@@ -22,6 +22,8 @@ pytestmark = [pytest.mark.spark, pytest.mark.slow]
     ("adaptive", "chain", "repartition", 14),
     ("adaptive", "graph", "switch", 15),
     ("sequential", "graph", "concurrent", 16),
+    ("sequential", "windows", "window-emission", 17),
+    ("replicated", "windows", "expiry", 18),
 ])
 def test_a_killed_driver_restarted_on_its_checkpoint_loses_and_duplicates_nothing(tmp_path, plan, program, moment,
                                                                                  seed):

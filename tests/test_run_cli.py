@@ -104,6 +104,7 @@ def test_fissure_run_runs_a_graph_with_a_sink_directory_per_sink(tmp_path):
                                           "steady_records_per_s")} == {
         "batches": 1, "input_records": 6, "output_records": 6 + 3, "dead_letters": 0, "steady_records_per_s": None}
     assert 0 < summary["first_batch_s"] <= summary["elapsed_s"] and summary["plan"].startswith("[")
+    assert (summary["state_keys"], summary["state_keys_peak"], summary["late_records"]) == (2, 2, 0)  # u0, u1
     counts = pq.read_table(out / "counts").to_pylist()
     assert sorted((row["user"], row["n"]) for row in counts) == [("u0", 1), ("u0", 2), ("u0", 3),
                                                                 ("u1", 1), ("u1", 2), ("u1", 3)]

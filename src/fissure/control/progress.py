@@ -63,6 +63,18 @@ def progress_form(mode: str, is_terminal: bool) -> ProgressForm:
     return ProgressForm(mode)
 
 
+def watermark_text(watermark: float | None, now_s: float) -> str:
+    """The progress line's time field: the watermark, and how far it is behind `now_s` (the
+    wall clock) when the event times are seconds since the epoch (after 2001); "" without one."""
+    if watermark is None:
+        return ""
+    if watermark == float("-inf"):
+        return "watermark -inf"
+    shown = f"{watermark:.0f}" if abs(watermark) >= 1000 or watermark == int(watermark) else f"{watermark:g}"
+    lag = f" (lag {max(0.0, now_s - watermark):.0f} s)" if 1e9 <= watermark <= now_s + 86400 * 365 else ""
+    return f"watermark {shown}{lag}"
+
+
 @dataclass(frozen=True)
 class ProgressState:
     """What the progress output shows about a run at one moment."""
@@ -73,6 +85,7 @@ class ProgressState:
     dead_letters: int  # total over the run so far
     plan: str  # the plan in force, described
     threads: str = ""  # waiting operators' thread level per worker after the batch: "enrich 8,6"
+    time: str = ""  # the event-time watermark the newest batch ran with, and its lag: "watermark 1700000000 (lag 12 s)"
     decision: str = ""  # an adaptive run's last decision: "keep: ..."
     stall: str = ""  # the watchdog's note on the batch running now: "batch 3 stuck 95 s in 'parse'"
 

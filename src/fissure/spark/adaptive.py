@@ -194,6 +194,11 @@ def run_adaptive_on_spark(
         run_adaptive(observations, realizer, controller, run_clock, injections=planned, on_decision=decided,
                      timeline=timeline)
         lock.check_held()  # the loop ended because another run took the checkpoint over
+        live = queries.current
+        if available_now and live is not None and live.query is not None and not live.query.isActive \
+                and live.query.exception() is None and live.runner.time_aware:
+            live.gate.open()  # the end of input: every window and expiry fires (fissure.spark.time_log)
+            live.runner.finish_input()
     finally:
         queries.close()
         decision_progress.close()
@@ -206,10 +211,19 @@ def run_adaptive_on_spark(
         timeline=timeline, switches=tuple(realizer.switches), timeline_json=paths[0], timeline_png=paths[1],
         queries=queries.queries_started, correction=correction.describe() if correction is not None else None,
         batch_log=tuple(queries.batch_log), batch_times=tuple(observations.times), admissions=queries.admissions,
-        plan_text=describe_plan(controller.plan, pipeline))
+        plan_text=describe_plan(controller.plan, pipeline), **time_summary(queries.batch_log))
     if owned_checkpoint:
         shutil.rmtree(checkpoint, ignore_errors=True)
     return report
+
+
+def time_summary(batch_log: Sequence) -> dict:
+    """A run's state_keys (after the last batch that reported them), state_keys_peak, late_records
+    and watermark, from its queries' batch records."""
+    keys = [batch.state_keys for batch in batch_log if batch.state_keys is not None]
+    marks = [batch.watermark for batch in batch_log if batch.watermark is not None]
+    return {"state_keys": keys[-1] if keys else None, "state_keys_peak": max(keys) if keys else None,
+            "late_records": sum(batch.late_records for batch in batch_log), "watermark": marks[-1] if marks else None}
 
 
 def write_timeline(timeline: Timeline, switches: Sequence[SwitchRecord], run_dir: str, initial: Plan,

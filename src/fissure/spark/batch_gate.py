@@ -39,6 +39,7 @@ class BatchGate:
         self._held: int | None = None
         self._released: int | None = None
         self._abandoning = False
+        self._open = False  # every batch runs without waiting (the loop has ended)
         self._fingerprint = plan_fingerprint(plan)
         self.first_entry_s: float | None = None  # the clock when the query's first batch arrived
         self.first_batch: int | None = None
@@ -53,7 +54,7 @@ class BatchGate:
                     self.first_entry_s, self.first_batch = self._clock(), batch_id
                 self._held = batch_id
                 self._cond.notify_all()
-                while not self._abandoning and self._released != batch_id:
+                while not self._abandoning and not self._open and self._released != batch_id:
                     self._cond.wait()
                 self._held = None
                 if self._abandoning:
@@ -83,6 +84,12 @@ class BatchGate:
         """Batches released from now on run under `plan` (the same physical plan: in-PE switches)."""
         with self._cond:
             self._fingerprint = plan_fingerprint(plan)
+
+    def open(self) -> None:
+        """Let every batch run from now on, unheld (the end-of-input batch after the loop ended)."""
+        with self._cond:
+            self._open = True
+            self._cond.notify_all()
 
     def abandon(self) -> None:
         with self._cond:

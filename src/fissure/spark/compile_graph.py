@@ -40,9 +40,10 @@ from fissure.spark.elastic import WorkerThreads
 from fissure.spark.plans import check_plan, sequential_plan
 from fissure.spark.sources import arrow_schema_of, spark_schema_of
 from fissure.spark.stages import (
-    KEY, KEY_MARK, SPREAD_PREFIX, GraphRegionFunction, GraphStateProcessor, SourceEnvelopeFunction,
-    WorkerProfiling,
+    KEY, KEY_MARK, SPREAD_PREFIX, GraphRegionFunction, GraphStateProcessor, SourceEnvelopeFunction, StageTime,
+    TickEnvelopeFunction, WorkerProfiling,
 )
+from fissure.time_program import TimeLayout
 from fissure.streamgraph import NodeKind, StreamGraph
 from fissure.worker.columns import DEAD_OPERATOR, SEQ
 from fissure.worker.graph_profiling import ProfiledGraphRegion
@@ -80,6 +81,7 @@ class CompiledGraph:
     plan: Plan
     state_partitions: int
     steps: tuple[CompiledStep, ...] = ()
+    time: TimeLayout = TimeLayout()  # the program's time-aware operators, lateness and horizon
 
 
 def _source_envelopes(name: str, index: int, frame: DataFrame, layout: EnvelopeLayout,
@@ -124,7 +126,8 @@ def compile_graph(graph: StreamGraph, source_frames: Mapping[str, DataFrame], *,
                   threads: WorkerThreads | None = None, profiling: WorkerProfiling | None = None,
                   resource_profile_for=lambda processes: None,
                   line_formats: Mapping[str, LineFormat] | None = None,
-                  state_access: StateAccess = StateAccess()) -> CompiledGraph:
+                  state_access: StateAccess = StateAccess(), control_frame: DataFrame | None = None,
+                  time_tally=None) -> CompiledGraph:
     """The query of `graph` under `plan` (default: sequential) over the streaming DataFrames of its
     sources (by source name).
 
@@ -138,7 +141,10 @@ def compile_graph(graph: StreamGraph, source_frames: Mapping[str, DataFrame], *,
     `line_formats`: how the JSON and CSV sources' lines are written (by source name), so that an
     unreadable line's dead letter says what is wrong with it. `state_access`: the key that signs
     pickled state, and whether an earlier fissure's pickled state may be migrated
-    (fissure.worker.state_codec)."""
+    (fissure.worker.state_codec). `control_frame`: the end-of-input control source of a program
+    with time-aware operators (fissure.spark.time_log), unioned with the sources; `time_tally`:
+    the accumulator the keyed stages report event times and key counts into
+    (fissure.worker.time_tally)."""
     line_formats = line_formats or {}
     threads = threads or WorkerThreads()
     for operator in graph.operators:
@@ -171,10 +177,13 @@ def compile_graph(graph: StreamGraph, source_frames: Mapping[str, DataFrame], *,
     # in a Python stage of their own (one Arrow round trip less), unless sequence numbers must be
     # drawn before the stage spreads its input over replicas (a keyed node later orders by them).
     first = stages[0]
-    enveloped_in_first_stage = (len(graph.sources) == 1 and first.kind == "pe"
+    enveloped_in_first_stage = (len(graph.sources) == 1 and first.kind == "pe" and control_frame is None
                                 and ((first.replicas or 1) == 1 or all(stage.kind == "pe" for stage in stages)))
     # A keyed stage's input comes packed by the stage before it (fissure.worker.packing).
-    packs = [_pack_spec(graph, stage, layouts[stage.position], state_partitions, state_access.trust_legacy_pickle)
+    # A time-aware stage runs every bucket in every batch: its keys due without records fire.
+    time_aware = checked.time.fields
+    packs = [_pack_spec(graph, stage, layouts[stage.position], state_partitions,
+                        state_access.trust_legacy_pickle or (stage.kind != "pe" and stage.nodes[0] in time_aware))
              for stage in stages] + [None]
     if enveloped_in_first_stage:
         frame = source_frames[graph.sources[0]]
@@ -184,6 +193,10 @@ def compile_graph(graph: StreamGraph, source_frames: Mapping[str, DataFrame], *,
     else:
         frames = [_source_envelopes(name, index, source_frames[name], layouts[0], packs[0], line_formats.get(name))
                   for index, name in enumerate(graph.sources)]
+        if control_frame is not None:
+            frames.append(control_frame.mapInArrow(TickEnvelopeFunction(layouts[0], packs[0]),
+                                                   spark_schema_of(layouts[0].schema if packs[0] is None
+                                                                   else PACKED_SCHEMA)))
         frame = frames[0]
         for other in frames[1:]:
             frame = frame.unionByName(other)
@@ -228,7 +241,8 @@ def compile_graph(graph: StreamGraph, source_frames: Mapping[str, DataFrame], *,
         packed, pack_next = packs[stage.position] is not None, packs[stage.position + 1]
         processor = GraphStateProcessor(graph, schemas, entering, node.name, forward, leaving, operator_profiling,
                                         packed_input=packed, pack_for=pack_next, stage_position=stage.position,
-                                        publishes=stage is stages[-1], state_access=state_access)
+                                        publishes=stage is stages[-1], state_access=state_access,
+                                        time=StageTime(time_tally, node.name in time_aware, time_aware.get(node.name)))
         if not packed:
             frame = frame.withColumn(KEY, _join_key_column(node, entering, state_partitions))
         output_schema = spark_schema_of(leaving.schema if pack_next is None else PACKED_SCHEMA)
@@ -237,7 +251,8 @@ def compile_graph(graph: StreamGraph, source_frames: Mapping[str, DataFrame], *,
         partitioned = node.kind is not NodeKind.OPERATOR or node.operator.kind is Kind.PARTITIONED
         steps.append(CompiledStep("state", ((node.name,),), "hash" if partitioned else "single", state_partitions,
                                   tuple(node.key) if partitioned else None))
-    return CompiledGraph(frame, layouts[-1], stages, schemas, checked.order, plan, state_partitions, tuple(steps))
+    return CompiledGraph(frame, layouts[-1], stages, schemas, checked.order, plan, state_partitions, tuple(steps),
+                         checked.time)
 
 
 def sink_frame(compiled: CompiledGraph, graph: StreamGraph, sink: str, frame: DataFrame) -> DataFrame:

@@ -64,6 +64,8 @@ def progress_fields(state: ProgressState, waiting_s: float, *, batch_first: bool
     fields += [f"{state.input_records:,} records", f"{state.dead_letters} dead letters"]
     if state.threads:
         fields.append(f"threads {state.threads}")
+    if state.time:
+        fields.append(state.time)
     if state.stall:
         fields.append(state.stall)
     return "".join(field + " | " for field in fields)

@@ -149,13 +149,18 @@ def _run_to_end(program, source, sink, *, limit: BatchLimit | None, checkpoint: 
             remaining_s = None if deadline is None else max(0.0, deadline - clock())
             if limit is None:
                 ended = runner.await_termination(remaining_s)
+                drained = ended and available_now
             elif await_batch_limit(runner, limit, remaining_s):
                 ended = True  # the batches asked for are done: what is left is for a later run
+                drained = False
                 with quiet_spark_loggers(runner.spark, STOP_LOGGERS):
                     limit.stop()  # a held batch raises instead of writing
                     runner.query.stop()
             else:
                 ended = not runner.query.isActive
+                drained = available_now and ended
+            if drained:  # the end of input: every window and expiry fires (not when stopped early)
+                runner.finish_input()
         except Exception as error:
             runner.stop()
             lock = runner_options.get("lock")

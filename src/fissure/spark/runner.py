@@ -33,7 +33,7 @@ from pyspark.sql import Observation, SparkSession
 from pyspark.sql import functions as F
 
 from fissure.graph import OperatorEstimate, Pipeline, PipelineError
-from fissure.control.progress import ProgressState, requested_mode
+from fissure.control.progress import ProgressState, requested_mode, watermark_text
 from fissure.control.watchdog import Stall, judge_batch, report_due, stuck_operator
 from fissure.model.types import Plan
 from fissure.profile.calibration import stored_spark_model
@@ -58,10 +58,15 @@ from fissure.spark.session import QUERY_DEFAULTS, create_session, default_parall
 from fissure.spark.sinks import DeadLetterLog, write_dead_letters
 from fissure.spark.sources import FileSource, check_before_spark, default_file_system, open_source
 from fissure.spark.state import RepartitionRecovery, delete_checkpoint, recover_unfinished_repartition
+from fissure.spark.time_log import (BATCH_CLOCK_PROPERTY, TimeLog, end_of_input_folder, prepare_end_of_input_folder,
+                                    write_end_of_input_marker)
+from fissure.worker.time_tally import TimeTally, TimeTallyParam
+from fissure.worker.timed import LATE
+from fissure.worker.watermark import BatchClock, next_clock
 from fissure.streamgraph import StreamGraph, as_graph
 from fissure.worker.cost_sample import measure_sample_isolated
 from fissure.worker.elastic_stage import BatchThreadLevels
-from fissure.worker.columns import DEAD_OPERATOR
+from fissure.worker.columns import DEAD_ERROR, DEAD_OPERATOR
 from fissure.worker.graph_pe import ROUTE, plan_graph_stages, state_partitions_of
 from fissure.worker.profiling import ProfileTally, ProfileTallyParam
 
@@ -78,6 +83,9 @@ class GraphBatch:
     boundaries: tuple[str, ...]
     dead_letters: int
     output_records: int = 0
+    late_records: int = 0  # dead letters with the reason Late
+    watermark: float | None = None  # the event-time watermark the batch ran with (None: no event time)
+    state_keys: int | None = None  # keys holding state after the batch, over the stateful operators
 
 
 @dataclass(frozen=True)
@@ -119,6 +127,12 @@ class RunReport:
     admissions: tuple[SourceAdmission, ...] = ()  # batch sizes fissure chose for file sources
     plan_text: str = ""  # the plan described when the report was made, with its keys: `[a|b]x2(user)`
     stalls: tuple[Stall, ...] = ()  # the watchdog's reports of stuck batches (fissure.control.watchdog)
+    # Keys holding state after the last batch, summed over the stateful operators (their buckets
+    # this run called; None: no stateful operator ran), and the most after any batch.
+    state_keys: int | None = None
+    state_keys_peak: int | None = None  # the most after any batch
+    late_records: int = 0  # dead letters with the reason Late
+    watermark: float | None = None  # where the event-time watermark ended (None: no event time)
 
     @property
     def output_records(self) -> int:
@@ -143,7 +157,9 @@ class RunReport:
                 "elapsed_s": round(self.elapsed_s, 3),
                 "first_batch_s": round(times[0].duration_s, 3) if times else None,
                 "steady_records_per_s": round(sum(time.input_records for time in later) / later_s, 1)
-                if later and later_s > 0 else None}
+                if later and later_s > 0 else None,
+                "state_keys": self.state_keys, "state_keys_peak": self.state_keys_peak,
+                "late_records": self.late_records}
 
     @property
     def records_per_s(self) -> float:
@@ -363,6 +379,16 @@ class Runner:
         self._running_batch: tuple[int, float, float] | None = None
         self._stall_reported_s: float | None = None
         self._stall_text = ""
+        # Time (fissure.spark.time_log): whether the program has time-aware operators, the
+        # accumulator the stages report into, the batch clocks in the checkpoint.
+        self.time_aware = any(getattr(operator.time, "time_aware", False) for operator in self.graph.operators)
+        self.time_tally = None
+        self.time_log: TimeLog | None = None
+        self._end_of_input_next = False  # the next batch without a clock is the end of input
+        self._stream_frame = None  # the observed envelope frame the query writes (started again at end of input)
+        self.state_keys_peak: int | None = None
+        self.late_records = 0
+        self.watermark: float | None = None
 
     # --- lifecycle ---------------------------------------------------------------------------
     def start(self, available_now: bool = False):
@@ -438,12 +464,19 @@ class Runner:
         if self.config.batch_size == "auto":
             sources, self.admissions = self._sized_sources()
         frames = {name: open_source(sources[name], self.spark) for name in self.graph.sources if name in sources}
+        self.time_tally = self.spark.sparkContext.accumulator(TimeTally(), TimeTallyParam())
+        control_frame = None
+        if self.time_aware:
+            self.time_log = TimeLog(self.lock.store)
+            prepare_end_of_input_folder(self.lock.store)
+            control_frame = self.spark.readStream.text(end_of_input_folder(self.checkpoint))
         line_formats = {name: source.line_format() for name, source in sources.items()
                         if callable(getattr(source, "line_format", None))}
         self.compiled = compile_graph(self.graph, frames, plan=self.plan, boundaries=self.boundaries,
                                       state_partitions=state_partitions, threads=self.threads.worker, profiling=profiling,
                                       resource_profile_for=_resource_profiles(self.spark), line_formats=line_formats,
-                                      state_access=self.config.state_access())
+                                      state_access=self.config.state_access(), control_frame=control_frame,
+                                      time_tally=self.time_tally)
         guard.check_program(program_fingerprint(self.graph, self.compiled.schemas))
         self.recovery = recover_unfinished_repartition(self.spark, self.checkpoint)
         frame = observe_run(self.compiled.frame, [operator.name for operator in self.graph.operators],
@@ -455,19 +488,43 @@ class Runner:
         if self.wrap_batch is not None:
             writer = self.wrap_batch(writer)
         self._batch_function = DetachableBatchFunction(writer)
-        stream = frame.writeStream.foreachBatch(self._batch_function).option("checkpointLocation", self.checkpoint)
+        self._stream_frame = frame
+        self._started_at = time.monotonic()
+        self.progress_output = self._new_progress_output()  # the first batch's wait counts from here
+        self.query = self._stream(available_now).start()
+        self._watcher = threading.Thread(target=self._watch, name="fissure-progress", daemon=True)
+        self._watcher.start()
+        return self.query
+
+    def _stream(self, available_now: bool):
+        stream = self._stream_frame.writeStream.foreachBatch(self._batch_function).option(
+            "checkpointLocation", self.checkpoint)
         if self.query_name:
             stream = stream.queryName(self.query_name)
         if available_now:
             stream = stream.trigger(availableNow=True)
         elif self.config.trigger_interval_s > 0:
             stream = stream.trigger(processingTime=f"{self.config.trigger_interval_s} seconds")
-        self._started_at = time.monotonic()
-        self.progress_output = self._new_progress_output()  # the first batch's wait counts from here
-        self.query = stream.start()
-        self._watcher = threading.Thread(target=self._watch, name="fissure-progress", daemon=True)
-        self._watcher.start()
-        return self.query
+        return stream
+
+    def finish_input(self) -> bool:
+        """End of input, after an available-now query drained its sources and ended: one more
+        micro-batch whose watermark passes every event (the largest + the program's horizon), so
+        every window, session and expiry fires (fissure.spark.time_log). It reads a marker the
+        runner writes into the checkpoint's control folder, and runs as a second available-now
+        query on the same checkpoint: a crash in it replays that batch with the same clock.
+        False (nothing done): no time-aware operator, or the query is still running."""
+        self._require_started()
+        if not self.time_aware or self.query.isActive:
+            return False
+        self._collect_progress()
+        write_end_of_input_marker(self.lock.store)
+        self._end_of_input_next = True
+        self.query = self._stream(True).start()
+        self.query.awaitTermination()
+        if self.lock is not None:
+            self.lock.check_held()
+        return True
 
     def _sized_sources(self):
         """The sources with a batch size on each file source given none (fissure.spark.batch_admission)."""
@@ -554,7 +611,9 @@ class Runner:
                          thread_levels=self.threads.batches if self.threads is not None else (),
                          batch_log=tuple(self.batch_log), boundaries=self.boundaries, decisions=self.decisions,
                          batch_times=self.batch_times(), admissions=self.admissions,
-                         plan_text=describe_plan(self.plan, self.pipeline), stalls=tuple(self.stalls))
+                         plan_text=describe_plan(self.plan, self.pipeline), stalls=tuple(self.stalls),
+                         state_keys=self.state_keys, state_keys_peak=self.state_keys_peak,
+                         late_records=self.late_records, watermark=self.watermark)
 
     def batch_times(self) -> tuple[BatchTime, ...]:
         return tuple(BatchTime(batch_id, self._seen_batches[batch_id], seconds)
@@ -593,13 +652,18 @@ class Runner:
         context = self.spark.sparkContext
         context.setLocalProperty(BOUNDARIES_PROPERTY, json.dumps({self.graph.name: list(boundaries)}))
         context.setLocalProperty(PUBLISHED_PROPERTY, publication.text())
+        clock = self._batch_clock(batch_id)
+        if clock is not None:
+            context.setLocalProperty(BATCH_CLOCK_PROPERTY, clock.to_json())
         started_s = time.monotonic()
         frame = frame.persist()
         try:
-            dead_count, written = self._write_sinks(frame, batch_id)
+            dead_count, written, late = self._write_sinks(frame, batch_id)
         finally:
             frame.unpersist()
-        record = GraphBatch(batch_id, time.monotonic() - started_s, boundaries, dead_count, written)
+        state_keys = self._after_batch(batch_id, clock, late)
+        record = GraphBatch(batch_id, time.monotonic() - started_s, boundaries, dead_count, written, late,
+                            clock.event.current if clock is not None and clock.event is not None else None, state_keys)
         self.batch_log.append(record)
         for listener in list(self.listeners.on_batch):
             try:
@@ -607,7 +671,49 @@ class Runner:
             except Exception as error:  # noqa: BLE001 - a listener must not fail the batch
                 print(f"fissure: batch listener failed: {error!r}", file=sys.stderr)
 
-    def _write_sinks(self, frame, batch_id: int) -> tuple[int, int]:
+    def _batch_clock(self, batch_id: int) -> BatchClock | None:
+        """The clock micro-batch `batch_id` runs with: the one written before it ran, when it runs
+        again; else made from the batch before's and written to the checkpoint before it runs."""
+        if not self.time_aware:
+            return None
+        recorded = self.time_log.clock(batch_id)
+        if recorded is not None:
+            self._end_of_input_next = self._end_of_input_next and not recorded.end_of_input
+            return recorded
+        layout = self.compiled.time
+        fields = layout.fields.values()
+        clock = next_clock(batch_id, self.time_log.last_before(batch_id), layout.lateness, layout.horizon,
+                           event_time=any(field is not None for field in fields),
+                           processing_time=any(field is None for field in fields), now_s=time.time(),
+                           end_of_input=self._end_of_input_next)
+        self._end_of_input_next = False
+        self.time_log.write(clock)
+        return clock
+
+    def _after_batch(self, batch_id: int, clock: BatchClock | None, late: int) -> int | None:
+        """After a batch wrote its sinks: its largest event time into its clock (the next batch's
+        watermark), the run's state keys and late records."""
+        tally = self.time_tally.value if self.time_tally is not None else TimeTally()
+        if clock is not None:
+            self.time_log.write(clock.ran(tally.largest.get(batch_id)))
+            if clock.event is not None:
+                self.watermark = clock.event.current
+        self.late_records += late
+        if not tally.keys:
+            return None
+        state_keys = sum(keys for _, keys in tally.keys.values())
+        self.state_keys_peak = max(self.state_keys_peak or 0, state_keys)
+        return state_keys
+
+    @property
+    def state_keys(self) -> int | None:
+        """Keys holding state now, summed over the stateful operators (the buckets the run has
+        called: every bucket of a time-aware operator; a plain partitioned operator's buckets
+        once they got records in this run)."""
+        tally = self.time_tally.value if self.time_tally is not None else None
+        return sum(keys for _, keys in tally.keys.values()) if tally is not None and tally.keys else None
+
+    def _write_sinks(self, frame, batch_id: int) -> tuple[int, int, int]:
         """Every sink's rows and the dead letters of a persisted micro-batch; (dead letters,
         records written). One observation counts both on the first action over the batch: a
         sink that reads every row (FileSink, MemorySink, NoopSink) when the first sink is one,
@@ -617,6 +723,7 @@ class Runner:
         live = F.col(DEAD_OPERATOR).isNull()
         routes = [self.compiled.layout.route_of(self.graph.sink_node(sink).inputs[0]) for sink in self.graph.sinks]
         observed = frame.observe(observation, F.count_if(~live).alias("dead"),
+                                 F.count_if(~live & F.col(DEAD_ERROR).startswith(f"{LATE}:")).alias("late"),
                                  *[F.count_if(live & (F.col(ROUTE) == route)).alias(f"sink{index}")
                                    for index, route in enumerate(routes)])
         first, *others = self.graph.sinks
@@ -631,7 +738,8 @@ class Runner:
             self.sinks[first].write(sink_frame(self.compiled, self.graph, first, frame), batch_id)
         for sink in others:
             self.sinks[sink].write(sink_frame(self.compiled, self.graph, sink, frame), batch_id)
-        return dead_count, sum(int(counts[f"sink{index}"]) for index in range(len(routes)))
+        return (dead_count, sum(int(counts[f"sink{index}"]) for index in range(len(routes))),
+                int(counts["late"] or 0))
 
     # --- profile -----------------------------------------------------------------------------
     def profile_summary(self) -> ProfileSummary | None:
@@ -674,6 +782,7 @@ class Runner:
                 dead_letters=self.dead_letter_log.count,
                 plan=describe_plan(self.plan, self.pipeline),
                 threads=self.threads.latest_text() if self.threads is not None else "",
+                time=watermark_text(self.watermark, time.time()),
             )
 
     def _watched(self, writer: Callable) -> Callable:

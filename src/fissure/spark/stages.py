@@ -30,8 +30,12 @@ from fissure.worker.graph_pe import EnvelopeLayout, GraphStage, StageProfiling, 
 from fissure.worker.key_buckets import SubBucketStore
 from fissure.worker.keyed import StatefulStep, run_group, run_keys
 from fissure.worker.state_codec import StateAccess, StateCodec
-from fissure.worker.packing import PACKED_KEY, PackSpec, pack, unpack
-from fissure.worker.profiling import RECORDS_IN, ProfiledUpdate
+from fissure.worker.packing import PACKED_KEY, PackSpec, empty_groups, pack, unpack
+from fissure.worker.timed import max_event_time, per_key_step
+from fissure.worker.time_tally import TimeTally
+from fissure.worker.watermark import BatchClock, Deadlines
+from fissure.spark.time_log import BATCH_CLOCK_PROPERTY
+from fissure.worker.profiling import RECORDS_IN, ProfiledKeyFunction, ProfiledUpdate
 from fissure.worker.report_rows import report_envelope, report_text, reported_counts
 from fissure.worker.source_rows import LineFormat, carried_source_batch
 from fissure.worker.region import processing_element
@@ -92,6 +96,42 @@ def task_property(name: str) -> str | None:
         return None
 
 
+@dataclass(frozen=True)
+class StageTime:
+    """What a keyed stage needs of the program's time (fissure.spark.time_log): the run's
+    TimeTally accumulator (None: nothing reported), whether the node is time-aware and the
+    event-time field it reads (None: processing time)."""
+
+    tally: object = None
+    time_aware: bool = False
+    field: str | None = None
+
+
+def task_clock() -> BatchClock:
+    """The clock the driver set for this task's micro-batch (fissure.spark.time_log)."""
+    text = task_property(BATCH_CLOCK_PROPERTY)
+    if not text:
+        raise RuntimeError("fissure: a time-aware operator ran without its micro-batch's clock (the Spark local "
+                           f"property {BATCH_CLOCK_PROPERTY!r} is unset); run the program with fissure.run or Runner")
+    return BatchClock.from_json(text)
+
+
+def task_batch() -> int | None:
+    """This task's micro-batch id (Spark's own local property), None when unknown."""
+    text = task_property("streaming.sql.batchId")
+    return int(text) if text and text.lstrip("-").isdigit() else None
+
+
+def task_attempt() -> int | None:
+    try:
+        from pyspark import TaskContext
+
+        context = TaskContext.get()
+        return context.taskAttemptId() if context is not None else None
+    except Exception:  # noqa: BLE001
+        return None
+
+
 def task_boundaries(graph_name: str) -> list[str] | None:
     """The boundaries the driver set for this task's micro-batch (None: unset)."""
     try:
@@ -143,14 +183,19 @@ class GraphRegionFunction:
         element = processing_element([[piece] for piece in pieces], self.region_id)
         if self.source_envelopes is not None:
             batches = self.source_envelopes(batches)
+        packed_any = False
         for batch in element.process(batches):
             if batch.num_rows:
                 batch = self.output_layout.conform(batch)
+                packed_any = True
                 yield batch if self.pack_for is None else pack(batch, self.pack_for)
         if report:
             row = self.report_batch(None)
             if row is not None:
+                packed_any = True
                 yield row
+        if not packed_any and self.pack_for is not None and self.pack_for.every_group:
+            yield empty_groups(self.output_layout.schema, self.pack_for)
 
     def report_batch(self, operators: Mapping[str, Sequence[float]] | None) -> pa.RecordBatch | None:
         """This task's report row: the operators' counts of the call, the published text in the
@@ -180,14 +225,18 @@ class GraphStateProcessor(StatefulProcessor):
 
     STATE_NAME = "fissure_state"
     KEYS_STATE_NAME = "fissure_key_buckets"  # a bucket's sub-buckets of keys (fissure.worker.key_buckets)
+    # A time-aware operator's bucket: when each of its keys next fires (JSON of Deadlines).
+    DEADLINES_STATE_NAME = "fissure_deadlines"
 
     def __init__(self, graph: StreamGraph, schemas, layout: EnvelopeLayout, node_name: str,
                  forward_inputs: Sequence[str], output_layout: EnvelopeLayout | None = None,
                  profiling: WorkerProfiling | None = None, packed_input: bool = False,
                  pack_for: PackSpec | None = None, stage_position: int = 0, publishes: bool = False,
-                 state_access: StateAccess = StateAccess()) -> None:
+                 state_access: StateAccess = StateAccess(), time: StageTime = StageTime()) -> None:
         self.graph, self.schemas, self.layout = graph, schemas, layout
         self.state_access = state_access
+        self.time = time
+        self._grouped_task = None  # the task attempt that already sent every group on (see handleInputRows)
         self.stage_position = stage_position
         self.publishes = publishes  # the query's last stage: see GraphRegionFunction
         self.profiling = profiling
@@ -213,6 +262,8 @@ class GraphStateProcessor(StatefulProcessor):
         if self.bucketed:
             self._state = handle.getMapState(self.KEYS_STATE_NAME, "entry int", "value binary")
             self._batched_state = BatchedMapState(self._state)
+            if self.time.time_aware:
+                self._deadlines = handle.getValueState(self.DEADLINES_STATE_NAME, "value binary")
         else:
             self._state = handle.getValueState(self.STATE_NAME, "value binary")
 
@@ -225,6 +276,7 @@ class GraphStateProcessor(StatefulProcessor):
             frame = frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)
             batch = carried_batch_from_pandas(frame, self.input_schema).select(self.layout.schema.names)
             spread = str(key[0]).startswith(SPREAD_PREFIX)
+        self._bucket = int(key[0]) if self.node.kind is not NodeKind.JOIN else 0  # a join's key is its text
         update = self._step.fn if self._step is not None else None
         counted = update.live_counts() if not spread and isinstance(update, ProfiledUpdate) else None
         counted_before = list(counted) if counted is not None else None
@@ -246,6 +298,14 @@ class GraphStateProcessor(StatefulProcessor):
             text = report_text(self.stage_position, task_property(PUBLISHED_PROPERTY) if self.publishes else None,
                                operators)
             result = assemble([result, report_envelope(self.output_layout.schema, text)], self.output_layout.schema)
+        if self.pack_for is not None and self.pack_for.every_group:
+            # A time-aware stage follows: every bucket of it runs in the batch (its due keys
+            # fire), from the first call of each task here; pack() adds them to calls with rows.
+            attempt = task_attempt()
+            if attempt != self._grouped_task:
+                self._grouped_task = attempt
+                if not result.num_rows:
+                    yield pandas_frame(empty_groups(self.output_layout.schema, self.pack_for))
         if result.num_rows:
             yield pandas_frame(result if self.pack_for is None else pack(result, self.pack_for))
 
@@ -272,12 +332,16 @@ class GraphStateProcessor(StatefulProcessor):
 
     def _run_operator(self, carried: pa.RecordBatch) -> pa.RecordBatch:
         """A stateful operator over a group's carried input rows: a bucket's keys or the one state."""
-        codec = self._step.codec
+        codec = self._step.state_codec
         if self.bucketed:
             state = self._batched_state
             keys = SubBucketStore(state.read, state.write, codec, remove=state.remove, entries=state.entries)
-            result = run_keys(self._step, carried, keys.load, keys.store, keys.prefetch)
+            if self._step.per_key:
+                result = self._run_per_key(carried, keys)
+            else:
+                result = run_keys(self._step, carried, keys.load, keys.store, keys.prefetch)
             keys.flush()
+            self._report_keys(keys.keys)
             return result
         stored, migrated = self._state.get(), False
         if stored is not None and codec.is_legacy(stored[0]):  # an earlier fissure's pickle: only while migrating
@@ -289,10 +353,50 @@ class GraphStateProcessor(StatefulProcessor):
             self._state.clear()
         elif result.state is not None or migrated:
             self._state.update((codec.seal(result.state if result.state is not None else stored[0]),))
+        self._report_keys(0 if result.deleted or (stored is None and result.state is None) else 1)
         return result.batch
+
+    def _run_per_key(self, carried: pa.RecordBatch, keys: SubBucketStore) -> pa.RecordBatch:
+        """A window, aggregate, deduplication or expiring operator over a bucket's keys: those
+        with records in the batch, then those due at the batch's clock (fissure.worker.keyed)."""
+        if not self.time.time_aware:  # an aggregate without expiry: no time
+            return run_keys(self._step, carried, keys.load, keys.store, keys.prefetch)
+        clock = task_clock()
+        time = clock.time_of(self.time.field)
+        stored = self._deadlines.get()
+        deadlines = Deadlines(json.loads(stored[0]) if stored is not None else None)
+        due = deadlines.due(time.current)
+        result = run_keys(self._step, carried, keys.load, keys.store, keys.prefetch, time=time, due=due,
+                          deadline=deadlines.set)
+        if len(deadlines):
+            self._deadlines.update((json.dumps(deadlines.deadlines).encode(),))
+        elif stored is not None:
+            self._deadlines.clear()
+        if self.time.field is not None and self.time.tally is not None and carried.num_rows:
+            live = carried.filter(carried.column(carried.schema.get_field_index(DEAD_OPERATOR)).is_null())
+            largest = max_event_time(live.column(self.time.field).to_pylist()) if live.num_rows else None
+            if largest is not None:
+                tally = TimeTally()
+                tally.saw(clock.batch, largest)
+                self.time.tally.add(tally)
+        return result
+
+    def _report_keys(self, count: int) -> None:
+        """The keys this call's bucket (or the unkeyed state) holds now: the run's state_keys."""
+        batch = task_batch()
+        if self.time.tally is None or batch is None:
+            return
+        tally = TimeTally()
+        tally.held(batch, self.node.name, self._bucket, count)
+        self.time.tally.add(tally)
 
     def _stateful_step(self) -> StatefulStep:
         node, operator = self.node, self.node.operator
+        if operator.per_key:
+            wrap = None if self.profiling is None else (lambda function: ProfiledKeyFunction(
+                function, operator.name, self.profiling.accumulator, self.profiling.timed_every_records))
+            return per_key_step(operator, self.schemas[node.inputs[0]], self.schemas[node.name],
+                                self.time.field if self.time.time_aware else None, wrap)
         fn = operator.fn if self.profiling is None else ProfiledUpdate(
             operator.fn, operator.name, self.profiling.accumulator, self.profiling.timed_every_records)
         access = self.state_access
@@ -322,10 +426,29 @@ class SourceEnvelopeFunction:
         from pyspark import TaskContext
 
         first_seq = (self.index << SOURCE_SHIFT) + (TaskContext.get().partitionId() << SEQ_PARTITION_SHIFT)
+        packed_any = False
         for batch in batches:
             carried = carried_source_batch(batch, self.source_schema, first_seq, self.name, self.line_format)
             first_seq += batch.num_rows
             envelopes = self.layout.wrap(carried, self.name)
+            packed_any = packed_any or envelopes.num_rows > 0
             yield envelopes if self.pack_for is None else pack(envelopes, self.pack_for)
+        if not packed_any and self.pack_for is not None and self.pack_for.every_group:
+            yield empty_groups(self.layout.schema, self.pack_for)
+
+
+class TickEnvelopeFunction:
+    """mapInArrow function of the end-of-input control source (fissure.spark.time_log): one
+    report envelope per task that read a marker line, with no operator's counts. Every stage
+    passes it on (fissure.worker.report_rows), so each keyed stage is called at least once and
+    sends every bucket of a time-aware stage after it on; no sink reads it, it is no dead letter."""
+
+    def __init__(self, layout: EnvelopeLayout, pack_for: PackSpec | None = None) -> None:
+        self.layout, self.pack_for = layout, pack_for
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        if sum(batch.num_rows for batch in batches):
+            envelope = report_envelope(self.layout.schema, report_text(-1, None, None))
+            yield envelope if self.pack_for is None else pack(envelope, self.pack_for)
 
 

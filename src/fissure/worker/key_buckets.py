@@ -163,6 +163,11 @@ class SubBucketStore:
             self._read_entries(range(self._layout.sub_buckets))
             self._changed.update(range(self._layout.sub_buckets))
 
+    @property
+    def keys(self) -> int:
+        """The keys the bucket holds (after `flush`: as stored)."""
+        return max(0, self._layout.keys + self._added)
+
     def _address(self, key: str) -> int:
         address = self._addresses.get(key)
         if address is None:

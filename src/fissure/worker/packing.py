@@ -134,6 +134,15 @@ def pack(batch: pa.RecordBatch, spec: PackSpec) -> pa.RecordBatch:
                                       schema=PACKED_SCHEMA)
 
 
+def empty_groups(schema: pa.Schema, spec: PackSpec) -> pa.RecordBatch:
+    """A packed row without records for every group of `spec`: what makes a keyed stage call
+    every bucket in a batch (a time-aware operator's keys that are due fire there)."""
+    groups = list(range(spec.buckets)) if spec.key_columns is not None else [0]
+    empty = _ipc_bytes(pa.RecordBatch.from_pylist([], schema=schema))
+    return pa.RecordBatch.from_arrays([pa.array(groups, pa.int32()), pa.array([empty] * len(groups), pa.binary())],
+                                      schema=PACKED_SCHEMA)
+
+
 def unpack(payloads: Iterable[bytes], schema: pa.Schema) -> pa.RecordBatch:
     """The envelopes of packed rows' payloads, as one batch of `schema`."""
     batches = [batch for payload in payloads

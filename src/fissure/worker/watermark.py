@@ -12,8 +12,10 @@ Operators on processing time (expiry without event time) use the batch's own tim
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Iterable
+from dataclasses import asdict, dataclass, replace
 
 from fissure.worker.keyed import BatchTime
 
@@ -95,3 +97,74 @@ class Deadlines:
 
     def __len__(self) -> int:
         return len(self.deadlines)
+
+
+@dataclass(frozen=True)
+class BatchClock:
+    """The times one micro-batch of a query on Spark runs its time-aware operators with. The
+    driver makes it from the clock of the batch before (`next_clock`) and writes it to the
+    checkpoint before the batch runs, so a batch run again after a crash or a plan switch runs
+    with the same times; `largest` (the largest event time through the batch) is added once the
+    batch ran, for the next batch's watermark."""
+
+    batch: int
+    event: BatchTime | None  # the query's watermarks (None: no operator on event time)
+    processing: BatchTime | None  # the batch times of operators on processing time
+    end_of_input: bool = False
+    largest_before: float | None = None  # the largest event time of the batches before
+    processing_last: float = NEVER  # what the next batch's processing `previous` is
+    largest: float | None = None  # the largest event time through this batch, once it ran
+    done: bool = False  # `largest` is known
+
+    def time_of(self, field: str | None) -> BatchTime | None:
+        """The BatchTime of an operator reading event-time `field` (None: processing time)."""
+        return self.event if field is not None else self.processing
+
+    def ran(self, batch_largest: float | None) -> "BatchClock":
+        """This clock once its batch ran, the largest event time its operators saw being `batch_largest`."""
+        largest = self.largest_before
+        if batch_largest is not None and (largest is None or batch_largest > largest):
+            largest = batch_largest
+        return replace(self, largest=largest, done=True)
+
+    def to_json(self) -> str:
+        """JSON (Python's, with -Infinity and Infinity for the watermarks before and after all)."""
+        document = asdict(self)
+        for name in ("event", "processing"):
+            value = getattr(self, name)
+            document[name] = None if value is None else [value.previous, value.current]
+        return json.dumps(document, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> "BatchClock":
+        document = json.loads(text)
+        for name in ("event", "processing"):
+            value = document.get(name)
+            document[name] = None if value is None else BatchTime(float(value[0]), float(value[1]))
+        return cls(**document)
+
+
+def next_clock(batch: int, before: BatchClock | None, lateness: float | None, horizon: float, *,
+               event_time: bool, processing_time: bool, now_s: float, end_of_input: bool = False) -> BatchClock:
+    """The clock of micro-batch `batch`, from the clock of the last batch that ran before it
+    (None: the first), by the rules of `Watermark` and `ProcessingTime`, the in-process
+    reference: W = max(the batch before's, largest event time before - lateness); end of input
+    goes to largest + horizon (processing time: infinity)."""
+    if before is not None and not before.done:
+        raise ValueError(f"batch {before.batch}'s clock has no largest event time: it never finished, so batch "
+                         f"{batch} cannot have run after it")
+    largest = before.largest if before is not None else None
+    event = None
+    if event_time:
+        watermark = Watermark(lateness)
+        watermark.largest = largest
+        if before is not None and before.event is not None:
+            watermark.last = watermark.floor = before.event.current
+        event = watermark.end_of_input(horizon) if end_of_input else watermark.begin_batch()
+    processing, processing_last = None, before.processing_last if before is not None else NEVER
+    if processing_time:
+        clock = ProcessingTime()
+        clock.last = processing_last
+        processing = clock.batch(now_s, end_of_input)
+        processing_last = clock.last
+    return BatchClock(batch, event, processing, end_of_input, largest, processing_last)
