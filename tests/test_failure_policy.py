@@ -159,6 +159,7 @@ class FakeRunner:
     script: list = []
     clock = None
     starts = 0
+    finished = 0
 
     def __init__(self, *args, **kwargs) -> None:
         self.spark = None
@@ -172,6 +173,9 @@ class FakeRunner:
 
     def await_termination(self, timeout_s=None):
         return True
+
+    def finish_input(self):  # the end of input of a bounded run (time-aware operators fire)
+        FakeRunner.finished += 1
 
     def stop(self):
         return "report"
