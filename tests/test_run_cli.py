@@ -179,8 +179,9 @@ def test_bad_schema_is_a_usage_error(tmp_path, capsys):
     assert "--schema item 'user:text' is not name:type" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("flags, ui", [([], False), (["--spark-ui"], True)])
-def test_spark_ui_flag_turns_the_ui_on_only_when_asked(tmp_path, monkeypatch, flags, ui):
+@pytest.mark.parametrize("flags, ui, address", [([], False, "127.0.0.1"), (["--spark-ui"], True, "127.0.0.1"),
+                                                 (["--spark-ui=0.0.0.0"], True, "0.0.0.0")])
+def test_spark_ui_flag_turns_the_ui_on_only_when_asked(tmp_path, monkeypatch, flags, ui, address):
     import fissure
 
     (tmp_path / "pipeline.py").write_text(PIPELINE_FILE)
@@ -195,6 +196,7 @@ def test_spark_ui_flag_turns_the_ui_on_only_when_asked(tmp_path, monkeypatch, fl
     assert main(["run", f"{tmp_path / 'pipeline.py'}:build", "--source", str(tmp_path / "in"), *JSON_SOURCE,
                  "--run-dir", str(tmp_path / "run"), *flags]) == 130
     assert seen["config"].spark_ui is ui
+    assert seen["config"].spark_ui_address == address  # loopback unless named
 
 
 def test_conf_flags_become_the_sessions_spark_settings(tmp_path, monkeypatch):

@@ -71,8 +71,9 @@ def register(subparsers) -> None:
     parser.add_argument("--plan", default="planner", help="planner (default), sequential, or a JSON plan file")
     parser.add_argument("--master", default="local[*,4]",
                         help="Spark master URL (default: local[*,4]: every core, a failed task tried up to 4 times)")
-    parser.add_argument("--spark-ui", action="store_true",
-                        help="run Spark's web UI and print its address (off by default: it slows the start)")
+    parser.add_argument("--spark-ui", nargs="?", const="127.0.0.1", default=None, metavar="ADDRESS",
+                        help="run Spark's web UI and print its address (off by default: it slows the start); it "
+                             "listens on loopback unless ADDRESS names another (it has no login)")
     parser.add_argument("--checkpoint", help="checkpoint directory (restart from it; default: in the run directory)")
     parser.add_argument("--run-dir", help="directory for Spark's log and the default checkpoint "
                                           "(default: a new temporary directory)")
@@ -185,7 +186,8 @@ def handle(args) -> int:
         else:
             source = source_of(source_url, args.source)
         config = fissure.RunnerConfig(master=args.master, batch_size="all" if args.all_per_batch else "auto",
-                                      batch_latency_bound_s=args.latency_bound, spark_ui=args.spark_ui,
+                                      batch_latency_bound_s=args.latency_bound, spark_ui=args.spark_ui is not None,
+                                      spark_ui_address=args.spark_ui or "127.0.0.1",
                                       state_migration="trust-pickle" if args.migrate_pickled_state else None)
     except ValueError as error:
         raise UsageError(str(error)) from None
