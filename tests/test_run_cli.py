@@ -197,6 +197,24 @@ def test_spark_ui_flag_turns_the_ui_on_only_when_asked(tmp_path, monkeypatch, fl
                  "--run-dir", str(tmp_path / "run"), *flags]) == 130
     assert seen["config"].spark_ui is ui
     assert seen["config"].spark_ui_address == address  # loopback unless named
+    assert seen["config"].batch_sample_costs is True
+
+
+def test_no_cost_sample_flag_keeps_the_declared_costs(tmp_path, monkeypatch):
+    import fissure
+
+    (tmp_path / "pipeline.py").write_text(PIPELINE_FILE)
+    write_inputs(tmp_path / "in")
+    seen = {}
+
+    def fake_run(*args, config, **kwargs):
+        seen["config"] = config
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(fissure, "run", fake_run)
+    assert main(["run", f"{tmp_path / 'pipeline.py'}:build", "--source", str(tmp_path / "in"), *JSON_SOURCE,
+                 "--run-dir", str(tmp_path / "run"), "--no-cost-sample"]) == 130
+    assert seen["config"].batch_sample_costs is False
 
 
 def test_conf_flags_become_the_sessions_spark_settings(tmp_path, monkeypatch):

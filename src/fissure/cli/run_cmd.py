@@ -64,6 +64,10 @@ def register(subparsers) -> None:
                        help="at most this many KiB of files per micro-batch")
     batch.add_argument("--all-per-batch", action="store_true",
                        help="every new file in one micro-batch (default: a size chosen from the Spark model)")
+    parser.add_argument("--no-cost-sample", dest="cost_sample", action="store_false",
+                        help="size micro-batches from the operators' declared costs; by default they are measured "
+                             "once per checkpoint by running the operators on the first file's first records in a "
+                             "separate process")
     parser.add_argument("--latency-bound", type=float, default=None, metavar="SECONDS",
                         help="with the chosen batch size: keep a micro-batch under this many seconds")
     parser.add_argument("--sink", help="output directory (Parquet, one folder per batch); default: print results")
@@ -186,7 +190,8 @@ def handle(args) -> int:
         else:
             source = source_of(source_url, args.source)
         config = fissure.RunnerConfig(master=args.master, batch_size="all" if args.all_per_batch else "auto",
-                                      batch_latency_bound_s=args.latency_bound, spark_ui=args.spark_ui is not None,
+                                      batch_latency_bound_s=args.latency_bound, batch_sample_costs=args.cost_sample,
+                                      spark_ui=args.spark_ui is not None,
                                       spark_ui_address=args.spark_ui or "127.0.0.1",
                                       state_migration="trust-pickle" if args.migrate_pickled_state else None)
     except ValueError as error:

@@ -48,6 +48,8 @@ class RunnerConfig:
     # one batch, as Spark does. With `batch_sample_costs`, the model's operator costs are measured
     # first in the driver on the sources' first records (fissure.worker.cost_sample; skipped when an
     # operator declares `waits=`, whose calls may reach outside systems); else the declared hints.
+    # The sample runs the program's operators in a forked driver process at a checkpoint's first
+    # start only (a line on stderr says so); later starts on it read the costs it kept.
     batch_size: str = "auto"
     batch_fixed_share: float = 0.1
     batch_latency_bound_s: float | None = None

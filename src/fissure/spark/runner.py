@@ -41,8 +41,8 @@ from fissure.profile.log import profile_log_path
 from fissure.profile.settings import ProfileSettings
 from fissure.profile.window import BatchProfile, ProfileSummary, render_table
 from fissure.program_fingerprint import program_fingerprint
-from fissure.spark.batch_admission import (SourceAdmission, admit_file_sources, model_batch_cost, needs_size,
-                                           sample_rows)
+from fissure.spark.batch_admission import (SAMPLE_RECORD, SourceAdmission, admit_file_sources, first_file,
+                                           model_batch_cost, needs_size, recorded_sample, sample_record, sample_rows)
 from fissure.spark.checkpoint_files import open_store
 from fissure.spark.checkpoint_guard import StartGuard
 from fissure.spark.checkpoint_lock import CheckpointLock
@@ -426,7 +426,7 @@ class Runner:
                                     detect=self.config.detect_waiting_operators and self.profiler is not None)
         sources = self.sources
         if self.config.batch_size == "auto":
-            sources, self.admissions = self._sized_sources()
+            sources, self.admissions = self._sized_sources(self.lock.store)
         frames = {name: open_source(sources[name], self.spark) for name in self.graph.sources if name in sources}
         line_formats = {name: source.line_format() for name, source in sources.items()
                         if callable(getattr(source, "line_format", None))}
@@ -459,12 +459,13 @@ class Runner:
         self._watcher.start()
         return self.query
 
-    def _sized_sources(self):
-        """The sources with a batch size on each file source given none (fissure.spark.batch_admission)."""
+    def _sized_sources(self, store):
+        """The sources with a batch size on each file source given none (fissure.spark.batch_admission);
+        `store`: the checkpoint's files (where the measured operator costs are kept)."""
         if not any(needs_size(source) for source in self.sources.values()):
             return self.sources, ()  # no model to evaluate, no calibration file to read
         settings, _ = stored_spark_model()
-        estimates, costs = self._sampled_estimates()
+        estimates, costs = self._sampled_estimates(store)
         cost = model_batch_cost(self.pipeline.operator_stats(estimates), self.plan,
                                 default_parallelism(self.spark), settings)
         sources, admissions = admit_file_sources(self.sources, cost, fixed_share=self.config.batch_fixed_share,
@@ -473,28 +474,45 @@ class Runner:
             log.info("%s", admission.describe())
         return sources, admissions
 
-    def _sampled_estimates(self) -> tuple[Mapping[str, OperatorEstimate] | None, str]:
+    def _sampled_estimates(self, store) -> tuple[Mapping[str, OperatorEstimate] | None, str]:
         """Operator estimates for sizing batches: measured on the first records of each file
         source (fissure.worker.cost_sample), under the ones the caller gave; and where they came from.
-        A program that fails on its sample keeps its declared costs (its batches will say why)."""
+        A program that fails on its sample keeps its declared costs (its batches will say why).
+
+        The sample runs the user's operators (in a forked process of the driver), so it runs once
+        per checkpoint and says so: the costs are kept in the checkpoint (`SAMPLE_RECORD`), and a
+        later start of the same program on it (a restart after a crash, a resumed run) reads them."""
         if not self.config.batch_sample_costs:
             return self.estimates, SourceAdmission.costs
         waiting = [operator.name for operator in self.graph.operators if operator.hints.waits is not None]
         if waiting:
             return self.estimates, f"{SourceAdmission.costs} (no sample: {', '.join(waiting)} declare waits=)"
+        operators = [operator.name for operator in self.graph.operators]
+        sample = recorded_sample(store.read(SAMPLE_RECORD), operators)
+        if sample is not None:
+            kept = sample.describe() + " (at the checkpoint's first start)"
+            return {**sample.estimates, **(self.estimates or {})}, kept
         try:
-            rows, schemas = {}, {}
+            rows, schemas, files = {}, {}, []
             for name, source in self.sources.items():
                 sampled = sample_rows(source) if isinstance(source, FileSource) else None
                 if sampled is not None:
                     rows[name], schemas[name] = sampled
+                    files.append(str(first_file(source)))
             if not rows:
                 return self.estimates, SourceAdmission.costs
+            print(f"fissure: measuring the operators' costs on the first records of {', '.join(files)} to size the "
+                  f"micro-batches: runs the program's operators in a separate process, once per checkpoint "
+                  f"(off: --no-cost-sample, RunnerConfig(batch_sample_costs=False))", file=sys.stderr)
             sample = measure_sample_isolated(self.graph, rows, schemas)
         except Exception as error:  # noqa: BLE001 - any failure of the user's code or files on the sample
             log.warning("measuring operator costs on a sample failed (%s); batch sizes follow the declared costs",
                         error)
             return self.estimates, f"{SourceAdmission.costs} (measuring them on a sample failed: {error})"
+        try:
+            store.write(SAMPLE_RECORD, sample_record(sample, operators))
+        except OSError as error:  # the costs still serve this start; the next one measures again
+            log.warning("could not keep the measured operator costs in the checkpoint (%s)", error)
         return {**sample.estimates, **(self.estimates or {})}, sample.describe()
 
     def await_termination(self, timeout_s: float | None = None) -> bool:
