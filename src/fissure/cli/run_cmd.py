@@ -26,7 +26,7 @@ line names. A failed run prints a short reason and points to that log.
 
 With --json the last line of standard output is the run's summary as one JSON object (plan,
 batches, input_records, output_records, dead_letters, elapsed_s, first_batch_s,
-steady_records_per_s); everything else goes to standard error.
+steady_records_per_s, missing_files); everything else goes to standard error.
 """
 
 from __future__ import annotations
@@ -248,6 +248,9 @@ def handle(args) -> int:
           f"plan {report.described_plan}", file=out)
     for admission in report.admissions:
         print(admission.describe(), file=out)
+    if report.missing_files:
+        print(f"{len(report.missing_files)} input file(s) were gone when their batch ran (read as empty): "
+              f"{', '.join(report.missing_files[:5])}{' ...' if len(report.missing_files) > 5 else ''}", file=out)
     if args.sink:
         print(f"results: {args.sink}", file=out)
     if getattr(report, "timeline_json", None):
