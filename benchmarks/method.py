@@ -26,6 +26,13 @@ a run during which other processes used more than OTHERS_BUSY_SHARE of the machi
 "busy machine: not a result to quote" (the load average is no judge of that: it counts the
 run's own processes), a `--quick` run "quick mode: not a result to quote".
 
+What "other processes" covers: every process not the run's, those whose environment cannot be
+read (another user's) included, and the hypervisor's steal time (/proc/stat: CPU time the
+virtual machine was ready to run but another guest had the core), which no process list shows.
+A fixed calibration loop (pure Python, `calibration_s`) is timed before and after the run: a
+machine whose speed moved by more than SPEED_TOLERANCE between the two (a slower morning, a
+throttled host) gives figures that are "machine speed moved: not a result to quote".
+
 No fissure import here: a script may load it before choosing which checkout of fissure to load.
 The pure parts (ordering, medians, ratios, the tie rule, the busy verdict) are tested in
 tests/test_benchmark_method.py.
@@ -54,6 +61,8 @@ MIN_REPEATS = 3
 TIE_TOLERANCE = 0.01  # predicted values within 1 % of the highest are ties
 BUSY = "busy machine: not a result to quote"
 QUICK = "quick mode: not a result to quote"
+SPEED_MOVED = "machine speed moved: not a result to quote"
+SPEED_TOLERANCE = 0.10  # the calibration loop's time may move this much between before and after
 
 
 class MethodError(ValueError):
@@ -201,12 +210,18 @@ def busy(others: float | None, load_before: Sequence[float], cores: int) -> bool
     return load_before[0] > cores
 
 
-def verdict(others: float | None, load_before: Sequence[float], cores: int, quick: bool) -> str | None:
-    """What the report says above its figures: None for a result to quote."""
+def verdict(others: float | None, load_before: Sequence[float], cores: int, quick: bool,
+            steal: float | None = None, speed_moved: float | None = None) -> str | None:
+    """What the report says above its figures: None for a result to quote. `others` and `steal`
+    add up (both are CPU the run did not get); `speed_moved`: the calibration's `speed_change`."""
     reasons = []
-    if busy(others, load_before, cores):
-        reasons.append(f"{BUSY} (other processes used {others:.0%} of the CPU)" if others is not None
+    taken = None if others is None else others + (steal or 0.0)
+    if busy(taken, load_before, cores):
+        stolen = f", the hypervisor {steal:.0%} of it" if steal else ""
+        reasons.append(f"{BUSY} (other processes used {taken:.0%} of the CPU{stolen})" if taken is not None
                        else f"{BUSY} (load average above {cores} cores before the run)")
+    if speed_moved is not None and abs(speed_moved) > SPEED_TOLERANCE:
+        reasons.append(f"{SPEED_MOVED} (the calibration loop ran {speed_moved:+.0%} after the run against before)")
     if quick:
         reasons.append(QUICK)
     return "; ".join(reasons) or None
@@ -237,10 +252,13 @@ def processes_cpu_s(tag: str, own_pid: int) -> dict[int, tuple[float, float]] | 
         try:
             with open(f"/proc/{entry}/stat", encoding="ascii", errors="replace") as stat:
                 text = stat.read()
+        except OSError:  # the process ended
+            continue
+        try:
             with open(f"/proc/{entry}/environ", "rb") as environ:
                 tagged = marker in environ.read().split(b"\0")
-        except OSError:
-            continue
+        except OSError:  # another user's process: not the run's, so it counts as other
+            tagged = False
         fields = text[text.rfind(")") + 2:].split()
         seen[int(entry)] = (int(fields[1]), tagged, sum(float(value) for value in fields[11:13]) / ticks,
                             float(fields[19]) / ticks)
@@ -255,6 +273,53 @@ def processes_cpu_s(tag: str, own_pid: int) -> dict[int, tuple[float, float]] | 
         return False
 
     return {pid: (cpu, started) for pid, (_, _, cpu, started) in seen.items() if not runs_own(pid)}
+
+
+def steal_and_total_s(text: str | None = None) -> tuple[float, float] | None:
+    """The machine's steal time and total CPU time so far, in seconds (the "cpu" line of
+    /proc/stat: user nice system idle iowait irq softirq steal ...), None where it is not there."""
+    try:
+        if text is None:
+            with open("/proc/stat", encoding="ascii") as stat:
+                text = stat.readline()
+        fields = text.split()
+        if not fields or fields[0] != "cpu" or len(fields) < 9:
+            return None
+        ticks = [float(value) for value in fields[1:9]]
+    except (OSError, ValueError):
+        return None
+    hertz = os.sysconf("SC_CLK_TCK")
+    return ticks[7] / hertz, sum(ticks) / hertz
+
+
+def steal_share(before: tuple[float, float] | None, after: tuple[float, float] | None) -> float | None:
+    """The share of the machine's CPU time that the hypervisor gave other guests between two readings."""
+    if before is None or after is None or after[1] <= before[1]:
+        return None
+    return max(0.0, after[0] - before[0]) / (after[1] - before[1])
+
+
+CALIBRATION_ITERATIONS = 300_000
+
+
+def calibration_s(repeats: int = 5, iterations: int = CALIBRATION_ITERATIONS) -> float:
+    """Seconds a fixed pure-Python loop takes, the best of `repeats` (about 0.03 s each here): the
+    machine's speed for one core, as a benchmark's own code sees it."""
+    best = float("inf")
+    for _ in range(repeats):
+        started = time.perf_counter()
+        total = 0
+        for index in range(iterations):
+            total += index * index % 7
+        best = min(best, time.perf_counter() - started)
+    return best
+
+
+def speed_change(before_s: float | None, after_s: float | None) -> float | None:
+    """How much slower (+) or faster (-) the calibration loop ran after the run than before it."""
+    if not before_s or not after_s:
+        return None
+    return after_s / before_s - 1
 
 
 def seconds_since_boot() -> float:
@@ -370,6 +435,12 @@ def provenance_lines(header: dict) -> list[str]:
              f"Load average before / after: {header['load_before']} / {header['load_after']}  "]
     if header.get("others_cpu_share") is not None:
         lines.append(f"Other processes' share of the CPU during the run: {header['others_cpu_share']:.1%}  ")
+    if header.get("steal_share") is not None:
+        lines.append(f"Steal time (CPU the hypervisor gave other guests): {header['steal_share']:.1%}  ")
+    if header.get("speed_change") is not None:
+        calibration = header["calibration_s"]
+        lines.append(f"Machine speed (a fixed loop, before / after): {calibration['before'] * 1000:.1f} ms /"
+                     f" {calibration['after'] * 1000:.1f} ms ({header['speed_change']:+.1%})  ")
     if header.get("verdict"):
         lines.append(f"**{header['verdict'][0].upper()}{header['verdict'][1:]}.**")
     return lines + [""]
@@ -405,6 +476,8 @@ class Run:
         self.cores = os.cpu_count() or 1
         os.environ.setdefault(RUN_TAG, f"{os.getpid()}-{time.time_ns()}")
         self._others_cpu = OthersCpu(os.environ[RUN_TAG], os.getpid())
+        self._steal_before = steal_and_total_s()
+        self.calibration_before_s = calibration_s() if timed else None
         self._started = time.monotonic()
 
     def others_cpu_share(self) -> float | None:
@@ -419,8 +492,14 @@ class Run:
                   "revision": self.revision, "load_before": self.load_before, "load_after": load_after,
                   "others_cpu_share": None if others is None else round(others, 3),
                   "cores": self.cores, "quick": self.quick}
+        steal = steal_share(self._steal_before, steal_and_total_s())
+        header["steal_share"] = None if steal is None else round(steal, 3)
         if self.timed:
-            header["verdict"] = verdict(others, self.load_before, self.cores, self.quick)
+            after_s = calibration_s()
+            moved = speed_change(self.calibration_before_s, after_s)
+            header["calibration_s"] = {"before": round(self.calibration_before_s, 4), "after": round(after_s, 4)}
+            header["speed_change"] = None if moved is None else round(moved, 3)
+            header["verdict"] = verdict(others, self.load_before, self.cores, self.quick, steal, moved)
         else:
             header["verdict"] = QUICK if self.quick else None
         header["quotable"] = header["verdict"] is None

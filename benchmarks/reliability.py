@@ -9,7 +9,10 @@ repartition, restart). Moments: seeded random delays after the first committed b
 adaptive plan also the switch's stop and the state repartition; for the sequential plan a second
 driver started on the checkpoint of a running one (it must be refused by the checkpoint's lock,
 naming the first, which is then killed). Every point also checks that no sink batch was written
-by two runs. The harness is tests/fault_injection.py (tests/test_faults.py runs six of these points).
+by two runs. Worker faults without a kill, for the sequential and replicated plans: an operator
+raising MemoryError once on each of four records, and its Python worker dying once on each (four
+crashes, each its own restart window as in a long run): the one driver must recover by itself,
+with no dead letter. The harness is tests/fault_injection.py (tests/test_faults.py runs six of these points).
 
     ./dev python benchmarks/reliability.py            # every plan x program x moment, 2 seeds (about 15 minutes)
     ./dev python benchmarks/reliability.py --seeds 1  # one seed each
@@ -30,7 +33,7 @@ REPOSITORY = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPOSITORY / "benchmarks"))
 sys.path.insert(0, str(REPOSITORY / "tests"))
 
-from fault_injection import run_case  # noqa: E402
+from fault_injection import WORKER_FAULTS, run_case  # noqa: E402
 import method  # noqa: E402
 
 
@@ -39,7 +42,8 @@ def kill_points(seeds: int) -> list[tuple[str, str, str, int]]:
     for program in ("chain", "graph"):
         for plan in ("sequential", "replicated", "planner", "adaptive"):
             moments = (["random"] + (["switch", "repartition"] if plan == "adaptive" else [])
-                       + (["concurrent"] if plan == "sequential" else []))
+                       + (["concurrent"] if plan == "sequential" else [])
+                       + (list(WORKER_FAULTS) if plan in ("sequential", "replicated") else []))
             for moment in moments:
                 for seed in range(seeds if moment == "random" else 1):
                     points.append((plan, program, moment, 100 + seed))
@@ -72,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
              f"**{len(passed)} of {len(tried)} kill points passed** (a kill point counts when the driver was killed"
              " before it finished; passed: after restarts on the same checkpoint, every input's result is in the"
              " sinks exactly once and every word's counts are exactly 1..n).", "",
-             "| plan | program | moment | seed | killed | restarts | result |", "| --- | --- | --- | --- | --- | --- | --- |"]
+             "| plan | program | moment | seed | killed (a worker fault: injected) | restarts | result |", "| --- | --- | --- | --- | --- | --- | --- |"]
     for outcome in outcomes:
         lines.append(f"| {outcome.plan} | {outcome.program} | {outcome.moment} | {outcome.seed} | "
                      f"{'yes' if outcome.killed else 'no (ended first)'} | {outcome.restarts} | "

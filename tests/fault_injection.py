@@ -13,6 +13,11 @@ stopped the first query: its abandoned batch), "concurrent" (the first driver fo
 and never ends; after its first committed batch a second driver is started on the same
 checkpoint and must be refused, naming the first; then the first is killed). Every case also
 checks that no sink batch directory holds two Parquet files (a batch written by two runs).
+
+Worker faults, no driver kill (`WORKER_FAULTS`): "memory-error" (`norm` raises MemoryError once on
+each of four records, in four batches) and "crashes" (its Python worker process dies once on each
+of them, `os._exit`); the one driver must recover from each by itself (exit 0, no dead letter),
+with a restart window shorter than the time between the faults, as in a long run.
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ FILES = 8
 PER_FILE = 12
 
 DRIVER = textwrap.dedent("""
-    import sys, time
+    import os, sys, time
     import fissure
     from fissure import Pipeline, StreamGraph
     from fissure.control.adaptive.config import AdaptiveConfig
@@ -43,9 +48,18 @@ DRIVER = textwrap.dedent("""
 
     inputs, sink, checkpoint, plan_name, program = sys.argv[1:6]
     follow = sys.argv[6:7] == ["follow"]  # runs until killed
+    fault = sys.argv[6] if sys.argv[6:7] in (["memory-error"], ["crashes"]) else None
+    FAULT_AT = (5, 30, 55, 80)  # records of four different files, so of four batches
 
     def norm(record):
         time.sleep(0.005)
+        if fault is not None and record["i"] in FAULT_AT:
+            marker = os.path.join(os.path.dirname(checkpoint), f"fault-{record['i']}")
+            if not os.path.exists(marker):
+                open(marker, "w").close()
+                if fault == "memory-error":
+                    raise MemoryError("injected")
+                os._exit(1)
         return {"word": record["word"].lower(), "i": record["i"]}
 
     def count(state, record):
@@ -71,7 +85,7 @@ DRIVER = textwrap.dedent("""
         graph = Pipeline("wordcount").map("norm", norm).partitioned("count", count, key="word", schema=COUNTED)
         sinks = FileSink(sink + "/counts")
         source = FileSource(inputs, format="json", schema={"word": str, "i": int}, max_files_per_trigger=1)
-    config = fissure.RunnerConfig(master="local[2]")
+    config = fissure.RunnerConfig(master="local[2]", query_restart_window_s=1.0 if fault else 600.0)
     common = dict(checkpoint=checkpoint, config=config, available_now=not follow, progress=False)
     if plan_name == "adaptive":
         from fissure.spark.adaptive import run_adaptive_on_spark
@@ -165,6 +179,10 @@ def switch_started(checkpoint: Path, sink: Path) -> bool:
             and not (checkpoint / "commits" / "2").exists()) or repartition_started(checkpoint)
 
 
+WORKER_FAULTS = ("memory-error", "crashes")
+FAULT_AT = (5, 30, 55, 80)
+
+
 @dataclass(frozen=True)
 class KillOutcome:
     plan: str
@@ -217,6 +235,8 @@ def run_case(work: Path, plan: str, program: str, moment: str, seed: int, *, max
                                  *extra], stdout=subprocess.DEVNULL, stderr=open(work / "driver.log", "ab"), env=env)
 
     delay = random.Random(seed).uniform(0.0, max_delay_s)
+    if moment in WORKER_FAULTS:
+        return worker_fault_case(work, plan, program, moment, seed, records, driver, timeout_s)
     first, killed = driver(*(["follow"] if moment == "concurrent" else [])), False
     deadline = time.monotonic() + timeout_s
     problems = []
@@ -254,10 +274,34 @@ def run_case(work: Path, plan: str, program: str, moment: str, seed: int, *, max
             process.kill()
             process.wait()
             code = None
-    expected_counts, expected_evens = reference(records)
-    counts = read_sink(sink / "counts")
     if code != 0:
         problems.append(f"the restarted driver exited with {code}")
+    problems += sink_problems(sink, program, records)
+    return KillOutcome(plan, program, moment, seed, killed, restarts, not problems, "; ".join(problems))
+
+
+def worker_fault_case(work: Path, plan: str, program: str, moment: str, seed: int, records: list[dict], driver,
+                      timeout_s: float) -> KillOutcome:
+    """One driver with a fault injected in its workers at four records: it must end by itself
+    (exit 0) with the sinks exact; `killed` says the faults happened."""
+    process = driver(moment)
+    try:
+        code = process.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+        code = None
+    injected = all((work / f"fault-{i}").exists() for i in FAULT_AT)
+    problems = [] if code == 0 else [f"the driver exited with {code}"]
+    problems += sink_problems(work / "out", program, records)
+    return KillOutcome(plan, program, moment, seed, injected, 0, not problems, "; ".join(problems))
+
+
+def sink_problems(sink: Path, program: str, records: list[dict]) -> list[str]:
+    """How the sinks differ from the plain-Python reference, and batches written by two runs."""
+    problems = []
+    expected_counts, expected_evens = reference(records)
+    counts = read_sink(sink / "counts")
     if sorted((r["word"], r["i"], r["n"]) for r in counts) != sorted((r["word"], r["i"], r["n"]) for r in expected_counts):
         seen = sorted(r["i"] for r in counts)
         problems.append(f"counts differ: {len(counts)} rows for {len(expected_counts)} inputs"
@@ -268,4 +312,4 @@ def run_case(work: Path, plan: str, program: str, moment: str, seed: int, *, max
         twice = batches_written_twice(sink / name)
         if twice:
             problems.append(f"{name}: {', '.join(twice)} written by two runs")
-    return KillOutcome(plan, program, moment, seed, killed, restarts, not problems, "; ".join(problems))
+    return problems

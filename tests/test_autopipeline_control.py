@@ -17,6 +17,7 @@ from fissure.control.autopipeline_control import (
     decide_after_optimization,
     evaluate_round,
 )
+from fissure.control.noise import NoiseEstimate
 from fissure.optimize.autopipeline import AutopipelineProfile, ThreadProfile, plan_autopipelining
 
 CONFIG = AutopipelineControlConfig(alpha=0.25, settle_s=5.0)
@@ -157,11 +158,32 @@ def test_every_settled_round_splits_into_kept_and_blacklisted(
     inserted, before, after, blacklist, alpha
 ):
     round_ = InsertionRound(tuple(inserted), 0.0, dict(zip(inserted, before)))
-    config = AutopipelineControlConfig(alpha=alpha, settle_s=1.0)
+    config = AutopipelineControlConfig(alpha=alpha, settle_s=1.0, keep_confidence=None)  # the paper's rule
     decision = evaluate_round(round_, dict(zip(inserted, after)), 1.0, blacklist, 8, config)
     assert set(decision.keep) | set(decision.revert) == set(inserted)
     assert not set(decision.keep) & set(decision.revert)
     assert set(decision.keep) == {p for p, b, a in zip(inserted, before, after) if a > b}
+    # The noise rule keeps a subset of those: a gain, and one beyond the band.
+    careful = evaluate_round(round_, dict(zip(inserted, after)), 1.0, blacklist, 8,
+                             AutopipelineControlConfig(alpha=alpha, settle_s=1.0))
+    assert set(careful.keep) <= set(decision.keep)
     assert decision.blacklist == blacklist | set(decision.revert)
     halts = bool(decision.revert) and len(decision.blacklist) / 8 > alpha
     assert decision.action is (ControlAction.HALT if halts else ControlAction.CONTINUE)
+
+
+def test_a_rise_inside_the_measured_noise_is_reverted():
+    # The cut at `events` kept for 5,830 -> 5,984/s (+2.6 %) while batches spread by about 10 %.
+    round_ = InsertionRound(("events",), 0.0, {"events": 5830.0},
+                            samples_before={"events": (5300.0, 5830.0, 6400.0)})
+    noise = NoiseEstimate().with_window([5300.0, 5830.0, 6400.0])
+    config = AutopipelineControlConfig(alpha=1.0, settle_s=0.0)
+    decision = evaluate_round(round_, {"events": 5984.0}, 1.0, frozenset(), 8, config,
+                              samples_after={"events": (5500.0, 5984.0, 6500.0)}, noise=noise)
+    assert decision.revert == ("events",) and decision.keep == ()
+    paper = evaluate_round(round_, {"events": 5984.0}, 1.0, frozenset(), 8,
+                           AutopipelineControlConfig(alpha=1.0, settle_s=0.0, keep_confidence=None))
+    assert paper.keep == ("events",)
+    clear = evaluate_round(round_, {"events": 7600.0}, 1.0, frozenset(), 8, config,
+                           samples_after={"events": (7400.0, 7600.0, 7800.0)}, noise=noise)
+    assert clear.keep == ("events",)

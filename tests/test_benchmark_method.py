@@ -211,6 +211,49 @@ class TestBusyVerdict:
         assert others.seconds() == pytest.approx(4.0 + 4.0 + 1.0)  # pid 1: 54 - 50; pid 2's two processes: 4, 1
 
 
+    def test_steal_time_is_read_from_the_cpu_line_and_counts_as_taken(self):
+        hertz = __import__("os").sysconf("SC_CLK_TCK")
+        before = method.steal_and_total_s("cpu  100 0 100 700 0 0 0 100 0 0")
+        after = method.steal_and_total_s("cpu  200 0 200 1300 0 0 0 300 0 0")
+        assert before == (100 / hertz, 1000 / hertz)
+        assert method.steal_share(before, after) == pytest.approx(200 / 1000)
+        assert method.steal_and_total_s("intr 1 2 3") is None
+        assert method.steal_share(None, after) is None
+        # others' 5 % and the hypervisor's 10 %: together a busy machine, and the text says both
+        text = method.verdict(0.05, [0.5], 2, quick=False, steal=0.10)
+        assert method.BUSY in text and "15%" in text and "the hypervisor 10%" in text
+        assert method.verdict(0.05, [0.5], 2, quick=False, steal=0.0) is None
+
+    def test_a_machine_whose_speed_moved_gives_no_result_to_quote(self):
+        assert method.speed_change(0.030, 0.036) == pytest.approx(0.2)
+        assert method.speed_change(None, 0.03) is None
+        assert method.verdict(0.0, [0.5], 2, quick=False, speed_moved=0.05) is None
+        slower = method.verdict(0.0, [0.5], 2, quick=False, speed_moved=0.2)
+        assert method.SPEED_MOVED in slower and "+20%" in slower
+        assert method.SPEED_MOVED in method.verdict(0.0, [0.5], 2, quick=False, speed_moved=-0.15)
+
+    def test_the_calibration_loop_takes_the_same_work_each_time(self):
+        short = method.calibration_s(repeats=1, iterations=10_000)
+        longer = method.calibration_s(repeats=1, iterations=200_000)
+        assert 0 < short < longer
+
+    def test_a_process_whose_environment_cannot_be_read_counts_as_other(self, monkeypatch):
+        import builtins
+        import os
+
+        real_open = builtins.open
+        other = os.getppid()  # stands for another user's process: its environ unreadable
+
+        def guarded_open(path, *args, **kwargs):
+            if str(path) == f"/proc/{other}/environ":
+                raise PermissionError(13, "Permission denied", str(path))
+            return real_open(path, *args, **kwargs)
+
+        monkeypatch.setattr(builtins, "open", guarded_open)
+        found = method.processes_cpu_s("test-unreadable", own_pid=os.getpid())
+        assert other in found  # before: skipped, as if it used no CPU
+
+
 class TestWriter:
     def test_header_after_the_title_and_in_the_json(self, tmp_path, monkeypatch):
         monkeypatch.setattr(method, "load", lambda: [9.0, 9.0, 9.0])

@@ -22,10 +22,10 @@ from fissure.worker.elastic_stage import (
     ThreadLevelTally,
     ThreadLevelTallyParam,
     WaitingOperator,
-    detect_waiting,
     policy_config,
     worker_runners,
 )
+from fissure.control.thread_level.verdict import detect_waiting
 from fissure.worker.fused import FusedStage, Step, live_batch
 from fissure.worker.pe import ProcessingElement
 

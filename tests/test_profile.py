@@ -15,7 +15,7 @@ from fissure import Pipeline
 from fissure.profile.log import ProfileLogWriter, profile_log_path, read_profile_log, resolve_profile_log
 from fissure.profile.records import OperatorCounts, PipelineCounts, RegionCallCounts
 from fissure.profile.settings import ProfileSettings
-from fissure.profile.window import BatchProfile, render_table, summarize, weighted_median
+from fissure.profile.window import BatchProfile, render_table, summarize, waiting_advice, weighted_median
 
 from fissure.worker.fused import FusedStage, Step, live_batch
 from fissure.worker.graph_profiling import ProfiledGraphRegion
@@ -311,3 +311,29 @@ def test_profile_command_prints_the_table_and_json(tmp_path, capsys):
     document = json.loads(capsys.readouterr().out)
     assert document["batches"] == 2 and document["operators"][0]["selectivity"] == 0.5
     assert main(["profile", str(tmp_path / "nothing")]) == 2
+
+
+def test_an_operator_that_waits_undeclared_is_priced_on_its_wall_time_and_named_with_its_declaration():
+    # lookup: 2 ms of wall time a record for 44 us of CPU (it waits on a service); parse: CPU-bound.
+    batches = [BatchProfile(i, "plan", 1000, 1.0,
+                            operators=(op("parse", 1000, 1000, cpu_s=1000 * 20e-6, wall_s=1000 * 21e-6),
+                                       op("lookup", 1000, 1000, cpu_s=1000 * 44e-6, wall_s=1000 * 2000e-6)))
+               for i in range(3)]
+    summary = summarize(batches)
+    lookup, parse = summary.operator("lookup"), summary.operator("parse")
+    assert lookup.waits and not parse.waits
+    assert lookup.cost_us == pytest.approx(2000.0) and lookup.cpu_us == pytest.approx(44.0)
+    assert parse.cost_us == pytest.approx(20.0)  # the CPU basis for the rest
+    assert lookup.wait_ratio == pytest.approx(2000 / 44)
+    assert waiting_advice(summary) == (
+        'lookup waits: 2,000 us a record of wall time, 45x its CPU time; planned on its wall time;'
+        ' declare waits="io" (or waits="gil-free" for native code that releases the GIL) to give it threads'
+        ' in the workers',)
+    assert waiting_advice(summary, declared=["lookup"]) == ()
+    table = render_table(summary)
+    assert table.splitlines()[-1].strip().startswith("lookup waits: 2,000 us a record")
+    assert "lookup waits" not in render_table(summary, declared_waits=["lookup"])
+    # Too few timed records cannot tell waiting from a few slow calls.
+    few = summarize([BatchProfile(0, "plan", 50, 1.0,
+                                  operators=(op("lookup", 50, 50, cpu_s=50 * 44e-6, wall_s=50 * 2000e-6),))])
+    assert not few.operator("lookup").waits and few.operator("lookup").cost_us == pytest.approx(44.0)

@@ -24,7 +24,7 @@ from fissure.spark.config import RunnerConfig
 from fissure.spark.elastic import ELASTIC_SWITCHED_PROPERTY, ThreadLevels, WorkerThreads
 from fissure.spark.sinks import MemorySink
 from fissure.testing import record_files
-from fissure.worker.elastic_stage import ThreadLevelTally, ThreadLevelTallyParam, worker_runners
+from fissure.worker.elastic_stage import ThreadLevelTally, ThreadLevelTallyParam, WorkerRunners, worker_runners
 from fissure.worker.fused import FusedStage, Step, live_batch
 
 EVENTS = {"user": str, "i": int}
@@ -210,3 +210,18 @@ def test_without_waiting_operators_nothing_is_wrapped_or_reported():
     assert levels.wrap(write) is write and levels.worker == WorkerThreads()
     assert levels.latest_text() == "" and levels.batches == ()
     assert all(levels.worker.waiting_for(operator, "p") is None for operator in pipeline(declare=False).operators)
+
+
+def test_a_new_run_gets_new_runners_in_workers_that_outlive_the_last_run():
+    # Python workers outlive a run: under one key, a second run's first batch would report the
+    # thread level the first run ended on. The run's checkpoint is part of every runner key.
+    operator = pipeline(declare=True).operators[0]
+    first, again = WorkerThreads(run="run-a"), WorkerThreads(run="run-a")
+    other = WorkerThreads(run="run-b")
+    key = first.waiting_for(operator, "p0").runner_key
+    assert key == again.waiting_for(operator, "p0").runner_key  # the same run's restarts keep it
+    assert key != other.waiting_for(operator, "p0").runner_key
+    runners = WorkerRunners()
+    waiting_a, waiting_b = first.waiting_for(operator, "p0"), other.waiting_for(operator, "p0")
+    with runners.lease(waiting_a, waiting_a.board()) as runner_a, runners.lease(waiting_b, waiting_b.board()) as runner_b:
+        assert runner_a is not None and runner_b is not None and runner_a is not runner_b

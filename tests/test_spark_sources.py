@@ -218,7 +218,11 @@ def test_a_failed_run_is_described_briefly_and_logged_in_full(spark, tmp_path):
     assert "Traceback" in log.read_text() and "the sink is full" in log.read_text()
 
 
-def test_failure_description_names_the_innermost_error_not_the_wrappers():
+def test_failure_description_names_the_innermost_error_not_the_wrappers(monkeypatch):
+    import fissure.spark.session as session
+
+    monkeypatch.setattr(session, "spark_log_path", lambda: None)  # no "Spark's output" line, whatever ran before
+
     class StreamingQueryException(Exception):
         pass
 
@@ -240,7 +244,7 @@ def test_a_path_spark_cannot_find_is_named_with_the_fix(spark, tmp_path, monkeyp
     from fissure.spark.sources import SourcePathNotFound
 
     missing = f"file://{tmp_path}/nowhere"
-    monkeypatch.setattr(FileSource, "local_path", lambda self: None)  # as for s3a:// or hdfs://
+    monkeypatch.setattr(FileSource, "local_path", lambda self, default_file_system="file:///": None)  # as for s3a://
     with pytest.raises(SourcePathNotFound) as raised:
         FileSource(missing, format="json", schema=SCHEMA).open(spark)
     message = str(raised.value)

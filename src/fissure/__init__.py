@@ -39,6 +39,7 @@ _SPARK_EXPORTS = {
     "MemorySink": "fissure.spark.sinks",
     "NoopSink": "fissure.spark.sinks",
     "run_graph": "fissure.spark.run",
+    "RunTimedOut": "fissure.spark.run",
     "migrate_state": "fissure.spark.checkpoint_guard",
 }
 

@@ -22,7 +22,9 @@ subdirectories of --sink named after them.
 
 The terminal shows the progress line and the results; everything Spark prints goes to
 `spark.log` in the run directory (--run-dir, default a new temporary directory), which the last
-line names. A failed run prints a short reason and points to that log.
+line names. A failed run prints a short reason and points to that log. A run on files (without --follow)
+that --timeout ends before it read them all exits with 124 and says which files are left; a
+--follow run, or one on a rate, socket or Kafka source, ends with its timeout (exit 0).
 
 With --json the last line of standard output is the run's summary as one JSON object (plan,
 batches, input_records, output_records, dead_letters, elapsed_s, first_batch_s,
@@ -43,6 +45,8 @@ import tempfile
 from fissure.cli import UsageError
 from fissure.cli.source_argument import parse_source_url, refuse_file_flags, source_of
 from fissure.control.progress import PROGRESS_MODES
+
+TIMED_OUT_EXIT = 124  # as timeout(1): the time ran out before the work was done
 
 TYPES = {"str": str, "int": int, "float": float, "bool": bool}
 
@@ -164,6 +168,7 @@ def handle(args) -> int:
     from fissure.spark.checkpoint_guard import CheckpointDamaged
     from fissure.spark.checkpoint_lock import CheckpointLocked
     from fissure.spark.plans import describe_plan
+    from fissure.spark.run import RunTimedOut
     from fissure.spark.session import describe_failure
     from fissure.spark.sources import SourceUnavailable, check_before_spark
     from fissure.streamgraph import as_graph
@@ -239,6 +244,11 @@ def handle(args) -> int:
     except KeyboardInterrupt:
         print(f"\nfissure run: interrupted; Spark's output: {spark_log}", file=sys.stderr)
         return 130
+    except RunTimedOut as error:  # a bounded run's input not all read: the work is not done
+        print(f"\nfissure run: {error}\nSpark's output: {spark_log}", file=sys.stderr)
+        if args.json:
+            print(json.dumps({**error.report.summary(), "timed_out": True, "files_left": error.left.files}), flush=True)
+        return TIMED_OUT_EXIT
     except Exception as error:  # noqa: BLE001 - shown to people, the traceback goes to the log
         print(f"\nfissure run: the run failed: {describe_failure(error, spark_log)}", file=sys.stderr)
         return 1

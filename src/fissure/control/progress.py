@@ -74,6 +74,7 @@ class ProgressState:
     plan: str  # the plan in force, described
     threads: str = ""  # waiting operators' thread level per worker after the batch: "enrich 8,6"
     decision: str = ""  # an adaptive run's last decision: "keep: ..."
+    stall: str = ""  # the watchdog's note on the batch running now: "batch 3 stuck 95 s in 'parse'"
 
     @property
     def waiting(self) -> bool:

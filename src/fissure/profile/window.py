@@ -21,6 +21,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from fissure.control.thread_level.verdict import detect_waiting
 from fissure.profile.records import OperatorCounts, PipelineCounts, RegionCallCounts
 from fissure.profile.settings import ProfileSettings
 
@@ -78,6 +79,16 @@ class OperatorProfileEstimate:
     timed_records: int
     key_groups_per_batch: float | None = None  # stateful operators: keys a micro-batch holds
     utilization: float | None = None  # per-port utilization mu(o, t) of fused operators, 0..1
+    # The profile shows it waiting (wall time per record >= WAIT_RATIO x its CPU time over enough
+    # timed records): its cost is its wall time whatever the basis, so the planner can replicate it.
+    waits: bool = False
+
+    @property
+    def wait_ratio(self) -> float | None:
+        """Wall time over CPU time per record (47.0: it waits 46 parts of 47)."""
+        if self.wall_us is None or self.cpu_us is None or self.cpu_us <= 0:
+            return None
+        return self.wall_us / self.cpu_us
 
 
 @dataclass(frozen=True)
@@ -200,7 +211,14 @@ def _operator_estimate(name: str, counts: list[OperatorCounts], settings: Profil
                                            for item in timed])
     wall_us, dispersion_wall = _robust_cost([(1e6 * item.timed_wall_s / item.timed_records_in, item.timed_records_in)
                                              for item in timed])
-    cost_us, dispersion = (cpu_us, dispersion_cpu) if settings.cost_basis == "cpu" else (wall_us, dispersion_wall)
+    timed_records = sum(item.timed_records_in for item in timed)
+    waits = detect_waiting(name, wall_us_per_record=wall_us, cpu_us_per_record=cpu_us,
+                           timed_records=timed_records).run_threaded
+    # A waiting operator occupies its thread for its wall time: priced on its CPU time, the
+    # planner would see nothing to gain from replicating it (a lookup waiting 2 ms a record
+    # showed 44 us of CPU).
+    use_wall = settings.cost_basis != "cpu" or waits
+    cost_us, dispersion = (wall_us, dispersion_wall) if use_wall else (cpu_us, dispersion_cpu)
     groups = [item.key_groups for item in counts if item.key_groups > 0]
     return OperatorProfileEstimate(
         operator=name,
@@ -214,9 +232,10 @@ def _operator_estimate(name: str, counts: list[OperatorCounts], settings: Profil
         wall_us=wall_us,
         cost_dispersion=dispersion,
         timed_batches=len(timed),
-        timed_records=sum(item.timed_records_in for item in timed),
+        timed_records=timed_records,
         key_groups_per_batch=weighted_median(groups, [1.0] * len(groups)) if groups else None,
         utilization=utilization,
+        waits=waits,
     )
 
 
@@ -258,8 +277,26 @@ def _estimated_wall_s(counts: Sequence[OperatorCounts]) -> float:
     return sum(item.timed_wall_s for item in counts) * sum(item.records_in for item in counts) / timed_records
 
 
-def render_table(summary: ProfileSummary, kinds: Mapping[str, str] | None = None) -> str:
-    """The statistics as a fixed-width table, operators in the order given (the chain's)."""
+def waiting_advice(summary: ProfileSummary, declared: Iterable[str] = ()) -> tuple[str, ...]:
+    """One line per operator the profile shows waiting that declares nothing: what it waits and
+    the declaration that gives it threads (fissure.graph's `waits=`)."""
+    declared = set(declared)
+    lines = []
+    for item in summary.operators:
+        if not item.waits or item.operator in declared:
+            continue
+        ratio = item.wait_ratio
+        times = f", {ratio:,.0f}x its CPU time" if ratio is not None else ""
+        lines.append(f"{item.operator} waits: {item.wall_us:,.0f} us a record of wall time{times}; planned on its"
+                     f" wall time; declare waits=\"io\" (or waits=\"gil-free\" for native code that releases the"
+                     f" GIL) to give it threads in the workers")
+    return tuple(lines)
+
+
+def render_table(summary: ProfileSummary, kinds: Mapping[str, str] | None = None,
+                 declared_waits: Iterable[str] = ()) -> str:
+    """The statistics as a fixed-width table, operators in the order given (the chain's), with a
+    line of advice under it for each operator that waits undeclared (`waiting_advice`)."""
     kinds = kinds or {}
 
     def number(value: float | None, digits: int = 1, scale: float = 1.0, suffix: str = "") -> str:
@@ -290,4 +327,5 @@ def render_table(summary: ProfileSummary, kinds: Mapping[str, str] | None = None
     for pipeline in summary.pipelines:
         lines.append(f"  pipeline {pipeline.pipeline} ({', '.join(pipeline.operators)}): busy "
                      f"{number(pipeline.utilization, 0, 100, '%')}, conversions {number(pipeline.overhead_us, 2)} us/record")
+    lines += [f"  {advice}" for advice in waiting_advice(summary, declared_waits)]
     return "\n".join(lines)

@@ -16,7 +16,9 @@ import os
 from dataclasses import dataclass, field
 
 from fissure.control.adaptive.config import AdaptiveConfig
+from fissure.control.failures import RestartPolicy
 from fissure.control.progress import check_progress_mode
+from fissure.control.watchdog import StallPolicy
 from fissure.control.thread_level.config import ElasticityConfig, POLICY_NAMES
 from fissure.profile.settings import ProfileSettings
 from fissure.spark.graph_autopipeline import GraphAutopipelineConfig
@@ -33,11 +35,17 @@ class RunnerConfig:
     # local mode on every core, each task tried up to 4 times (Spark's `local[N,F]` form; a plain
     # `local[N]` never retries a failed task). A master given here is used as given.
     master: str = "local[*,4]"
-    # Times `fissure.run` starts the query again on its checkpoint after a Python worker process
-    # died (a crash, not an exception): Spark does not retry the tasks of a streaming query's
-    # pipelined stages (one attempt each, measured on 4.3), so a transient crash would end the
-    # stream. A deterministic crash fails again and the run ends with its cause.
+    # Restarts of the query on its checkpoint that `fissure.run` makes within any
+    # `query_restart_window_s` seconds after a failure that is the machine's, not the program's
+    # (fissure.control.failures): a Python worker process that died (a crash, a signal, the OOM
+    # killer), an operator out of memory or of another resource (never a dead letter), a full
+    # disk. Spark does not retry the tasks of a streaming query's pipelined stages (one attempt
+    # each, measured on 4.3), so a transient failure would end the stream. Per window, not per
+    # run: unrelated crashes spread over a long run all recover, a crash loop ends within the
+    # window with its cause; the same record failing the same way after `query_restarts`
+    # restarts ends the run naming it.
     query_restarts: int = 3
+    query_restart_window_s: float = 600.0
     app_name: str = "fissure"
     # Time between micro-batch starts; 0 starts the next batch as soon as the last one ends.
     trigger_interval_s: float = 0.0
@@ -62,6 +70,12 @@ class RunnerConfig:
     # The lines form: at most one line per this many seconds, beside the first batch's, each plan
     # change's and the end's.
     progress_lines_interval_s: float = 10.0
+    # The watchdog (fissure.control.watchdog): a micro-batch running `stall_factor` times longer
+    # than the last batches' median and the model's predicted batch time, and at least
+    # `stall_min_s`, is reported as stuck with the operator it is in (a warning on stderr, the
+    # progress line, RunReport.stalls), again each time its time doubles. It is not stopped.
+    stall_factor: float = 10.0
+    stall_min_s: float = 60.0
     # Dead letters kept in the driver's memory when no dead-letter path is given (the count is
     # always exact; older letters are dropped from memory, never from a dead-letter path).
     dead_letters_kept: int = 1000
@@ -133,14 +147,23 @@ class RunnerConfig:
         check_progress_mode(self.progress)
         if self.progress_lines_interval_s <= 0:
             raise ValueError(f"progress_lines_interval_s must be > 0, got {self.progress_lines_interval_s!r}")
-        if self.query_restarts < 0:
-            raise ValueError(f"query_restarts must be >= 0, got {self.query_restarts!r}")
+        self.restart_policy()  # checks query_restarts and query_restart_window_s
+        self.stall_policy()
         if self.state_migration not in (None, "trust-pickle"):
             raise ValueError(f"state_migration must be None or 'trust-pickle', got {self.state_migration!r}")
         if self.dead_letters_kept < 0 or self.default_state_partitions < 1:
             raise ValueError("dead_letters_kept must be >= 0 and default_state_partitions >= 1")
         if not self.checkpoint_lease_s > 0:
             raise ValueError(f"checkpoint_lease_s must be > 0, got {self.checkpoint_lease_s!r}")
+
+    def stall_policy(self) -> StallPolicy:
+        return StallPolicy(factor=self.stall_factor, min_s=self.stall_min_s)
+
+    def restart_policy(self) -> RestartPolicy:
+        try:
+            return RestartPolicy(self.query_restarts, self.query_restart_window_s)
+        except ValueError as error:
+            raise ValueError(f"query_restarts / query_restart_window_s: {error}") from None
 
     def state_access(self) -> StateAccess:
         """The state key (this setting, else FISSURE_STATE_KEY) and the migration setting, for the workers."""

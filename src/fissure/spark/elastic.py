@@ -17,13 +17,14 @@ stage (fissure.worker.elastic_stage). This module connects that to a run:
 
 Detection: before every micro-batch the driver looks at the profiler's window of statistics and
 switches on, for good, each candidate operator whose wall time per record is at least twice its
-CPU time over enough timed records (`fissure.worker.elastic_stage.detect_waiting`). Once its
+CPU time over enough timed records (`fissure.control.thread_level.verdict.detect_waiting`). Once its
 threads run it, its profiled CPU time is the dealing thread's, so the verdict would not mean the
 same any more: the switch stays.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import socket
@@ -40,8 +41,8 @@ from fissure.worker.elastic_stage import (
     ThreadLevelTally,
     ThreadLevelTallyParam,
     WaitingOperator,
-    detect_waiting,
 )
+from fissure.control.thread_level.verdict import detect_waiting
 
 log = logging.getLogger(__name__)
 
@@ -65,13 +66,17 @@ class WorkerThreads:
     policy: str = "trust-trend"
     config: ElasticityConfig | None = None
     detect: bool = False
+    # Names the run in every runner key: Python workers outlive a run, and a runner found under
+    # the same key would carry the last run's thread level into the next run's first batch.
+    run: str = ""
 
     def waiting_for(self, operator: Operator, pipeline: str) -> WaitingOperator | None:
         """The operator's `WaitingOperator` (None: it always runs sequentially)."""
         declared = operator.hints.waits.value if operator.hints.waits is not None else None
         if not _runs_per_record(operator) or (declared is None and not self.detect):
             return None
-        return WaitingOperator.for_operator(operator.name, f"{pipeline}/{operator.name}", declared,
+        key = f"{self.run}/{pipeline}/{operator.name}" if self.run else f"{pipeline}/{operator.name}"
+        return WaitingOperator.for_operator(operator.name, key, declared,
                                             self.policy, self.config)
 
     def wrap_waiting(self, function: Callable, waiting: Sequence[WaitingOperator]) -> Callable:
@@ -132,7 +137,7 @@ class ThreadLevels:
 
     def __init__(self, spark, pipeline: Pipeline | StreamGraph, *, policy: str = "trust-trend",
                  config: ElasticityConfig | None = None, detect: bool = False,
-                 profile_summary: Callable[[], object | None] | None = None) -> None:
+                 profile_summary: Callable[[], object | None] | None = None, run: str = "") -> None:
         self.spark = spark
         declared = [operator.name for operator in pipeline.operators if operator.hints.waits is not None]
         self.candidates = tuple(operator.name for operator in pipeline.operators
@@ -141,7 +146,10 @@ class ThreadLevels:
         accumulator = None
         if declared or self.candidates:
             accumulator = spark.sparkContext.accumulator(ThreadLevelTally(), ThreadLevelTallyParam())
-        self.worker = WorkerThreads(accumulator, policy, config, detect=bool(self.candidates))
+        # The run's checkpoint names it: the same run's queries (adaptive restarts) keep their
+        # workers' thread levels, another run's start afresh.
+        run_token = hashlib.sha1(run.encode()).hexdigest()[:12] if run else ""
+        self.worker = WorkerThreads(accumulator, policy, config, detect=bool(self.candidates), run=run_token)
         self.switched: dict[str, str] = {}  # detected operator -> the verdict's reason
         self._batches: list[BatchThreadLevels] = []
         self._lock = threading.Lock()

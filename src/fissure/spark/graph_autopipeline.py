@@ -8,8 +8,10 @@ reads what the graph PEs reported in it (fissure.worker.graph_profiling), and:
   ports as pipeline boundaries from the next batch on (`Runner.set_boundaries`: a Spark local
   property, no restart), a HALT ends the loop;
 - evaluating: compares each new port's throughput (records into it per second of batch wall
-  time) with the window before the insertion through `evaluate_round`: the ports that did not
-  gain are removed again and blacklisted; CONTINUE goes back to profiling, HALT ends the loop.
+  time) with the window before the insertion through `evaluate_round`, batch by batch against
+  the spread this run's windows measured under unchanged cuts (fissure.control.noise): the ports
+  that did not gain beyond the noise are removed again and blacklisted; CONTINUE goes back to
+  profiling, HALT ends the loop.
 The decisions (`AutopipelineControlDecision`, each with its reason) are kept in order.
 """
 
@@ -19,6 +21,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from fissure.control.noise import NoiseEstimate
 from fissure.control.autopipeline_control import (
     AutopipelineControlConfig, AutopipelineControlDecision, ControlAction, InsertionRound,
     decide_after_optimization, evaluate_round,
@@ -65,6 +68,9 @@ class GraphAutopipeliner:
         self._round: InsertionRound | None = None
         self._window: list = []
         self._snapshot = ProfileTally()
+        self._batch_snapshot = ProfileTally()
+        self._batch_rates: list[dict[str, float]] = []  # per batch of the window: records/s per port
+        self.noise = NoiseEstimate()  # the spread of a port's rate per batch under unchanged cuts
         self.last_profile = None
 
     def attach(self) -> GraphAutopipeliner:
@@ -78,40 +84,49 @@ class GraphAutopipeliner:
     def on_batch(self, batch) -> None:
         if self.phase == "halted":
             return
+        now = self.runner.profile_tally()
+        self._batch_rates.append(port_throughput_per_s(piece_measurements(now.minus(self._batch_snapshot).pieces),
+                                                       batch.wall_s))
+        self._batch_snapshot = now
         self._window.append(batch)
         if len(self._window) < self.config.profile_batches:
             return
-        now = self.runner.profile_tally()
         measurements = piece_measurements(now.minus(self._snapshot).pieces)
         wall_s = sum(item.wall_s for item in self._window)
+        samples = {port: tuple(rates[port] for rates in self._batch_rates if port in rates)
+                   for port in {port for rates in self._batch_rates for port in rates}}
         self._snapshot = now
         self._window = []
+        self._batch_rates = []
         throughput = port_throughput_per_s(measurements, wall_s)
         if not measurements:
             return
         if self.phase == "profiling":
-            self._optimize(batch.batch_id, measurements, throughput)
+            self._optimize(batch.batch_id, measurements, throughput, samples)
         else:
-            self._evaluate(batch.batch_id, throughput)
+            self._evaluate(batch.batch_id, throughput, samples)
+        for rates in samples.values():  # every window ran under unchanged cuts
+            self.noise = self.noise.with_window(rates)
 
-    def _optimize(self, batch_id: int, measurements, throughput) -> None:
+    def _optimize(self, batch_id: int, measurements, throughput, samples) -> None:
         profile = autopipeline_profile(self.runner.graph, measurements, stage_first_nodes=self._first_nodes(),
                                        beta=self.config.beta, blacklist=self.blacklist)
         self.last_profile = profile
         decision = decide_after_optimization(plan_autopipelining(profile), self.blacklist)
         boundaries = set(self.runner.boundaries)
         if decision.action is ControlAction.INSERT:
-            self._round = InsertionRound(decision.insert, self.clock(), {port: throughput.get(port, float("nan"))
-                                                                         for port in decision.insert})
+            self._round = InsertionRound(decision.insert, self.clock(),
+                                         {port: throughput.get(port, float("nan")) for port in decision.insert},
+                                         {port: samples.get(port, ()) for port in decision.insert})
             boundaries |= set(decision.insert)
             self.phase = "evaluating"
         else:
             self.phase = "halted"
         self._apply(batch_id, boundaries, decision)
 
-    def _evaluate(self, batch_id: int, throughput) -> None:
+    def _evaluate(self, batch_id: int, throughput, samples) -> None:
         decision = evaluate_round(self._round, throughput, self.clock(), self.blacklist, self.input_port_count,
-                                  self.config.control)
+                                  self.config.control, samples_after=samples, noise=self.noise)
         if decision.action is ControlAction.WAIT:
             self.decisions.append(LoopDecision(batch_id, tuple(self.runner.boundaries), decision))
             return

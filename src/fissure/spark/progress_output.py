@@ -55,14 +55,17 @@ def terminal_columns(stream: TextIO) -> int | None:
 
 def progress_fields(state: ProgressState, waiting_s: float, *, batch_first: bool = False) -> str:
     """The state's fields before its plan, each followed by ` | `."""
+    stall = f"{state.stall} | " if state.stall else ""
     if state.waiting:
-        return f"first batch running for {waiting_s:.0f} s {WAITING_NOTE} | "
+        return f"first batch running for {waiting_s:.0f} s {WAITING_NOTE} | {stall}"
     rate = f"{state.records_per_s:,.0f} records/s" if state.records_per_s is not None else "- records/s"
     batch = f"batch {state.batch_id}"
     fields = [batch, rate] if batch_first else [rate, batch]
     fields += [f"{state.input_records:,} records", f"{state.dead_letters} dead letters"]
     if state.threads:
         fields.append(f"threads {state.threads}")
+    if state.stall:
+        fields.append(state.stall)
     return "".join(field + " | " for field in fields)
 
 

@@ -20,6 +20,7 @@ from collections.abc import Iterable, Mapping
 
 from pyspark.sql import SparkSession
 
+from fissure.control.failures import Restart, decide_restart, restartable_failure
 from fissure.graph import OperatorEstimate, Pipeline, PipelineError
 from fissure.profile.settings import ProfileSettings
 from fissure.spark.adaptive import run_adaptive_on_spark
@@ -30,7 +31,9 @@ from fissure.spark.checkpoint_lock import CheckpointLock
 from fissure.spark.config import RunnerConfig
 from fissure.spark.graph_autopipeline import GraphAutopipeliner
 from fissure.spark.runner import Runner, RunReport, bind_sources
-from fissure.spark.session import WORKER_CRASH, create_session, noted_failures
+from fissure.spark.checkpoint_guard import CheckpointDamaged, StartGuard
+from fissure.spark.input_left import InputLeft, input_left
+from fissure.spark.session import create_session, noted_failures
 from fissure.spark.sources import check_before_spark, default_file_system
 from fissure.streamgraph import StreamGraph, as_graph
 
@@ -58,8 +61,11 @@ def run(program: Pipeline | StreamGraph, source=None, sink=None, *, plan: object
     """Run `program` from `source` to `sink` and return the run's report.
 
     For a graph, `source` and `sink` are dicts by name (or one object where it has one).
-    available_now=True processes what the sources hold now and ends (file sources); otherwise the
-    query runs until `timeout_s` passes (or forever without it). `max_batches`: the run ends after
+    available_now=True processes what the sources hold now and ends (file sources): a `timeout_s`
+    that passes first, with input left unread, raises RunTimedOut saying what is left; otherwise
+    the query runs until `timeout_s` passes (its normal end) or forever without it. A failure
+    that is the machine's (a worker that died, an operator out of memory) starts the query again
+    on its checkpoint within `config.restart_policy()` (fissure.control.failures). `max_batches`: the run ends after
     that many micro-batches (a later batch is left for a run on the checkpoint). `progress`: how
     progress shows on stderr (None: `config.progress`; False: not at all; fissure.control.progress).
     adaptive=True re-plans while it runs (`adaptive_config`: an AdaptiveConfig; `run_dir`: where its
@@ -112,12 +118,26 @@ def run(program: Pipeline | StreamGraph, source=None, sink=None, *, plan: object
             shutil.rmtree(checkpoint, ignore_errors=True)
 
 
+class RunTimedOut(RuntimeError):
+    """A bounded run (available_now=True) that its `timeout_s` ended with input left unread:
+    `left` says what (fissure.spark.input_left), `report` is the run's report so far. The
+    batches committed stay committed: a run on the same checkpoint goes on from there."""
+
+    def __init__(self, message: str, report: RunReport, left: InputLeft) -> None:
+        super().__init__(message)
+        self.report = report
+        self.left = left
+
+
 def _run_to_end(program, source, sink, *, limit: BatchLimit | None, checkpoint: str, spark, config: RunnerConfig,
                 available_now: bool, timeout_s: float | None, runner_options: dict, autopipeline: bool,
-                autopipeline_config) -> RunReport:
+                autopipeline_config, clock=time.monotonic) -> RunReport:
     """Run on the one Runner until the end, starting the query again on its checkpoint after a
-    Python worker crash (at most `config.query_restarts` times)."""
-    restarts = 0
+    failure that is the machine's, not the program's (fissure.control.failures), as
+    `config.restart_policy()` allows. `timeout_s` counts from the first start, restarts included."""
+    policy = config.restart_policy()
+    restarts: list[Restart] = []
+    deadline = None if timeout_s is None else clock() + timeout_s
     while True:
         runner = Runner(program, source, sink, checkpoint=checkpoint, spark=spark, **runner_options)
         spark = runner.spark
@@ -126,25 +146,72 @@ def _run_to_end(program, source, sink, *, limit: BatchLimit | None, checkpoint: 
             runner.wrap_batch = limit.wrap
         try:
             runner.start(available_now=available_now)
+            remaining_s = None if deadline is None else max(0.0, deadline - clock())
             if limit is None:
-                runner.await_termination(timeout_s)
-            elif await_batch_limit(runner, limit, timeout_s):
+                ended = runner.await_termination(remaining_s)
+            elif await_batch_limit(runner, limit, remaining_s):
+                ended = True  # the batches asked for are done: what is left is for a later run
                 with quiet_spark_loggers(runner.spark, STOP_LOGGERS):
                     limit.stop()  # a held batch raises instead of writing
                     runner.query.stop()
+            else:
+                ended = not runner.query.isActive
         except Exception as error:
-            crash = worker_crash(error)
             runner.stop()
-            if crash is None or restarts >= config.query_restarts:
+            lock = runner_options.get("lock")
+            damage = checkpoint_damage(lock.store) if lock is not None else None
+            if damage is not None:
+                raise damage from error
+            failure = restartable_failure(str(error))
+            if failure is None:
                 raise
-            restarts += 1
-            log.warning("fissure: the query failed (%s); restart %d of %d on the checkpoint %s",
-                        crash, restarts, config.query_restarts, checkpoint)
+            now_s = clock()
+            decision = decide_restart(failure, restarts, now_s, policy)
+            if not decision.restart:
+                error.add_note(f"fissure: not restarted: {decision.reason}")
+                raise
+            restarts.append(Restart(now_s, failure))
+            log.warning("fissure: the query failed (%s); starting it again on the checkpoint %s", decision.reason,
+                        checkpoint)
             continue
         finally:
             if loop is not None:
                 runner.decisions = tuple(loop.decisions)
-        return runner.stop()
+        report = runner.stop()
+        if not ended and available_now:
+            check_input_read(runner, report, timeout_s)
+        return report
+
+
+def check_input_read(runner: Runner, report: RunReport, timeout_s: float | None) -> None:
+    """After a bounded run's timeout: raise RunTimedOut when input is left unread."""
+    store = runner_store(runner)
+    left = input_left(runner.sources, store) if store is not None else InputLeft(uncounted=tuple(runner.sources))
+    if not left.anything_left:
+        return
+    raise RunTimedOut(f"the run's timeout ({timeout_s:g} s) ended it with input left: {left.describe()}; "
+                      f"{report.batches} batch{'' if report.batches == 1 else 'es'} committed. Run again on the same "
+                      f"checkpoint to process the rest (or without a timeout; a --follow run's timeout is its end)",
+                      report, left)
+
+
+def runner_store(runner: Runner):
+    try:
+        return open_store(runner.spark, runner.checkpoint)
+    except Exception:  # noqa: BLE001 - no store to read: the input cannot be counted
+        return None
+
+
+def checkpoint_damage(store) -> CheckpointDamaged | None:
+    """A failed query's checkpoint checked as a start checks it: a deleted offsets file is named
+    as such, not left to Spark's `Multiple streaming jobs detected`."""
+    try:
+        StartGuard.open(store).check_logs()
+    except CheckpointDamaged as damage:
+        return damage
+    except Exception:  # noqa: BLE001 - unreadable now: the query's own error says more
+        return None
+    return None
 
 
 def await_batch_limit(runner: Runner, limit: BatchLimit, timeout_s: float | None) -> bool:
@@ -158,14 +225,6 @@ def await_batch_limit(runner: Runner, limit: BatchLimit, timeout_s: float | None
         if deadline is not None and time.monotonic() >= deadline:
             return False
     return False
-
-
-def worker_crash(error: BaseException) -> str | None:
-    """The crash line of a failure caused by a Python worker process dying (None: another failure)."""
-    for line in str(error).splitlines():
-        if WORKER_CRASH in line:
-            return line[line.index(WORKER_CRASH):].split(". Consider")[0].strip()
-    return None
 
 
 def run_graph(graph: StreamGraph, sources, sinks, **options) -> RunReport:

@@ -27,19 +27,20 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from pyspark.sql import Observation, SparkSession
 from pyspark.sql import functions as F
 
 from fissure.graph import OperatorEstimate, Pipeline, PipelineError
 from fissure.control.progress import ProgressState, requested_mode
+from fissure.control.watchdog import Stall, judge_batch, report_due, stuck_operator
 from fissure.model.types import Plan
 from fissure.profile.calibration import stored_spark_model
 from fissure.profile.collector import ProfileCollector
 from fissure.profile.log import profile_log_path
 from fissure.profile.settings import ProfileSettings
-from fissure.profile.window import BatchProfile, ProfileSummary, render_table
+from fissure.profile.window import BatchProfile, ProfileSummary, render_table, waiting_advice
 from fissure.program_fingerprint import program_fingerprint
 from fissure.spark.batch_admission import (SAMPLE_RECORD, SourceAdmission, admit_file_sources, first_file,
                                            model_batch_cost, needs_size, recorded_sample, sample_record, sample_rows)
@@ -55,7 +56,7 @@ from fissure.spark.config import RunnerConfig
 from fissure.spark.elastic import ThreadLevels
 from fissure.spark.plans import describe_plan, resolve_plan
 from fissure.spark.progress_output import ProgressOutput
-from fissure.spark.session import QUERY_DEFAULTS, create_session, default_parallelism, is_local
+from fissure.spark.session import QUERY_DEFAULTS, create_session, default_parallelism, is_local, read_heartbeats
 from fissure.spark.sinks import DeadLetterLog, write_dead_letters
 from fissure.spark.sources import FileSource, check_before_spark, default_file_system, open_source
 from fissure.spark.state import RepartitionRecovery, delete_checkpoint, recover_unfinished_repartition
@@ -121,6 +122,7 @@ class RunReport:
     # Files a batch's source log listed that were gone when the batch ran (Spark reads them as empty).
     missing_files: tuple[str, ...] = ()
     plan_text: str = ""  # the plan described when the report was made, with its keys: `[a|b]x2(user)`
+    stalls: tuple[Stall, ...] = ()  # the watchdog's reports of stuck batches (fissure.control.watchdog)
 
     @property
     def output_records(self) -> int:
@@ -364,6 +366,13 @@ class Runner:
         # The plan and latest decision each batch publishes in observedMetrics["fissure"].
         self.publication = Publication(plan=describe_plan(self.plan, self.pipeline))
         self._table_drawn_at = 0.0
+        self._advised_waiting: set[str] = set()  # operators told they wait undeclared
+        # The watchdog: the batch running now (id, monotonic and wall-clock start), its reports.
+        self.stall_policy = config.stall_policy()
+        self.stalls: list[Stall] = []
+        self._running_batch: tuple[int, float, float] | None = None
+        self._stall_reported_s: float | None = None
+        self._stall_text = ""
 
     # --- lifecycle ---------------------------------------------------------------------------
     def start(self, available_now: bool = False):
@@ -433,7 +442,8 @@ class Runner:
                                              self.profile_settings, self.profile_log)
         self.threads = ThreadLevels(self.spark, self.pipeline, policy=self.config.thread_policy,
                                     config=self.config.thread_elasticity, profile_summary=self.profile_summary,
-                                    detect=self.config.detect_waiting_operators and self.profiler is not None)
+                                    detect=self.config.detect_waiting_operators and self.profiler is not None,
+                                    run=self.checkpoint)
         sources = self.sources
         if self.config.batch_size == "auto":
             sources, self.admissions = self._sized_sources(self.lock.store)
@@ -452,7 +462,7 @@ class Runner:
         writer = self._write_batch
         if self.profiler is not None:
             writer = self.profiler.wrap(writer)
-        writer = self.threads.wrap(writer)
+        writer = self._watched(self.threads.wrap(writer))  # inside the gate: a held batch is not a stuck one
         if self.wrap_batch is not None:
             writer = self.wrap_batch(writer)
         self._batch_function = DetachableBatchFunction(writer)
@@ -612,7 +622,7 @@ class Runner:
                          batch_log=tuple(self.batch_log), boundaries=self.boundaries, decisions=self.decisions,
                          batch_times=self.batch_times(), admissions=self.admissions,
                          missing_files=tuple(self.missing_files),
-                         plan_text=describe_plan(self.plan, self.pipeline))
+                         plan_text=describe_plan(self.plan, self.pipeline), stalls=tuple(self.stalls))
 
     def batch_times(self) -> tuple[BatchTime, ...]:
         return tuple(BatchTime(batch_id, self._seen_batches[batch_id], seconds)
@@ -774,10 +784,45 @@ class Runner:
                 threads=self.threads.latest_text() if self.threads is not None else "",
             )
 
+    def _watched(self, writer: Callable) -> Callable:
+        """The foreachBatch function noting which batch runs since when (the batch's tasks run
+        within it: its sinks' writes compute the micro-batch)."""
+        def watched(frame, batch_id):
+            self._running_batch = (int(batch_id), time.monotonic(), time.time())
+            try:
+                return writer(frame, batch_id)
+            finally:
+                self._running_batch, self._stall_reported_s, self._stall_text = None, None, ""
+        return watched
+
+    def check_stall(self, now_s: float | None = None) -> Stall | None:
+        """The watchdog's look at the batch running now: a Stall when one is due to be reported
+        (fissure.control.watchdog), also logged as a warning and shown on the progress line."""
+        running = self._running_batch
+        if running is None:
+            return None
+        batch_id, started_s, started_wall_s = running
+        now_s = time.monotonic() if now_s is None else now_s
+        predicted = [admission.decision.predicted_batch_s for admission in self.admissions]
+        verdict = judge_batch(now_s - started_s, [batch.wall_s for batch in self.batch_log],
+                              max(predicted) if predicted else None, self.stall_policy)
+        if not report_due(verdict, self._stall_reported_s):
+            return None
+        beat = stuck_operator(read_heartbeats(), started_wall_s)
+        stall = Stall(batch_id, verdict.elapsed_s, verdict.expected_s, beat.operator if beat else None,
+                      time.time() - beat.since_s if beat else None, beat.pid if beat else None, verdict.reason)
+        self._stall_reported_s = verdict.elapsed_s
+        self._stall_text = (f"batch {batch_id} stuck {stall.elapsed_s:.0f} s"
+                            + (f" in {stall.operator!r}" if stall.operator else ""))
+        self.stalls.append(stall)
+        log.warning("fissure: %s", stall.describe())
+        return stall
+
     def _watch(self) -> None:
         while not self._stop_watching.wait(self.config.progress_interval_s):
             try:
                 self._collect_progress()
+                self.check_stall()
             except Exception:  # noqa: BLE001 - the query ending mid-poll: nothing to show
                 continue
             self.progress_output.show(self._progress_state(), table=self.due_table)
@@ -790,9 +835,10 @@ class Runner:
     def _progress_state(self) -> ProgressState:
         """The newest completed batch's progress, or the first batch still running."""
         if self._last_progress is not None:
-            return self._last_progress
+            return replace(self._last_progress, stall=self._stall_text)
         return ProgressState(batch_id=None, records_per_s=None, input_records=0,
-                             dead_letters=self.dead_letter_log.count, plan=describe_plan(self.plan, self.pipeline))
+                             dead_letters=self.dead_letter_log.count, plan=describe_plan(self.plan, self.pipeline),
+                             stall=self._stall_text)
 
     def due_table(self) -> str | None:
         """With profiling, the operators' statistics table every `table_interval_s` (None: not due)."""
@@ -804,4 +850,10 @@ class Runner:
             return None
         self._table_drawn_at = now
         kinds = {name: self.pipeline.kind_of(name).value for name in self.pipeline.names}
-        return render_table(summary, kinds)
+        declared = [operator.name for operator in self.graph.operators if operator.hints.waits is not None]
+        for advice in waiting_advice(summary, declared):
+            operator = advice.split(" waits:")[0]
+            if operator not in self._advised_waiting:  # once a run, whatever the table's interval
+                self._advised_waiting.add(operator)
+                log.warning("fissure: %s", advice)
+        return render_table(summary, kinds, declared)

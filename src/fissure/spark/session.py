@@ -9,16 +9,23 @@ streams. The terminal keeps the driver's own output: the progress line, the resu
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
+import re
+import shutil
 import sys
+import tempfile
 import threading
 import traceback
 
 from pyspark.sql import SparkSession
 
+from fissure.control.failures import CRASH, WORKER_CRASH, restartable_failure  # noqa: F401 - WORKER_CRASH: re-exported
+from fissure.control.watchdog import Heartbeat, read_heartbeat
 from fissure.graph import PipelineError
 from fissure.spark.config import RunnerConfig
+from fissure.worker.records import HEARTBEAT_DIR_VARIABLE
 from fissure.spark.jvm import SPARK_LOG_TERMINAL, launch_jvm_with_output_to, spark_log_path
 
 # Settings of the session fissure creates (measured on PySpark 4.3: see docs/spark-runner.md).
@@ -73,6 +80,38 @@ def ensure_worker_python() -> None:
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 
 
+def ensure_heartbeat_dir() -> str:
+    """The directory this driver's Python workers write their heartbeats to (fissure.worker.records.beat),
+    made now and set in the environment the JVM, started after this, passes to the workers it starts
+    (a JVM already running keeps its own: its workers write none). Removed when the driver exits."""
+    directory = os.environ.get(HEARTBEAT_DIR_VARIABLE)
+    if directory and os.path.isdir(directory):
+        return directory
+    directory = tempfile.mkdtemp(prefix="fissure-heartbeats-")
+    os.environ[HEARTBEAT_DIR_VARIABLE] = directory
+    atexit.register(shutil.rmtree, directory, ignore_errors=True)
+    return directory
+
+
+def read_heartbeats() -> list[Heartbeat]:
+    """The heartbeats this driver's local Python workers wrote (none without the directory)."""
+    directory = os.environ.get(HEARTBEAT_DIR_VARIABLE)
+    beats = []
+    try:
+        names = os.listdir(directory) if directory else []
+    except OSError:
+        return []
+    for name in names:
+        try:
+            with open(os.path.join(directory, name), encoding="utf-8") as heartbeat:
+                beat = read_heartbeat(name, heartbeat.read())
+        except OSError:
+            continue
+        if beat is not None:
+            beats.append(beat)
+    return beats
+
+
 def create_session(config: RunnerConfig = RunnerConfig()) -> SparkSession:
     """A SparkSession on `config.master` (local[*] by default) with fissure's settings.
 
@@ -81,6 +120,7 @@ def create_session(config: RunnerConfig = RunnerConfig()) -> SparkSession:
     terminal as PySpark does, at level ERROR (see fissure.spark.jvm).
     """
     ensure_worker_python()
+    ensure_heartbeat_dir()
     settings = session_settings(config)
     to_terminal = config.spark_log == SPARK_LOG_TERMINAL
     with environment({UI_ADDRESS_VARIABLE: config.spark_ui_address}):
@@ -202,9 +242,9 @@ WRAPPING_ERRORS = ("Py4JJavaError", "Py4JException", "StreamingQueryException", 
                    "PythonException", "SparkException")
 
 
-# What Spark says when a Python worker process died (os._exit, a signal, the OOM killer) instead
-# of raising an error.
-WORKER_CRASH = "Python worker exited unexpectedly"
+
+
+MAX_CAUSE_CHARS = 4000  # a cause is shown whole up to this (a record in a resource fault may be long)
 
 
 def describe_failure(error: BaseException, spark_log: str | None = None) -> str:
@@ -212,23 +252,30 @@ def describe_failure(error: BaseException, spark_log: str | None = None) -> str:
     (default: the file Spark's output goes to, fissure.spark.jvm.spark_log_path).
 
     Spark's errors carry the JVM's stack trace and, from a Python worker or a foreachBatch, a
-    Python traceback: shown are the first line and the innermost error that is not a wrapper.
+    Python traceback: shown are the first line and the innermost error that is not a wrapper,
+    whole (also one Spark put inside a wrapper's line: `... most recent failure: Lost task ...:
+    java.io.IOException: No space left on device`), with the nearest enclosing error that names
+    a file when the innermost names none (a truncated checkpoint file: `EOFException` alone says
+    not which); then why fissure did not start the query again (fissure.control.failures).
     """
     text = str(error).strip() or type(error).__name__
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     first = lines[0] if len(lines[0]) <= 160 else lines[0][:159] + "…"
     summary = f"{type(error).__name__}: {first}"
-    causes = [cause for cause in map(_error_in_line, lines) if cause]
-    crash = next((line for line in lines if WORKER_CRASH in line), None)
-    if crash is not None:
+    causes = [cause for line in lines for cause in _errors_in_line(line)]
+    failure = restartable_failure(text)
+    if failure is not None and failure.kind == CRASH:
         # A dead worker process leaves no Python error; its cause is the crash itself.
-        cause = crash[crash.index(WORKER_CRASH):].split(". Consider")[0].split(": fissure:")[0].strip()
-        running = [line for line in lines if "fissure: operator " in line and line.endswith("was running")]
-        if running:  # fissure's note in the worker's fault-handler log (fissure.worker.records.mark_running)
-            cause += " while " + running[-1][running[-1].index("fissure: operator ") + len("fissure: "):]
-        causes.append(cause)
+        causes.append(failure.cause + (f" while operator {failure.operator!r} was running" if failure.operator else ""))
     if causes and causes[-1] not in summary:
-        summary += f"\n  caused by {causes[-1][:300]}"
+        summary += f"\n  caused by {_shown_cause(causes[-1])}"
+        if not _FILE_NAME.search(causes[-1]):
+            named = next((cause for cause in reversed(causes[:-1]) if _FILE_NAME.search(cause)), None)
+            if named is not None:
+                summary += f"\n  in {_shown_cause(named)}"
+    for note in getattr(error, "__notes__", ()):
+        if note.startswith("fissure: not restarted"):
+            summary += "\n  " + note.removeprefix("fissure: ")
     spark_log = spark_log or spark_log_path()
     if spark_log:
         try:
@@ -239,6 +286,19 @@ def describe_failure(error: BaseException, spark_log: str | None = None) -> str:
             pass
         summary += f"\n  Spark's output and the full error: {spark_log}"
     return summary
+
+
+def _shown_cause(cause: str) -> str:
+    return cause if len(cause) <= MAX_CAUSE_CHARS else cause[:MAX_CAUSE_CHARS - 1] + "…"
+
+
+# Errors whose names do not end in Error or Exception.
+NAMED_ERRORS = ("SystemExit", "KeyboardInterrupt", "ResourceExhausted", "CheckpointDamaged", "RunTimedOut")
+_BARE_ERROR = re.compile(r"^([A-Za-z_$][\w$]*(?:\.[A-Za-z_$][\w$]*)*):?$")
+# A path or URI in an error message: file:/..., hdfs://..., /a/b.
+_FILE_NAME = re.compile(r"(?:\b[a-z][a-z0-9+.-]*:/|(?<![\w.])/)[\w.@%+=~-]+/[\w.@%+=~/-]*")
+# Where an error's name starts inside a line: at its start, after ": " or after ") ".
+_ERROR_NAME = re.compile(r"(?:^|(?<=: )|(?<=\) ))(?:Caused by: )?([A-Za-z_$][\w$]*(?:\.[A-Za-z_$][\w$]*)*): ")
 
 
 def note_failure(error: BaseException) -> None:
@@ -268,18 +328,25 @@ def noted_failures():
         raise
 
 
-def _error_in_line(line: str) -> str | None:
-    """`ValueError: msg` from a traceback's last line, a Java `Caused by: a.b.SomeException: msg` or
-    py4j's `: a.b.SomeException: msg`; None for other lines and for wrappers."""
-    candidate = line.removeprefix("Caused by:").lstrip(": ")
-    name, separator, message = candidate.partition(": ")
-    short_name = name.rsplit(".", 1)[-1]
-    if not separator or not name.replace(".", "").replace("$", "").isidentifier():
-        return None
-    if (not short_name.endswith(("Error", "Exception")) and short_name not in ("SystemExit", "KeyboardInterrupt")
-            or short_name in WRAPPING_ERRORS):
-        return None
-    return f"{short_name}: {message}"
+def _errors_in_line(line: str) -> list[str]:
+    """The errors a line names that are not wrappers, outermost first, each with the rest of the
+    line as its message: `ValueError: msg` from a traceback's last line, a Java `Caused by:
+    a.b.SomeException: msg`, py4j's `: a.b.SomeException: msg`, and an error Spark wrote inside a
+    wrapper's message (`...: Lost task 0.0 in stage 3.0 (TID 5) (driver): java.io.IOException: msg`)."""
+    line = line.removeprefix("Caused by:").lstrip(": ")
+    found = []
+    matches = list(_ERROR_NAME.finditer(line + " " if line.endswith(":") else line))
+    bare = _BARE_ERROR.match(line)
+    if bare:  # a JVM cause without a message: `Caused by: java.io.EOFException`
+        matches = [bare]
+    for match in matches:
+        short_name = match.group(1).rsplit(".", 1)[-1]
+        if short_name in WRAPPING_ERRORS or not (short_name.endswith(("Error", "Exception"))
+                                                 or short_name in NAMED_ERRORS):
+            continue
+        message = line[match.end():].strip()
+        found.append(f"{short_name}: {message}" if message else short_name)
+    return found[-1:]
 
 
 def is_local(session: SparkSession) -> bool:

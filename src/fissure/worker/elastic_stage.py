@@ -22,7 +22,7 @@ the worker itself see the same slots. The runner writes its level, last period's
 counts into it; the worker reads it after each task and sends a `ThreadLevelReport` to the driver
 in a `ThreadLevelTally` (a Spark accumulator's value, see fissure.spark.elastic). The board also
 carries the switch that turns an undeclared operator on when the driver's profile detects it
-waiting (`detect_waiting`).
+waiting (fissure.control.thread_level.verdict.detect_waiting).
 """
 
 from __future__ import annotations
@@ -40,7 +40,6 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from fissure.control.thread_level.config import ElasticityConfig, POLICY_NAMES
-from fissure.control.thread_level.verdict import ThreadingVerdict, threading_verdict
 from fissure.worker.fused import Step, run_record_steps
 from fissure.worker.records import DeadLetter
 from fissure.worker.elastic_runner import ElasticOperatorRunner, ThreadLevelSample
@@ -50,11 +49,6 @@ log = logging.getLogger(__name__)
 # The values of fissure.graph.Waits (the worker layer does not import the pipeline definition).
 WAIT_KINDS = ("io", "gil-free")
 RECORD_ACTIONS = ("map", "filter", "flat_map")
-
-# Detection: wall time per record at least this many times the CPU time, over at least this many
-# timed records (fewer cannot tell a waiting operator from a few slow calls).
-WAIT_RATIO = 2.0
-MIN_TIMED_RECORDS = 200
 
 
 def policy_config(declared: str | None, config: ElasticityConfig | None = None) -> ElasticityConfig:
@@ -327,28 +321,6 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 def worker_runners() -> WorkerRunners:
     """This process's runners."""
     return _RUNNERS
-
-
-# -- detection from a profile ------------------------------------------------------------------
-
-
-def detect_waiting(operator: str, *, wall_us_per_record: float | None, cpu_us_per_record: float | None,
-                   timed_records: int, min_timed_records: int = MIN_TIMED_RECORDS,
-                   wait_ratio: float = WAIT_RATIO) -> ThreadingVerdict:
-    """Whether an undeclared operator's profile shows it waiting, so that threads would help:
-    wall time per record at least `wait_ratio` x its CPU time, over at least `min_timed_records`
-    timed records. Pure; a missing or NaN measurement says no (with the reason).
-
-    Only a waiting operator shows: native code that releases the GIL uses CPU for its whole wall
-    time, so it must be declared `waits="gil-free"`. Wall time also grows when the machine is
-    overloaded (a process waiting for a core), which is why the ratio is generous.
-    """
-    if timed_records < min_timed_records:
-        return ThreadingVerdict(False, f"operator {operator!r}: {timed_records} timed records, fewer than the "
-                                       f"{min_timed_records} needed to tell waiting from a few slow calls")
-    wall_s = None if wall_us_per_record is None else wall_us_per_record / 1e6
-    cpu_s = None if cpu_us_per_record is None else cpu_us_per_record / 1e6
-    return threading_verdict(operator, wall_time_s=wall_s, cpu_time_s=cpu_s, wait_ratio=wait_ratio)
 
 
 # -- what reaches the driver -------------------------------------------------------------------

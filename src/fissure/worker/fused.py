@@ -31,7 +31,7 @@ import pyarrow.compute as pc
 from fissure.worker.arrow_rows import batch_records, column_values
 from fissure.worker.columns import DEAD_ERROR, DEAD_OPERATOR, DEAD_RECORD, SEQ, carried_schema
 from fissure.worker.profiling import StageProfile
-from fissure.worker.records import (DeadLetter, describe_error, flat_map_emitted, mark_running,
+from fissure.worker.records import (DeadLetter, flat_map_emitted, mark_idle, mark_running, record_failed,
                                     operator_stopped, record_text, shown_value)
 
 
@@ -86,6 +86,7 @@ def run_record_steps(steps: Sequence[Step], records: Sequence[dict], seqs: Seque
             wall_s = time.perf_counter() - wall_started_s if timed else 0.0
             observe(index, len(current), len(following), len(dead) - dead_before, cpu_s, wall_s)
         current, current_seqs = following, following_seqs
+    mark_idle()
     return current, current_seqs
 
 
@@ -112,7 +113,7 @@ def _map_records(step: Step, records: list, seqs: list[int], dead: list[DeadLett
         except Exception as error:  # noqa: BLE001 - any user error becomes a dead letter
             position = len(emitted) + len(failed)
             failed.append(position)
-            dead.append(DeadLetter(step.name, describe_error(error), record_text(record), seqs[position]))
+            dead.append(record_failed(step.name, error, record, seqs[position]))
         except (SystemExit, KeyboardInterrupt) as error:
             raise operator_stopped(step.name, error) from error
     if not failed:
@@ -132,7 +133,7 @@ def _filter_records(step: Step, records: list, seqs: list[int], dead: list[DeadL
                     kept_seqs.append(seq)
             break
         except Exception as error:  # noqa: BLE001
-            dead.append(DeadLetter(step.name, describe_error(error), record_text(record), seq))
+            dead.append(record_failed(step.name, error, record, seq))
         except (SystemExit, KeyboardInterrupt) as error:
             raise operator_stopped(step.name, error) from error
     return kept, kept_seqs
@@ -152,7 +153,7 @@ def _flat_map_records(step: Step, records: list, seqs: list[int], dead: list[Dea
                     emitted_seqs.extend([seq] * len(result))
             break
         except Exception as error:  # noqa: BLE001
-            dead.append(DeadLetter(step.name, describe_error(error), record_text(record), seq))
+            dead.append(record_failed(step.name, error, record, seq))
         except (SystemExit, KeyboardInterrupt) as error:
             raise operator_stopped(step.name, error) from error
     return emitted, emitted_seqs
@@ -367,6 +368,7 @@ def run_batch_step(step: Step, data: pa.RecordBatch, seqs: list[int],
     mark_running(step.name)
     try:
         result = _call_batch_step(step, data)
+        mark_idle()
         if step.action == "filter_batches":
             return data.filter(result), [seq for seq, keep in zip(seqs, result.to_pylist()) if keep]
         return result, seqs
@@ -380,7 +382,7 @@ def run_batch_step(step: Step, data: pa.RecordBatch, seqs: list[int],
         try:
             result = _call_batch_step(step, single)
         except Exception as error:  # noqa: BLE001
-            dead.append(DeadLetter(step.name, describe_error(error), record_text(single.to_pylist()[0]), seq))
+            dead.append(record_failed(step.name, error, single.to_pylist()[0], seq))
             continue
         if step.action == "filter_batches":
             if result[0].as_py():
@@ -390,6 +392,7 @@ def run_batch_step(step: Step, data: pa.RecordBatch, seqs: list[int],
             pieces.append(result)
             kept_seqs.append(seq)
     schema = data.schema if step.action == "filter_batches" else step.output_schema
+    mark_idle()
     return (pa.concat_batches(pieces) if pieces else pa.RecordBatch.from_pylist([], schema=schema)), kept_seqs
 
 

@@ -18,7 +18,8 @@ from fissure.worker.columns import SEQ
 from fissure.worker.fused import assemble, dead_letter_batch, live_batch, records_to_batch
 from fissure.eventtime import no_event_time
 from fissure.worker.keyed import null_key_error
-from fissure.worker.records import DeadLetter, OperatorFailedError, describe_error, normalize_emitted, record_text
+from fissure.worker.records import (DeadLetter, OperatorFailedError, describe_error, normalize_emitted, record_failed,
+                                    record_text)
 from fissure.worker.state_codec import StateCodec, StateCodecError, decode_data
 from fissure.worker.timed import late_reason, seconds_text
 
@@ -108,8 +109,7 @@ def run_join_group(step: JoinStep, arrivals: Sequence[JoinArrival], stored_state
             try:
                 emitted = normalize_emitted(step.fn(left, right))
             except Exception as error:  # noqa: BLE001 - a bad pair becomes a dead letter
-                dead.append(DeadLetter(step.name, describe_error(error), record_text({"left": left, "right": right}),
-                                       arrival.seq))
+                dead.append(record_failed(step.name, error, {"left": left, "right": right}, arrival.seq))
                 continue
             records.extend(emitted)
             seqs.extend([arrival.seq] * len(emitted))

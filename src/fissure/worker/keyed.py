@@ -32,8 +32,8 @@ import pyarrow.compute as pc
 from fissure.worker.arrow_rows import batch_records, column_values
 from fissure.worker.columns import SEQ
 from fissure.worker.fused import assemble, dead_letter_batch, live_batch, records_to_batch, reshape_dead, split_dead
-from fissure.worker.records import (DeadLetter, OperatorFailedError, describe_error, mark_running,
-                                    normalize_emitted, operator_stopped, record_text)
+from fissure.worker.records import (DeadLetter, OperatorFailedError, describe_error, mark_idle, mark_running,
+                                    normalize_emitted, operator_stopped, record_failed, record_text)
 from fissure.worker.state_codec import StateCodec, StateCodecError
 
 # A key's stored state: its bytes under the operator's codec, and whether they are a (verified) pickle.
@@ -253,7 +253,7 @@ def _run(step: StatefulStep, batch: pa.RecordBatch, group: Callable[[list[dict]]
                         continue
                     emitted = normalize_emitted(emitted)
                 except Exception as error:  # noqa: BLE001 - a bad record becomes a dead letter
-                    dead.append(DeadLetter(step.name, describe_error(error), record_text(record), seq))
+                    dead.append(record_failed(step.name, error, record, seq))
                     continue
                 except (SystemExit, KeyboardInterrupt) as error:
                     raise operator_stopped(step.name, error) from error
@@ -263,6 +263,7 @@ def _run(step: StatefulStep, batch: pa.RecordBatch, group: Callable[[list[dict]]
             if not fresh:
                 fresh.append(dump_state(step, key, fresh_state(step), codec))
             store(key, None if data == fresh[0] else data)
+    mark_idle()
     data, seqs = records_to_batch(records, seqs, step.output_schema, step.name, dead)
     emitted_batch = live_batch(data, seqs)
     return assemble(

@@ -7,9 +7,12 @@ from __future__ import annotations
 import json
 import os
 import sysconfig
+import time
 import traceback
 from collections.abc import Mapping
 from dataclasses import dataclass
+
+from fissure.control.failures import RESOURCE_ERRNOS
 
 MAX_DEAD_RECORD_CHARS = 10_000
 
@@ -67,6 +70,38 @@ def describe_error(error: BaseException) -> str:
             f"{os.path.basename(innermost.filename)}:{innermost.lineno} in {innermost.name})")
 
 
+class ResourceExhausted(RuntimeError):
+    """An operator ran out of memory or of another resource of the machine (MemoryError; an
+    OSError of ENOMEM, ENOSPC, EDQUOT, EMFILE, ENFILE or ENOBUFS) while processing a record: no
+    record's fault, so never its dead letter. The task fails and `fissure.run` starts the query
+    again on its checkpoint (fissure.control.failures reads this message back: keep its form)."""
+
+
+def is_resource_error(error: BaseException) -> bool:
+    """Whether `error`, or an error it was raised from, is the machine running out of a resource."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, MemoryError) or isinstance(error, OSError) and error.errno in RESOURCE_ERRNOS:
+            return True
+        seen.add(id(error))
+        error = error.__cause__
+    return False
+
+
+def record_failed(operator: str, error: BaseException, record: object, seq: int) -> DeadLetter:
+    """The dead letter of a record `operator` raised `error` on; raises ResourceExhausted, naming
+    the operator, the error and the record, when the error is the machine's (`is_resource_error`)."""
+    if is_resource_error(error):
+        raise ResourceExhausted(f"operator {operator!r} ran out of resources ({_one_line(describe_error(error))}) on "
+                                f"record {_one_line(record_text(record))}; not the record's fault: the task fails and the query starts again "
+                                f"on its checkpoint") from error
+    return DeadLetter(operator, describe_error(error), record_text(record), seq)
+
+
+def _one_line(text: str) -> str:
+    return text.replace("\n", "\\n").replace("\r", "\\r")
+
+
 class OperatorFailedError(RuntimeError):
     """An operator failed in a way that is no record's fault and ends the run, named in the message:
     it raised SystemExit or KeyboardInterrupt (an operator may not end its worker process), its
@@ -79,10 +114,17 @@ def operator_stopped(operator: str, error: BaseException) -> OperatorFailedError
                                f" worker process (raise an Exception to make the record a dead letter)")
 
 
+# The directory where each Python worker process notes the operator it runs (`beat`), for the
+# driver's watchdog (fissure.spark.session sets it before Spark's JVM starts its workers).
+HEARTBEAT_DIR_VARIABLE = "FISSURE_HEARTBEAT_DIR"
+
+
 def mark_running(operator: str) -> None:
-    """Note which operator starts running in this worker process, in the fault-handler log Spark
-    reads when the process dies (`spark.python.worker.faulthandler.enabled`): a crash then names
-    the operator that was running. Once per operator and batch; nothing without that log."""
+    """Note which operator starts running in this worker process: in the fault-handler log Spark
+    reads when the process dies (`spark.python.worker.faulthandler.enabled`), so that a crash names
+    the operator that was running, and in the process's heartbeat file (`beat`), so that the
+    driver's watchdog names the operator a stuck batch is in. Once per operator and Arrow batch."""
+    beat(operator)
     directory = os.environ.get("PYTHON_FAULTHANDLER_DIR")
     if not directory:
         return
@@ -92,6 +134,25 @@ def mark_running(operator: str) -> None:
     try:
         with open(path, "a", encoding="utf-8") as log:
             log.write(f"fissure: operator {operator!r} was running\n")
+    except OSError:
+        pass
+
+
+def mark_idle() -> None:
+    """Note that this worker process runs no operator any more (its heartbeat file)."""
+    beat(None)
+
+
+def beat(operator: str | None) -> None:
+    """Write `{"operator": ..., "since": wall-clock seconds}` to `<heartbeat dir>/<pid>`: one small
+    write per operator and Arrow batch (a 10,000-record batch by default), nothing without the
+    directory (a session fissure did not create, a cluster's executors)."""
+    directory = os.environ.get(HEARTBEAT_DIR_VARIABLE)
+    if not directory:
+        return
+    try:
+        with open(os.path.join(directory, str(os.getpid())), "w", encoding="utf-8") as heartbeat:
+            heartbeat.write(json.dumps({"operator": operator, "since": time.time()}))
     except OSError:
         pass
 

@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterable, Sequence
 from fissure.eventtime import AggregateRole, DeduplicateRole, ExpiryRole, WindowRole, event_seconds, no_event_time
 from fissure.worker.keyed import BatchTime, KeyEmitted, StatefulStep
 from fissure.worker.records import (DeadLetter, OperatorFailedError, describe_error, normalize_emitted,
-                                    operator_stopped, record_text)
+                                    operator_stopped, record_failed, record_text)
 
 LATE = "Late"  # the reason of every late record's dead letter: "Late: ..."
 
@@ -83,7 +83,7 @@ class TimedKeyFunction:
     def dead(self, error: BaseException, record: object, seq: int) -> DeadLetter:
         if isinstance(error, (SystemExit, KeyboardInterrupt)):
             raise operator_stopped(self.name, error) from error
-        return DeadLetter(self.name, describe_error(error), record_text(record), seq)
+        return record_failed(self.name, error, record, seq)
 
 
 class WindowKeys(TimedKeyFunction):

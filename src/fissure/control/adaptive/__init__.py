@@ -19,10 +19,12 @@ as arguments, nothing here reads a clock, sleeps or touches Spark. What the loop
    Nothing worth switching to: the loop settles, and only watches the workload.
 3. Apply (the driver hands the switch to a `PlanRealizer`), then evaluate for
    `evaluation_batches` and `evaluation_s`: keep when the measured throughput beats the baseline
-   (the previous plan's) by `min_gain`, or reaches the prediction within `prediction_tolerance`
-   without falling below the baseline (a release: when it still processes the offered rate with
-   headroom); otherwise revert and blacklist the change (Tang and Gedik, "Autopipelining for Data
-   Stream Processing", IEEE TPDS 2013, Section 5).
+   (the previous plan's window) by more than this run's noise could give with `keep_confidence`
+   (the spread of batches under unchanged plans, pooled over the run: fissure.control.noise; a
+   switch the model predicts to lose must beat twice that band); a release: when it still
+   processes the offered rate with headroom. Otherwise revert and blacklist the change (Tang and
+   Gedik, "Autopipelining for Data Stream Processing", IEEE TPDS 2013, Section 5, keep any gain:
+   on a machine whose batches spread by ±10 %, that keeps noise).
    An operator that drifted since the planning voids the comparison: re-open, no verdict.
 4. Halt when more than a share `alpha` of the planner's candidate changes repeat a blacklisted
    change (Tang and Gedik halt on the share of blacklisted input ports, the places where their

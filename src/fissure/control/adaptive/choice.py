@@ -3,7 +3,10 @@
 Given the planner's scored candidates, the plan in force, the blacklist and the switch costs,
 `PlanChooser` leaves out the candidates that repeat a blacklisted change and picks
 - for throughput: the candidate with the most records over the payback horizon net of what its
-  switch loses, if it is predicted `min_gain` better than the plan in force and wins its switch back;
+  switch loses, if it is predicted better than the plan in force by more than the evaluation
+  could tell from noise (`gain_band`, from the run's measured noise; `min_gain` a floor) and
+  wins its switch back: a corrected model that still ranks an untried plan above the plan in
+  force by more than the noise gets it tried, so the loop does not stop one plan short;
 - for an offered rate (known, no backlog): the plan with the fewest threads predicted to process
   the rate with headroom, releasing at most `max_release_fraction` of the threads per step;
 or says why none is worth it (a `Choice` with its reason, and no option).
@@ -63,6 +66,7 @@ class PlanChooser:
     chain: tuple[OperatorStats, ...]
     blacklist: tuple[PlanChange, ...]
     costs: SwitchCosts
+    gain_band: float = 0.0  # the relative gain an evaluation window could not tell from noise
 
     def choose(self, scored: Sequence[ScoredPlan], current: float, baseline: float, load: Load) -> Choice:
         """`current`: the plan in force's predicted throughput; `baseline`: its measured one."""
@@ -91,11 +95,15 @@ class PlanChooser:
     def _for_throughput(self, options: Sequence[Option], current: float, skipped: str) -> Choice:
         config, in_force = self.config, plan_fingerprint(self.plan)
         horizon = config.payback_horizon_s
-        gaining = [option for option in options if relative_gain(current, option.predicted) >= config.min_gain]
+        needed = max(config.min_gain, self.gain_band)
+        gaining = [option for option in options if relative_gain(current, option.predicted) > needed]
         if not gaining:
-            return Choice(None, Objective.THROUGHPUT,
-                          f"no plan is predicted {config.min_gain:.0%} better than {in_force}"
-                          f" ({format_rate(current)}){skipped}")
+            if config.min_gain >= self.gain_band:
+                why = f"{config.min_gain:.0%} better than {in_force} ({format_rate(current)})"
+            else:
+                why = (f"better than {in_force} ({format_rate(current)}) by more than the {self.gain_band:.1%}"
+                       f" an evaluation could tell from noise")
+            return Choice(None, Objective.THROUGHPUT, f"no plan is predicted {why}{skipped}")
 
         def net_records(option: Option) -> float:  # over the horizon, minus what the switch loses
             return (option.predicted - current) * horizon - option.predicted * option.cost_s

@@ -74,11 +74,15 @@ class AdaptiveConfig:
         evaluation_s: seconds the evaluation lasts, at least.
         discard_after_switch: batches not counted after a switch (and after the start): restart
             effects (the first batch of a restarted query pays the JVM's and workers' warm-up).
-        min_gain: relative gain a switch must be predicted to bring, and a measured gain over
-            the baseline that keeps it (the autopipelining paper keeps any gain: 0).
-        prediction_tolerance: a switch that reaches its prediction within this share, without
-            falling below the baseline, is kept too; a release must process the offered rate
-            with headroom within this share.
+        min_gain: relative gain a switch must be predicted to bring, at least (the gain an
+            evaluation could not tell from this run's noise is asked when it is more).
+        keep_confidence: a switch made for throughput is kept when its measured gain is beyond
+            the band this run's noise could give with this confidence, one-sided
+            (fissure.control.noise); the autopipelining paper keeps any gain.
+        assumed_noise: the relative spread of one batch's rate assumed until the run has
+            measured its own (weighs as two batches; ±10 % is this project's 2-core machine).
+        prediction_tolerance: a release must process the offered rate with headroom within
+            this share.
         alpha: halt when more than this share of the last planning's candidate changes repeat
             a blacklisted change (Tang and Gedik's alpha; the paper leaves the value open).
         sensitivity: SENS, the relative departure of a plan's throughput from its reference that
@@ -99,6 +103,8 @@ class AdaptiveConfig:
         rate_change: relative move of the offered rate that re-opens a plan sized for the rate.
         max_release_fraction: a release removes at most this share of the threads in one step
             (a clamp like the Flink autoscaler's maximum scale-down factor).
+        max_switches_per_workload: plan switches the loop tries between two workload changes
+            (kept or reverted; None: no limit besides the blacklist's alpha).
         planning_method: the planner (`fissure plan --method`) the default search uses.
         max_threads: the planners' thread budget M; None: 2 C.
         forget_blacklist_on_change: a workload change empties the blacklist.
@@ -115,7 +121,9 @@ class AdaptiveConfig:
     evaluation_batches: int = 4
     evaluation_s: float = 3.0
     discard_after_switch: int = 1
-    min_gain: float = 0.05
+    min_gain: float = 0.02
+    keep_confidence: float = 0.9
+    assumed_noise: float = 0.10
     prediction_tolerance: float = 0.10
     alpha: float = 0.5
     sensitivity: float = 0.05
@@ -127,6 +135,7 @@ class AdaptiveConfig:
     rate_headroom: float = 0.3
     rate_change: float = 0.2
     max_release_fraction: float = 0.5
+    max_switches_per_workload: int | None = 6
     planning_method: str = "heuristic"
     max_threads: int | None = None
     forget_blacklist_on_change: bool = True
@@ -151,8 +160,14 @@ class AdaptiveConfig:
         for name in ("sensitivity", "prediction_tolerance", "operator_sensitivity", "rate_change"):
             if not 0 < getattr(self, name) < 1:
                 raise ValueError(f"{name} must be in (0, 1) (0.05 means 5 %), got {getattr(self, name)}")
+        if not 0.5 <= self.keep_confidence < 1:
+            raise ValueError(f"keep_confidence must be in [0.5, 1) (0.9 means 90 %), got {self.keep_confidence}")
+        if not (math.isfinite(self.assumed_noise) and self.assumed_noise > 0):
+            raise ValueError(f"assumed_noise must be a relative spread > 0 (0.1 means 10 %), got {self.assumed_noise}")
         if self.planning_method not in METHODS:
             raise ValueError(f"unknown planning_method {self.planning_method!r}; choose one of {', '.join(METHODS)}")
+        if self.max_switches_per_workload is not None and self.max_switches_per_workload < 1:
+            raise ValueError(f"max_switches_per_workload must be >= 1 or None, got {self.max_switches_per_workload}")
         if self.max_threads is not None and self.max_threads < 1:
             raise ValueError(f"max_threads must be >= 1 or None, got {self.max_threads}")
         if self.switch_cost_max_step < 1:

@@ -18,6 +18,7 @@ from fissure.control.adaptive.choice import Choice, PlanChooser
 from fissure.control.adaptive.config import AdaptiveConfig, SwitchCosts
 from fissure.control.adaptive.decisions import Action, Decision, Objective, Phase, PlanSwitch, format_rate
 from fissure.control.adaptive.evaluation import BlacklistShare, Trial, judge
+from fissure.control.noise import NoiseEstimate, noise_band
 from fissure.control.adaptive.observations import (
     BatchObservation,
     Sample,
@@ -79,6 +80,8 @@ class AdaptiveController:
         self._basis: _Basis | None = None
         self._last_candidates: tuple[ScoredPlan, ...] = ()  # of the last planning
         self._reference_per_s: float | None = None  # last baseline measured for the plan in force
+        self._noise = NoiseEstimate()  # the spread of batches under unchanged plans, this run
+        self._switches_since_change = 0  # plan switches tried since the workload last changed
         # Learning from measurements: what every plan run so far measured, and the last fit.
         correctable = self.config.correct_model and isinstance(self._search, CorrectablePlanSearch)
         self._measured = ModelCorrection(self.config.correction) if correctable else None
@@ -190,11 +193,20 @@ class AdaptiveController:
             return self._reopen(batch_id, now_s, workload)
         self._reference_per_s = fmean([sample.throughput_per_s for sample in self._window])
         self._remember(self._plan, self._reference_per_s, self._basis.cores if self._basis else observation.cores)
+        self._noise = self._noise.with_window(self._window_rates())
         self._window = []
         return Decision.observe(
             batch_id, now_s, in_force,
             f"{self._phase.value}: {in_force} in force at {format_rate(self._reference_per_s)}, workload unchanged",
         )
+
+    def _window_rates(self) -> list[float]:
+        return [sample.throughput_per_s for sample in self._window]
+
+    @property
+    def noise(self) -> NoiseEstimate:
+        """The spread of batches under unchanged plans this run has measured (fissure.control.noise)."""
+        return self._noise
 
     def _window_ready(self, batches: int, seconds: float) -> bool:
         if len(self._window) < batches:
@@ -224,7 +236,9 @@ class AdaptiveController:
                 f" {', '.join(estimate.missing)}",
             )
         machine = self._planning_machine(cores)
-        baseline = fmean([sample.throughput_per_s for sample in self._window])
+        baseline_samples = self._window_rates()
+        baseline = fmean(baseline_samples)
+        self._noise = self._noise.with_window(baseline_samples)
         self._remember(self._plan, baseline, machine.cores, estimate.operators)
         correction = self._fit_correction()
         search = self._corrected_search()
@@ -254,9 +268,18 @@ class AdaptiveController:
             self._window = []
             return replace(Decision.observe(batch_id, now_s, in_force, f"settled: {reason}"), correction=used)
         option = choice.option
+        budget = self.config.max_switches_per_workload
+        if budget is not None and self._switches_since_change >= budget:
+            self._phase = Phase.SETTLED
+            self._window = []
+            return replace(Decision.observe(
+                batch_id, now_s, in_force,
+                f"settled: {option.change.after} would be next ({choice.reason}), but the {budget} switches"
+                f" allowed since the workload last changed are spent"), correction=used)
+        self._switches_since_change += 1
         switch = PlanSwitch(option.scored.plan, option.change, option.predicted,
                             relative_gain(current, option.predicted), option.cost_s)
-        trial = Trial(switch, self._plan, choice.objective, baseline, choice.required_per_s)
+        trial = Trial(switch, self._plan, choice.objective, baseline, choice.required_per_s, baseline_samples)
         release = choice.objective is Objective.RATE and option.threads < self._plan.threads
         decision = self._start(trial, batch_id, now_s, reason, Action.RELEASE if release else Action.APPLY)
         return replace(decision, correction=used)
@@ -305,7 +328,10 @@ class AdaptiveController:
         return note + f"; the correction changed the ranking: uncorrected, the model would pick {uncorrected}"
 
     def _chooser(self) -> PlanChooser:
-        return PlanChooser(self.config, self._plan, self._chain, tuple(self._blacklist), self._costs)
+        config = self.config
+        band = noise_band(self._noise.spread(config.assumed_noise), max(1, config.profile_batches),
+                          max(1, config.evaluation_batches), config.keep_confidence)
+        return PlanChooser(config, self._plan, self._chain, tuple(self._blacklist), self._costs, band)
 
     def _start(self, trial: Trial, batch_id: int, now_s: float, reason: str, action: Action) -> Decision:
         self._trial = trial
@@ -336,7 +362,9 @@ class AdaptiveController:
             # (or keep) the candidate for the workload's doing. No verdict; plan afresh from here.
             self._trial = None
             return self._reopen(batch_id, now_s, f"{drift} while {candidate} was evaluated: no verdict on it")
-        verdict = judge(trial, measured, config)
+        rates = self._window_rates()
+        verdict = judge(trial, rates, config, self._noise)
+        self._noise = self._noise.with_window(rates)  # the candidate ran unchanged through its window
         if verdict.keep:
             self._trial = None
             self._phase = Phase.PROFILING
@@ -414,6 +442,7 @@ class AdaptiveController:
         self._basis = None
         self._last_candidates = ()
         reason = f"workload changed: {why}"
+        self._switches_since_change = 0
         if self.config.forget_blacklist_on_change and self._blacklist:
             reason += f"; {len(self._blacklist)} blacklisted change(s) forgotten"
             self._blacklist.clear()
@@ -452,7 +481,7 @@ class AdaptiveController:
                 log.info("adaptive: no prediction for the injected plan: %s", error)
                 predicted = gain = None
         switch = PlanSwitch(plan, change, predicted, gain, self._costs.cost_s(change.kind))
-        trial = Trial(switch, self._plan, Objective.THROUGHPUT, baseline, None)
+        trial = Trial(switch, self._plan, Objective.THROUGHPUT, baseline, None, tuple(measured))
         expected = "" if gain is None else f" (predicted {gain:+.0%})"
         return self._start(trial, batch_id, now_s, f"{reason}: {change.after}{expected}", Action.APPLY)
 

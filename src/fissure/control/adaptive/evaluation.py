@@ -1,13 +1,18 @@
 """Judging a plan switch after its evaluation window: the `Trial` under evaluation, the `judge`
 that keeps or reverts it (a `Verdict` with its reason), and the `BlacklistShare` that decides a
-halt (Tang and Gedik, "Autopipelining for Data Stream Processing", IEEE TPDS 2013, Section 5)."""
+halt (Tang and Gedik, "Autopipelining for Data Stream Processing", IEEE TPDS 2013, Section 5).
+A switch made for throughput is kept only when its gain is beyond this run's measured noise
+(fissure.control.noise), the model's prediction joining the measurement."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from statistics import fmean
 
 from fissure.control.adaptive.config import AdaptiveConfig
 from fissure.control.adaptive.decisions import Objective, PlanSwitch, format_rate
+from fissure.control.noise import NoiseEstimate, judge_gain
 from fissure.control.thread_level.decisions import relative_gain
 from fissure.model.types import Plan
 
@@ -21,6 +26,7 @@ class Trial:
     objective: Objective
     baseline_per_s: float  # measured under the previous plan
     required_per_s: float | None  # RATE: the offered rate x (1 + headroom)
+    baseline_samples: tuple[float, ...] = ()  # the per-batch rates behind baseline_per_s
 
 
 @dataclass(frozen=True)
@@ -31,26 +37,23 @@ class Verdict:
     reason: str
 
 
-def judge(trial: Trial, measured_per_s: float, config: AdaptiveConfig) -> Verdict:
-    """Keep or revert a switch after its evaluation window."""
+def judge(trial: Trial, measured: Sequence[float], config: AdaptiveConfig,
+          noise: NoiseEstimate = NoiseEstimate()) -> Verdict:
+    """Keep or revert a switch after its evaluation window of per-batch rates `measured`."""
+    measured_per_s = fmean(measured)
     baseline = trial.baseline_per_s
-    change = relative_gain(baseline, measured_per_s)
-    figures = f"measured {format_rate(measured_per_s)} vs {format_rate(baseline)} before ({change:+.0%})"
     if trial.objective is Objective.RATE and trial.required_per_s is not None:
+        change = relative_gain(baseline, measured_per_s)
+        figures = f"measured {format_rate(measured_per_s)} vs {format_rate(baseline)} before ({change:+.0%})"
         floor = trial.required_per_s * (1 - config.prediction_tolerance)
         if measured_per_s >= floor:
             return Verdict(True,
                            f"{figures}, enough for the {format_rate(trial.required_per_s)} the offered rate needs")
         return Verdict(False, f"{figures}, short of the {format_rate(trial.required_per_s)} the offered rate needs")
-    if measured_per_s >= baseline * (1 + config.min_gain):
-        return Verdict(True, f"{figures}, at least the {config.min_gain:.0%} gain asked")
-    gain = trial.switch.expected_gain
-    if gain is not None and measured_per_s >= baseline:
-        expected = baseline * (1 + gain)
-        if measured_per_s >= expected * (1 - config.prediction_tolerance):
-            return Verdict(True, f"{figures}, as predicted ({format_rate(expected)} expected)")
-    expected = "" if gain is None else f", {format_rate(baseline * (1 + gain))} expected"
-    return Verdict(False, f"{figures}{expected}: no gain of {config.min_gain:.0%}")
+    before = trial.baseline_samples or (baseline,)
+    verdict = judge_gain(before, measured, noise, confidence=config.keep_confidence, assumed_sd=config.assumed_noise,
+                         predicted_gain=trial.switch.expected_gain, unit=" records/s")
+    return Verdict(verdict.keep, verdict.reason)
 
 
 @dataclass(frozen=True)

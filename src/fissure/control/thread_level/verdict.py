@@ -7,7 +7,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-
+# Detection: wall time per record at least this many times the CPU time, over at least this many
+# timed records (fewer cannot tell a waiting operator from a few slow calls).
+WAIT_RATIO = 2.0
+MIN_TIMED_RECORDS = 200
 
 
 @dataclass(frozen=True)
@@ -49,3 +52,22 @@ def threading_verdict(
         False,
         f"operator {operator!r} is CPU-bound: wall time {wall_time_s:.3g} s < {wait_ratio:g} x CPU time {cpu_time_s:.3g} s",
     )
+
+
+def detect_waiting(operator: str, *, wall_us_per_record: float | None, cpu_us_per_record: float | None,
+                   timed_records: int, min_timed_records: int = MIN_TIMED_RECORDS,
+                   wait_ratio: float = WAIT_RATIO) -> ThreadingVerdict:
+    """Whether an undeclared operator's profile shows it waiting, so that threads would help:
+    wall time per record at least `wait_ratio` x its CPU time, over at least `min_timed_records`
+    timed records. Pure; a missing or NaN measurement says no (with the reason).
+
+    Only a waiting operator shows: native code that releases the GIL uses CPU for its whole wall
+    time, so it must be declared `waits="gil-free"`. Wall time also grows when the machine is
+    overloaded (a process waiting for a core), which is why the ratio is generous.
+    """
+    if timed_records < min_timed_records:
+        return ThreadingVerdict(False, f"operator {operator!r}: {timed_records} timed records, fewer than the "
+                                       f"{min_timed_records} needed to tell waiting from a few slow calls")
+    wall_s = None if wall_us_per_record is None else wall_us_per_record / 1e6
+    cpu_s = None if cpu_us_per_record is None else cpu_us_per_record / 1e6
+    return threading_verdict(operator, wall_time_s=wall_s, cpu_time_s=cpu_s, wait_ratio=wait_ratio)
