@@ -8,6 +8,13 @@ import sys
 import pytest
 
 
+def pytest_sessionstart(session):
+    # Spark daemons a killed earlier test run left behind (tests/spark_cluster_support.py).
+    from spark_cluster_support import reap_leftovers
+
+    reap_leftovers()
+
+
 @pytest.fixture(scope="session")
 def spark():
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)

@@ -113,7 +113,7 @@ def test_a_reports_summary_needs_no_plan_text_and_keeps_the_json_contract():
         assert report.summary() == {"plan": "[parse,count]x2(user)", "batches": 40, "input_records": 120_000,
                                     "output_records": 118_000, "dead_letters": 3, "elapsed_s": 12.0,
                                     "first_batch_s": 0.25, "steady_records_per_s": 12000.0, "state_keys": None,
-                                    "state_keys_peak": None, "late_records": 0}
+                                    "state_keys_peak": None, "late_records": 0, "missing_files": []}
 
 
 def test_a_report_prints_as_one_short_line_of_its_key_figures():

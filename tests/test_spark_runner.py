@@ -209,3 +209,40 @@ def test_a_stopped_runner_is_not_kept_alive_by_its_foreach_batch_function(spark,
     del runner
     gc.collect()
     assert stopped() is None
+
+
+def test_the_operators_run_on_a_cost_sample_once_per_checkpoint_and_say_so(spark, tmp_path, capsys):
+    """The sample runs the user's operators (here: each call leaves a mark in a file); a second
+    start on the checkpoint (a restart, a resumed run) reads the costs the first one kept."""
+    from fissure.spark.checkpoint_files import open_store
+    from fissure.spark.config import RunnerConfig
+    from fissure.testing import text_files
+
+    marks = tmp_path / "marks"
+
+    def marked(record):
+        with open(marks, "a") as out:
+            out.write("x")
+        return record
+
+    source = text_files(tmp_path / "in", [f"line {i}" for i in range(600)], lines_per_file=600)
+    store = open_store(spark, str(tmp_path / "ckpt"))
+
+    def start(config=RunnerConfig()):
+        runner = fissure.Runner(Pipeline("sampled").map("marked", marked), source, MemorySink(), spark=spark,
+                                checkpoint=str(tmp_path / "ckpt"), config=config, progress=False)
+        _, (admission,) = runner._sized_sources(store)
+        return admission
+
+    first = start()
+    calls = len(marks.read_text())
+    assert calls >= 400 and first.costs.startswith("operator costs measured on a sample of 400 records")
+    assert "runs the program's operators in a separate process, once per checkpoint" in capsys.readouterr().err
+    again = start()
+    assert len(marks.read_text()) == calls  # not run again
+    assert again.costs.startswith("operator costs measured on a sample of 400 records")
+    assert "(at the checkpoint's first start)" in again.costs
+    assert "separate process" not in capsys.readouterr().err
+    store.delete("fissure", recursive=True)
+    off = start(RunnerConfig(batch_sample_costs=False))
+    assert len(marks.read_text()) == calls and off.costs == "the operators' declared costs"

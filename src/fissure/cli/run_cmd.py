@@ -28,9 +28,9 @@ that --timeout ends before it read them all exits with 124 and says which files 
 
 With --json the last line of standard output is the run's summary as one JSON object (plan,
 batches, input_records, output_records, dead_letters, elapsed_s, first_batch_s,
-steady_records_per_s, state_keys, state_keys_peak, late_records); everything else goes to
-standard error. Without --follow the input is bounded: at its end every event-time window and
-expiry fires (docs/pipeline-api.md, Time).
+steady_records_per_s, state_keys, state_keys_peak, late_records, missing_files); everything else
+goes to standard error. Without --follow the input is bounded: at its end every event-time window
+and expiry fires (docs/pipeline-api.md, Time).
 """
 
 from __future__ import annotations
@@ -70,6 +70,10 @@ def register(subparsers) -> None:
                        help="at most this many KiB of files per micro-batch")
     batch.add_argument("--all-per-batch", action="store_true",
                        help="every new file in one micro-batch (default: a size chosen from the Spark model)")
+    parser.add_argument("--no-cost-sample", dest="cost_sample", action="store_false",
+                        help="size micro-batches from the operators' declared costs; by default they are measured "
+                             "once per checkpoint by running the operators on the first file's first records in a "
+                             "separate process")
     parser.add_argument("--latency-bound", type=float, default=None, metavar="SECONDS",
                         help="with the chosen batch size: keep a micro-batch under this many seconds")
     parser.add_argument("--sink", help="output directory (Parquet, one folder per batch); default: print results")
@@ -77,8 +81,9 @@ def register(subparsers) -> None:
     parser.add_argument("--plan", default="planner", help="planner (default), sequential, or a JSON plan file")
     parser.add_argument("--master", default="local[*,4]",
                         help="Spark master URL (default: local[*,4]: every core, a failed task tried up to 4 times)")
-    parser.add_argument("--spark-ui", action="store_true",
-                        help="run Spark's web UI and print its address (off by default: it slows the start)")
+    parser.add_argument("--spark-ui", nargs="?", const="127.0.0.1", default=None, metavar="ADDRESS",
+                        help="run Spark's web UI and print its address (off by default: it slows the start); it "
+                             "listens on loopback unless ADDRESS names another (it has no login)")
     parser.add_argument("--checkpoint", help="checkpoint directory (restart from it; default: in the run directory)")
     parser.add_argument("--run-dir", help="directory for Spark's log and the default checkpoint "
                                           "(default: a new temporary directory)")
@@ -192,7 +197,9 @@ def handle(args) -> int:
         else:
             source = source_of(source_url, args.source)
         config = fissure.RunnerConfig(master=args.master, batch_size="all" if args.all_per_batch else "auto",
-                                      batch_latency_bound_s=args.latency_bound, spark_ui=args.spark_ui,
+                                      batch_latency_bound_s=args.latency_bound, batch_sample_costs=args.cost_sample,
+                                      spark_ui=args.spark_ui is not None,
+                                      spark_ui_address=args.spark_ui or "127.0.0.1",
                                       state_migration="trust-pickle" if args.migrate_pickled_state else None)
     except ValueError as error:
         raise UsageError(str(error)) from None
@@ -253,6 +260,9 @@ def handle(args) -> int:
           f"plan {report.described_plan}", file=out)
     for admission in report.admissions:
         print(admission.describe(), file=out)
+    if report.missing_files:
+        print(f"{len(report.missing_files)} input file(s) were gone when their batch ran (read as empty): "
+              f"{', '.join(report.missing_files[:5])}{' ...' if len(report.missing_files) > 5 else ''}", file=out)
     if args.sink:
         print(f"results: {args.sink}", file=out)
     if getattr(report, "timeline_json", None):

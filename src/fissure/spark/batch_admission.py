@@ -23,6 +23,11 @@ from fissure.graph import to_arrow_schema
 from fissure.model.spark_model import evaluate_spark
 from fissure.model.types import Plan
 from fissure.spark.sources import FileSource
+from fissure.worker.cost_sample import SampleCosts
+
+# The operator costs a checkpoint's first start measured (`sample_record`): its later starts (a
+# restart after a crash, a resumed run) use them instead of running the operators again.
+SAMPLE_RECORD = "fissure/cost_sample.json"
 
 SAMPLE_BYTES = 4 << 20  # read at most this much of a file to count its records
 SAMPLE_ROWS = 5_000  # records of a source the driver runs the program over to measure its costs
@@ -57,7 +62,7 @@ def data_files(path: str) -> list[Path]:
 
 def bytes_per_record(source: FileSource) -> float | None:
     """Average bytes per record of the source's first non-empty file, or None without one."""
-    file = _first_file(source)
+    file = first_file(source)
     if file is None:
         return None
     if source.format == "parquet":
@@ -73,7 +78,7 @@ def bytes_per_record(source: FileSource) -> float | None:
     return len(sample) / lines if lines > 0 else None
 
 
-def _first_file(source: FileSource) -> Path | None:
+def first_file(source: FileSource) -> Path | None:
     """The source's first non-empty file, which its sample and bytes per record come from."""
     return next((file for file in data_files(source.path) if file.stat().st_size > 0), None)
 
@@ -82,7 +87,7 @@ def sample_rows(source: FileSource, limit: int = SAMPLE_ROWS) -> tuple[list[dict
     """The first `limit` records of the source's first non-empty file as the program's operators
     see them (text: `value`; other formats with the declared schema), or None without a file.
     Lines that do not parse are left out: they would be dead letters, not operator work."""
-    file = _first_file(source)
+    file = first_file(source)
     if file is None:
         return None
     declared = to_arrow_schema(source.schema, f"file source {source.path!r}")  # None for text
@@ -172,3 +177,32 @@ def admit_file_sources(sources: Mapping[str, object], cost: BatchCost, *, fixed_
         admitted[name] = replace(source, max_bytes_per_trigger=limit)
         admissions.append(SourceAdmission(name, decision, per_record, limit, costs))
     return admitted, tuple(admissions)
+
+
+def sample_record(sample: SampleCosts, operators: list[str]) -> str:
+    """The text of the record of a measured sample, for the program of `operators`."""
+    import json
+
+    return json.dumps({"operators": operators, "records": sample.records, "seconds": sample.seconds,
+                       "estimates": {name: [estimate.cost_us, estimate.selectivity]
+                                     for name, estimate in sample.estimates.items()}}, sort_keys=True) + "\n"
+
+
+def recorded_sample(text: str | None, operators: list[str]) -> SampleCosts | None:
+    """The sample a record holds, when it was measured on a program of the same operators (None:
+    no record, an unreadable one, or another program's: measure again)."""
+    import json
+
+    from fissure.graph import OperatorEstimate
+
+    if not text:
+        return None
+    try:
+        document = json.loads(text)
+        if document["operators"] != operators:
+            return None
+        estimates = {name: OperatorEstimate(float(cost), float(selectivity))
+                     for name, (cost, selectivity) in document["estimates"].items()}
+        return SampleCosts(estimates, int(document["records"]), float(document["seconds"]))
+    except (ValueError, KeyError, TypeError):
+        return None

@@ -56,6 +56,8 @@ class RunnerConfig:
     # one batch, as Spark does. With `batch_sample_costs`, the model's operator costs are measured
     # first in the driver on the sources' first records (fissure.worker.cost_sample; skipped when an
     # operator declares `waits=`, whose calls may reach outside systems); else the declared hints.
+    # The sample runs the program's operators in a forked driver process at a checkpoint's first
+    # start only (a line on stderr says so); later starts on it read the costs it kept.
     batch_size: str = "auto"
     batch_fixed_share: float = 0.1
     batch_latency_bound_s: float | None = None
@@ -91,6 +93,11 @@ class RunnerConfig:
     # session fissure creates; its address is printed. Off by default: it costs start-up time
     # (benchmarks/results/spark_ui_startup.md). A session passed in keeps its own setting.
     spark_ui: bool = False
+    # The address Spark's web UI listens on when it runs: loopback unless named (a machine's
+    # address or 0.0.0.0 opens it to the network: it has no login). Spark binds its UI to the
+    # environment variable SPARK_LOCAL_IP of its JVM, else every interface; fissure sets that
+    # variable when it starts the JVM.
+    spark_ui_address: str = "127.0.0.1"
     # Start the Python workers of the session fissure creates in the background as it starts
     # (fissure.spark.session.warm_python_workers): the first micro-batch does not wait for them.
     warm_python_workers: bool = True

@@ -42,10 +42,12 @@ from fissure.profile.log import profile_log_path
 from fissure.profile.settings import ProfileSettings
 from fissure.profile.window import BatchProfile, ProfileSummary, render_table, waiting_advice
 from fissure.program_fingerprint import program_fingerprint
-from fissure.spark.batch_admission import (SourceAdmission, admit_file_sources, model_batch_cost, needs_size,
-                                           sample_rows)
-from fissure.spark.checkpoint_files import open_store
-from fissure.spark.checkpoint_guard import StartGuard
+from fissure.spark.batch_admission import (SAMPLE_RECORD, SourceAdmission, admit_file_sources, first_file,
+                                           model_batch_cost, needs_size, recorded_sample, sample_record, sample_rows)
+from fissure.spark.checkpoint_files import LocalStore, open_store
+from fissure.spark.checkpoint_guard import StartGuard, batch_ids
+from fissure.spark.file_staging import (FileStager, SettleRule, StagingThread, batch_files, missing_files,
+                                        poll_interval, staged, staging_applies, staging_path)
 from fissure.spark.checkpoint_lock import CheckpointLock
 from fissure.spark.compile_graph import CompiledGraph, compile_graph, sink_frame
 from fissure.spark.observed_metrics import Publication, observe_run
@@ -66,7 +68,7 @@ from fissure.worker.watermark import BatchClock, next_clock
 from fissure.streamgraph import StreamGraph, as_graph
 from fissure.worker.cost_sample import measure_sample_isolated
 from fissure.worker.elastic_stage import BatchThreadLevels
-from fissure.worker.columns import DEAD_ERROR, DEAD_OPERATOR
+from fissure.worker.columns import DEAD_ERROR, DEAD_OPERATOR, DEAD_RECORD, SEQ
 from fissure.worker.graph_pe import ROUTE, plan_graph_stages, state_partitions_of
 from fissure.worker.profiling import ProfileTally, ProfileTallyParam
 
@@ -125,6 +127,8 @@ class RunReport:
     decisions: tuple = ()
     batch_times: tuple[BatchTime, ...] = ()  # every batch Spark reported, in batch order
     admissions: tuple[SourceAdmission, ...] = ()  # batch sizes fissure chose for file sources
+    # Files a batch's source log listed that were gone when the batch ran (Spark reads them as empty).
+    missing_files: tuple[str, ...] = ()
     plan_text: str = ""  # the plan described when the report was made, with its keys: `[a|b]x2(user)`
     stalls: tuple[Stall, ...] = ()  # the watchdog's reports of stuck batches (fissure.control.watchdog)
     # Keys holding state after the last batch, summed over the stateful operators (their buckets
@@ -159,7 +163,7 @@ class RunReport:
                 "steady_records_per_s": round(sum(time.input_records for time in later) / later_s, 1)
                 if later and later_s > 0 else None,
                 "state_keys": self.state_keys, "state_keys_peak": self.state_keys_peak,
-                "late_records": self.late_records}
+                "late_records": self.late_records, "missing_files": list(self.missing_files)}
 
     @property
     def records_per_s(self) -> float:
@@ -168,9 +172,11 @@ class RunReport:
     def describe(self) -> str:
         """The key figures on one line: plan, batches, records in and out, dead letters, elapsed
         seconds, throughput."""
+        missing = (f", {len(self.missing_files)} input file{'' if len(self.missing_files) == 1 else 's'} missing"
+                   if self.missing_files else "")
         return (f"plan {self.described_plan}, {self.batches} batch{'' if self.batches == 1 else 'es'}, "
                 f"{self.input_records:,} records in, {self.output_records:,} out, {self.dead_letters:,} dead "
-                f"letter{'' if self.dead_letters == 1 else 's'}, {self.elapsed_s:.1f} s, "
+                f"letter{'' if self.dead_letters == 1 else 's'}{missing}, {self.elapsed_s:.1f} s, "
                 f"{self.records_per_s:,.0f} records/s")
 
     def __repr__(self) -> str:
@@ -336,6 +342,10 @@ class Runner:
         self.estimates = estimates
         self.plan = resolve_plan(plan, self.pipeline, default_parallelism(self.spark), estimates)
         self.admissions: tuple[SourceAdmission, ...] = ()  # batch sizes chosen at start()
+        self.stagers: list[FileStager] = []  # file sources read through staging (fissure.spark.file_staging)
+        self._staging: StagingThread | None = None
+        self._staging_error: BaseException | None = None
+        self.missing_files: list[str] = []
         if boundaries is None:
             boundaries = [node for stage in plan_graph_stages(self.graph, self.plan) for node in stage.boundaries]
         self.boundaries = tuple(sorted(set(boundaries)))
@@ -462,7 +472,8 @@ class Runner:
                                     run=self.checkpoint)
         sources = self.sources
         if self.config.batch_size == "auto":
-            sources, self.admissions = self._sized_sources()
+            sources, self.admissions = self._sized_sources(self.lock.store)
+        sources = self._staged_sources(sources, guard.fresh, available_now)
         frames = {name: open_source(sources[name], self.spark) for name in self.graph.sources if name in sources}
         self.time_tally = self.spark.sparkContext.accumulator(TimeTally(), TimeTallyParam())
         control_frame = None
@@ -492,6 +503,8 @@ class Runner:
         self._started_at = time.monotonic()
         self.progress_output = self._new_progress_output()  # the first batch's wait counts from here
         self.query = self._stream(available_now).start()
+        if self.stagers and not available_now:
+            self._staging = StagingThread(self.stagers, poll_interval(self.stagers), self._on_staging_error).start()
         self._watcher = threading.Thread(target=self._watch, name="fissure-progress", daemon=True)
         self._watcher.start()
         return self.query
@@ -526,12 +539,44 @@ class Runner:
             self.lock.check_held()
         return True
 
-    def _sized_sources(self):
-        """The sources with a batch size on each file source given none (fissure.spark.batch_admission)."""
+    def _staged_sources(self, sources: Mapping[str, object], fresh: bool, available_now: bool) -> dict:
+        """The file sources read through a staging directory in the checkpoint, which gets each
+        file once it is settled and readable (fissure.spark.file_staging); the others as given.
+        An available-now run first waits for the files still being written."""
+        store = self.lock.store
+        checkpoint = store.location if isinstance(store, LocalStore) else None
+        staged_sources, self.stagers = dict(sources), []
+        for name, source in sources.items():
+            if not isinstance(source, FileSource):
+                continue
+            direct = staging_applies(source, checkpoint, fresh, name)
+            if direct is not None:
+                if source.settle_s is not None:
+                    log.warning("fissure: source %s is read as Spark lists it, files still being written included "
+                                "(%s)", name, direct)
+                continue
+            stager = FileStager(name, source.local_path(), staging_path(checkpoint, name), source.format,
+                                SettleRule(float(source.settle_s)), source.on_unreadable)
+            if available_now:
+                stager.stage_all(poll_interval([stager]))
+            else:
+                stager.poll()
+            self.stagers.append(stager)
+            staged_sources[name] = staged(source, stager.staging)
+        return staged_sources
+
+    def _on_staging_error(self, error: BaseException) -> None:
+        self._staging_error = error
+        if self.query is not None and self.query.isActive:
+            self.query.stop()
+
+    def _sized_sources(self, store):
+        """The sources with a batch size on each file source given none (fissure.spark.batch_admission);
+        `store`: the checkpoint's files (where the measured operator costs are kept)."""
         if not any(needs_size(source) for source in self.sources.values()):
             return self.sources, ()  # no model to evaluate, no calibration file to read
         settings, _ = stored_spark_model()
-        estimates, costs = self._sampled_estimates()
+        estimates, costs = self._sampled_estimates(store)
         cost = model_batch_cost(self.pipeline.operator_stats(estimates), self.plan,
                                 default_parallelism(self.spark), settings)
         sources, admissions = admit_file_sources(self.sources, cost, fixed_share=self.config.batch_fixed_share,
@@ -540,28 +585,45 @@ class Runner:
             log.info("%s", admission.describe())
         return sources, admissions
 
-    def _sampled_estimates(self) -> tuple[Mapping[str, OperatorEstimate] | None, str]:
+    def _sampled_estimates(self, store) -> tuple[Mapping[str, OperatorEstimate] | None, str]:
         """Operator estimates for sizing batches: measured on the first records of each file
         source (fissure.worker.cost_sample), under the ones the caller gave; and where they came from.
-        A program that fails on its sample keeps its declared costs (its batches will say why)."""
+        A program that fails on its sample keeps its declared costs (its batches will say why).
+
+        The sample runs the user's operators (in a forked process of the driver), so it runs once
+        per checkpoint and says so: the costs are kept in the checkpoint (`SAMPLE_RECORD`), and a
+        later start of the same program on it (a restart after a crash, a resumed run) reads them."""
         if not self.config.batch_sample_costs:
             return self.estimates, SourceAdmission.costs
         waiting = [operator.name for operator in self.graph.operators if operator.hints.waits is not None]
         if waiting:
             return self.estimates, f"{SourceAdmission.costs} (no sample: {', '.join(waiting)} declare waits=)"
+        operators = [operator.name for operator in self.graph.operators]
+        sample = recorded_sample(store.read(SAMPLE_RECORD), operators)
+        if sample is not None:
+            kept = sample.describe() + " (at the checkpoint's first start)"
+            return {**sample.estimates, **(self.estimates or {})}, kept
         try:
-            rows, schemas = {}, {}
+            rows, schemas, files = {}, {}, []
             for name, source in self.sources.items():
                 sampled = sample_rows(source) if isinstance(source, FileSource) else None
                 if sampled is not None:
                     rows[name], schemas[name] = sampled
+                    files.append(str(first_file(source)))
             if not rows:
                 return self.estimates, SourceAdmission.costs
+            print(f"fissure: measuring the operators' costs on the first records of {', '.join(files)} to size the "
+                  f"micro-batches: runs the program's operators in a separate process, once per checkpoint "
+                  f"(off: --no-cost-sample, RunnerConfig(batch_sample_costs=False))", file=sys.stderr)
             sample = measure_sample_isolated(self.graph, rows, schemas)
         except Exception as error:  # noqa: BLE001 - any failure of the user's code or files on the sample
             log.warning("measuring operator costs on a sample failed (%s); batch sizes follow the declared costs",
                         error)
             return self.estimates, f"{SourceAdmission.costs} (measuring them on a sample failed: {error})"
+        try:
+            store.write(SAMPLE_RECORD, sample_record(sample, operators))
+        except OSError as error:  # the costs still serve this start; the next one measures again
+            log.warning("could not keep the measured operator costs in the checkpoint (%s)", error)
         return {**sample.estimates, **(self.estimates or {})}, sample.describe()
 
     def await_termination(self, timeout_s: float | None = None) -> bool:
@@ -572,6 +634,8 @@ class Runner:
             ended = True
         else:
             ended = bool(self.query.awaitTermination(timeout_s))
+        if self._staging_error is not None:
+            raise self._staging_error  # an unreadable file with on_unreadable="stop"
         if self.lock is not None:
             self.lock.check_held()  # stopped because another run took the checkpoint over
         return ended
@@ -583,10 +647,13 @@ class Runner:
 
     def stop(self) -> RunReport:
         """Stop the query (if running) and the progress line; returns the report."""
+        if self._staging is not None:
+            self._staging.stop()
         if self.query is not None and self.query.isActive:
             self.query.stop()
         if self._batch_function is not None:
             self._batch_function.detach()
+        self._write_unwritten_file_letters()
         self._stop_watching.set()
         if self._watcher is not None:
             self._watcher.join(timeout=5)
@@ -611,6 +678,7 @@ class Runner:
                          thread_levels=self.threads.batches if self.threads is not None else (),
                          batch_log=tuple(self.batch_log), boundaries=self.boundaries, decisions=self.decisions,
                          batch_times=self.batch_times(), admissions=self.admissions,
+                         missing_files=tuple(self.missing_files),
                          plan_text=describe_plan(self.plan, self.pipeline), stalls=tuple(self.stalls),
                          state_keys=self.state_keys, state_keys_peak=self.state_keys_peak,
                          late_records=self.late_records, watermark=self.watermark)
@@ -656,6 +724,7 @@ class Runner:
         if clock is not None:
             context.setLocalProperty(BATCH_CLOCK_PROPERTY, clock.to_json())
         started_s = time.monotonic()
+        self._report_missing_files(batch_id)
         frame = frame.persist()
         try:
             dead_count, written, late = self._write_sinks(frame, batch_id)
@@ -727,19 +796,58 @@ class Runner:
                                  *[F.count_if(live & (F.col(ROUTE) == route)).alias(f"sink{index}")
                                    for index, route in enumerate(routes)])
         first, *others = self.graph.sinks
+        letters = [file.letter() for stager in self.stagers for file in stager.letters_for(batch_id)]
         if getattr(self.sinks[first], "reads_every_row", False):
             self.sinks[first].write(sink_frame(self.compiled, self.graph, first, observed), batch_id)
             counts = observation.get
             dead_count = write_dead_letters(frame, batch_id, self.dead_letter_log, self.dead_letter_sink,
-                                            count=int(counts["dead"]))
+                                            count=int(counts["dead"]), extra=letters)
         else:
-            dead_count = write_dead_letters(observed, batch_id, self.dead_letter_log, self.dead_letter_sink)
+            dead_count = write_dead_letters(observed, batch_id, self.dead_letter_log, self.dead_letter_sink,
+                                            extra=letters)
             counts = observation.get
             self.sinks[first].write(sink_frame(self.compiled, self.graph, first, frame), batch_id)
         for sink in others:
             self.sinks[sink].write(sink_frame(self.compiled, self.graph, sink, frame), batch_id)
         return (dead_count, sum(int(counts[f"sink{index}"]) for index in range(len(routes))),
                 int(counts["late"] or 0))
+
+    def _report_missing_files(self, batch_id: int) -> None:
+        """Warn of the files Spark's source log lists for the batch that are gone (deleted after
+        Spark listed them: Spark reads a missing file as empty, silently), and keep them for the report."""
+        store = self.lock.store if self.lock is not None else None
+        if store is None:
+            return
+        try:
+            gone = missing_files(batch_files(store.read, store.names, batch_id))
+        except OSError:
+            return
+        new = [path for path in gone if path not in self.missing_files]
+        if new:
+            self.missing_files.extend(new)
+            message = (f"fissure: batch {batch_id}: {len(new)} input file(s) listed for it no longer exist and are "
+                       f"read as empty: {', '.join(new[:5])}{' ...' if len(new) > 5 else ''}")
+            log.warning("%s", message)
+            print(message, file=sys.stderr)
+
+    def _write_unwritten_file_letters(self) -> None:
+        """Dead letters of unreadable files no batch has written (no batch ran after they were
+        found): written now under the next batch's id, which writes them again if it runs."""
+        if not self.stagers or self.lock is None:
+            return
+        committed = batch_ids(self.lock.store, "commits")
+        next_batch = committed[-1] + 1 if committed else 0
+        pending = [file for stager in self.stagers for file in stager.unreadable() if file.batch is None]
+        if not pending:
+            return
+        letters = [file.letter() for stager in self.stagers for file in stager.letters_for(next_batch)]
+        try:
+            frame = self.spark.createDataFrame([(*letter, -1) for letter in letters],
+                                               f"{DEAD_OPERATOR} string, {DEAD_ERROR} string, "
+                                               f"{DEAD_RECORD} string, {SEQ} long")
+            write_dead_letters(frame, next_batch, self.dead_letter_log, self.dead_letter_sink, count=len(letters))
+        except Exception as error:  # noqa: BLE001 - a stopped session: the letters stay for the next run
+            log.warning("fissure: could not write the dead letters of unreadable files: %s", error)
 
     # --- profile -----------------------------------------------------------------------------
     def profile_summary(self) -> ProfileSummary | None:

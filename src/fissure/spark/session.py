@@ -32,6 +32,8 @@ from fissure.spark.jvm import SPARK_LOG_TERMINAL, launch_jvm_with_output_to, spa
 SESSION_DEFAULTS = {
     "spark.ui.enabled": "false",
     "spark.ui.showConsoleProgress": "false",
+    # The UI's kill links stop jobs and stages for anyone who can reach it.
+    "spark.ui.killEnabled": "false",
     "spark.sql.adaptive.enabled": "false",
     "spark.sql.shuffle.partitions": "2",
     "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
@@ -47,6 +49,17 @@ SESSION_DEFAULTS = {
     # history. fissure resumes from the last committed batch, and repartitions from it, only.
     "spark.sql.streaming.minBatchesToRetain": "10",
 }
+
+# In local mode nothing outside the machine talks to the driver: its RPC and block-manager
+# endpoints (which have no authentication by default) listen on loopback only. On a cluster the
+# executors must reach the driver, so Spark's own choice of address stands.
+LOCAL_MODE_ADDRESSES = {
+    "spark.driver.bindAddress": "127.0.0.1",
+    "spark.driver.host": "127.0.0.1",
+}
+# Spark's JVM reads the UI's address from this environment variable (else it listens on every
+# interface; there is no setting for it in Spark 4.3).
+UI_ADDRESS_VARIABLE = "SPARK_LOCAL_IP"
 
 # Set on the session before every query fissure starts.
 QUERY_DEFAULTS = {
@@ -108,11 +121,13 @@ def create_session(config: RunnerConfig = RunnerConfig()) -> SparkSession:
     """
     ensure_worker_python()
     ensure_heartbeat_dir()
-    settings = {"spark.master": config.master, "spark.app.name": config.app_name,
-                **SESSION_DEFAULTS, **({"spark.ui.enabled": "true"} if config.spark_ui else {}), **config.spark_conf}
+    settings = session_settings(config)
     to_terminal = config.spark_log == SPARK_LOG_TERMINAL
-    if not to_terminal:
-        launch_jvm_with_output_to(config.spark_log, settings)
+    with environment({UI_ADDRESS_VARIABLE: config.spark_ui_address}):
+        if not to_terminal:
+            launch_jvm_with_output_to(config.spark_log, settings)
+        else:
+            _launch_jvm_here(settings)
     builder = SparkSession.builder
     for name, value in settings.items():
         builder = builder.config(name, value)
@@ -124,6 +139,41 @@ def create_session(config: RunnerConfig = RunnerConfig()) -> SparkSession:
     if config.warm_python_workers:
         warm_python_workers(session)
     return session
+
+
+def session_settings(config: RunnerConfig) -> dict[str, str]:
+    """The Spark settings of the session fissure creates for `config` (the caller's spark_conf last)."""
+    local = config.master.startswith("local")
+    return {"spark.master": config.master, "spark.app.name": config.app_name, **SESSION_DEFAULTS,
+            **(LOCAL_MODE_ADDRESSES if local else {}), **({"spark.ui.enabled": "true"} if config.spark_ui else {}),
+            **config.spark_conf}
+
+
+@contextlib.contextmanager
+def environment(variables: dict[str, str]):
+    """This process's environment with `variables` set while the block runs (a JVM started then
+    inherits them), as it was afterwards."""
+    before = {name: os.environ.get(name) for name in variables}
+    os.environ.update(variables)
+    try:
+        yield
+    finally:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def _launch_jvm_here(settings: dict[str, str]) -> None:
+    """Start the JVM with the terminal's streams, as PySpark would, while this process's
+    environment holds the UI's address (a JVM already running keeps its own)."""
+    from pyspark import SparkConf, SparkContext
+
+    conf = SparkConf(loadDefaults=False)
+    for name, value in settings.items():
+        conf.set(name, value)
+    SparkContext._ensure_initialized(conf=conf)
 
 
 def _no_batches(batches):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from pyspark.sql import DataFrame, Row, SparkSession
@@ -141,13 +141,22 @@ class DeadLetterLog:
         self.recent = (self.recent + letters)[-self.kept:] if self.kept else []
 
 
-def write_dead_letters(frame: DataFrame, batch_id: int, log: DeadLetterLog, sink, count: int | None = None) -> int:
+def write_dead_letters(frame: DataFrame, batch_id: int, log: DeadLetterLog, sink, count: int | None = None,
+                       extra: Sequence[tuple[str, str, str]] = ()) -> int:
     """Write a (persisted) micro-batch's dead letters to the run's log and to `sink` (if any);
-    the number written. `count`: the number already counted (0: nothing to do, no job)."""
+    the number written. `count`: the number already counted (0: nothing to do, no job).
+    `extra`: dead letters of the batch that are no rows of it, as (operator, error, record):
+    a source's unreadable files (fissure.spark.file_staging), with seq -1."""
     dead = frame.filter(F.col(DEAD_OPERATOR).isNotNull()).select(DEAD_OPERATOR, DEAD_ERROR, DEAD_RECORD, SEQ)
     # Collecting the dead letters' sequence numbers is one single-stage job; count() adds an
     # exchange and a second stage, about 40-90 ms per micro-batch on local[2].
     dead_count = len(dead.select(SEQ).collect()) if count is None else count
+    if extra:
+        letters = frame.sparkSession.createDataFrame([(*letter, -1) for letter in extra],
+                                                     f"{DEAD_OPERATOR} string, {DEAD_ERROR} string, "
+                                                     f"{DEAD_RECORD} string, {SEQ} long")
+        dead = dead.unionByName(letters) if dead_count else letters
+        dead_count += len(extra)
     if dead_count:
         log.count += dead_count
         log.write(dead, batch_id)

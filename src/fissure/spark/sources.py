@@ -48,6 +48,13 @@ class FileSource:
 
     A path that does not exist raises SourcePathNotFound naming it and the fix: a local one (no
     scheme, or file://) before Spark starts (`check_path`), any other when Spark opens it.
+
+    Files being written and unreadable files (fissure.spark.file_staging): a local directory's
+    file is read once it has not been written for `settle_s` seconds (its size and modification
+    time unchanged; None: Spark reads every file it lists, as it is then: write elsewhere and
+    rename into the directory); a compressed file that does not decompress to its end (a
+    truncated `.gz`) or a Parquet file without a footer becomes one dead letter naming the file
+    (`on_unreadable="dead-letter"`) or stops the run naming it (`on_unreadable="stop"`).
     """
 
     path: str
@@ -56,9 +63,15 @@ class FileSource:
     max_files_per_trigger: int | None = None
     max_bytes_per_trigger: int | None = None
     options: Mapping[str, str] = field(default_factory=dict)
+    settle_s: float | None = 1.0
+    on_unreadable: str = "dead-letter"
 
     def __post_init__(self) -> None:
         where = f"file source {self.path!r}"
+        if self.settle_s is not None and (not isinstance(self.settle_s, (int, float)) or self.settle_s < 0):
+            raise ValueError(f"{where}: settle_s must be a number of seconds >= 0, or None, got {self.settle_s!r}")
+        if self.on_unreadable not in ("dead-letter", "stop"):
+            raise ValueError(f"{where}: on_unreadable must be 'dead-letter' or 'stop', got {self.on_unreadable!r}")
         if self.format not in FILE_FORMATS:
             raise ValueError(f"{where}: format must be one of {', '.join(FILE_FORMATS)}, got {self.format!r}")
         if self.format != "text" and self.schema is None:
