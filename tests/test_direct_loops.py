@@ -70,3 +70,16 @@ def test_cpu_loop_computes_the_chain(tmp_path):
     loop = direct_loops.direct_answer("cpu", paths)
     assert loop != sorted(record["x"] for record in records)  # the chain changed every value
     assert loop == fissure_answer("cpu", "", records)
+
+
+@pytest.mark.parametrize("family", ["logwatch", "wordcount", "cpu"])
+def test_bytewax_flow_computes_what_the_direct_loop_computes(family, logwatch_files, word_files, tmp_path):
+    import peers
+
+    if peers.bytewax_missing():
+        pytest.skip(peers.bytewax_missing())
+    if family == "cpu":
+        write_input("cpu", tmp_path, records=40, files=2, files_per_batch=1)
+    paths = {"logwatch": logwatch_files, "wordcount": word_files, "cpu": input_files(tmp_path)}[family]
+    answer = getattr(direct_loops, f"{family}_answer")
+    assert answer(peers.bytewax_output(family, paths)) == direct_loops.direct_answer(family, paths)
