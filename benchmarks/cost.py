@@ -1,29 +1,42 @@
-"""What a record costs on fissure against one plain Python process running the same functions.
+"""What a record costs on fissure against the direct loop, with the peers a user would pick instead.
 
 McSherry, Isard and Murray ("Scalability! But at what COST?", HotOS 2015) ask of every parallel
-system how many cores it needs to beat one well-written thread. So every figure here starts with
-that thread: a plain `for` loop in one process calling the program's own operator functions
-record by record (keyed state in dicts), then fissure on Spark (`local[2]`), under the
-sequential plan and the planner's plan, each as a ratio to the loop.
+system how many cores it needs to beat one competent thread. So every figure here starts with
+that thread: the direct loop (benchmarks/direct_loops.py), the plain Python a user writes without
+a framework: open the same files, iterate their lines, call the example's functions directly,
+keep state in dicts. Then fissure on Spark (`local[2]`), under the sequential plan and the
+planner's plan, and the peers (benchmarks/peers.py), each optional: bytewax 0.21 with one worker
+over the same functions, Spark's own operators for the word count (`explode(split())`,
+`groupBy().count()`), and a hand-written `transformWithStateInPandas` word count over 8 hash
+buckets. Every run's rate is a ratio to the direct loop of its round.
 
 Workloads (the functions of the examples):
-- LogWatch (`examples/logwatch.py`), generated log lines;
-- the word count (`examples/wordcount.py`) over Zipf vocabularies of 10,000 and 100,000 words,
-  12 words a line;
+- LogWatch (`examples/logwatch.py`), generated log lines written in time order;
+- the word count (`examples/wordcount.py`'s functions) over Zipf vocabularies of 10,000 and
+  100,000 words, 12 words a line, as two fissure programs: the running count per occurrence
+  (`partitioned`) and the aggregate (`aggregate(..., Count())`, ", aggregate" below);
 - the CPU-heavy chain of `benchmarks/spark_chain.py` (four 60 us maps).
 
-Method: the inputs are written once, as files read one per micro-batch. A round runs, per
-workload, the plain loop and both plans, in an order rotated each round; a fissure run's rate is
-its steady rate (the records of the micro-batches after the first over their summed durations).
-Reported: medians over rounds (at least 3 unless --quick), and the median of the per-round ratios
-to the plain loop. One uncounted warm-up run starts Spark's Python workers first (the method of
-benchmarks/method.py). Results: cost.md/.json (cost_1m.* with --goal) under --out.
+Method: the inputs are written once, as files read `files_per_batch` a micro-batch. Before
+anything is timed, every run computes its answer over a small input of the same kind and is
+checked against the direct loop's: a run whose answer differs (or that fails, or whose peer is not
+installed) is left out of the rounds, with the reason in the results. A round runs, per workload,
+the direct loop, then the other runs in an order rotated each round, then the direct loop again;
+the round's direct rate is the median of the two (both are reported). A fissure run's and a Spark
+peer's rate is its steady rate (the records of the micro-batches after the first over their
+summed durations); the direct loop's and bytewax's, records over the whole run. Reported: medians
+over rounds (at least 3 unless --quick), and the median of the per-round ratios to the direct
+loop. One uncounted warm-up run starts Spark's Python workers first (benchmarks/method.py).
+Results: cost.md/.json (cost_1m.* with --goal) under --out.
 
-    ./dev python benchmarks/cost.py                 # 3 rounds, the default sizes (about 15 minutes)
+    ./dev python benchmarks/cost.py                 # 3 rounds, the default sizes
     ./dev python benchmarks/cost.py --scale 10      # 10x the records per workload
     ./dev python benchmarks/cost.py --quick         # tiny inputs, one round: a smoke test
     ./dev python benchmarks/cost.py --goal          # 1,000,000 records in 20 files, 5 files a batch,
-                                                    # plain loop and planner (results: cost_1m.md)
+                                                    # direct loop, planner and peers (cost_1m.md)
+    ./dev python benchmarks/cost.py --without bytewax --without spark-tws
+
+bytewax is the optional extra `bench` (`.venv/bin/python -m pip install -e ".[bench]"`).
 """
 
 from __future__ import annotations
@@ -33,92 +46,190 @@ import statistics
 import sys
 import tempfile
 import time
-from dataclasses import replace
+import traceback
+from dataclasses import dataclass, field
 from pathlib import Path
 
 REPOSITORY = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPOSITORY / "examples"))
 sys.path.insert(0, str(REPOSITORY / "benchmarks"))
 
-from fissure import Pipeline  # noqa: E402
-from fissure.graph import Action  # noqa: E402
-from fissure.model.types import Kind  # noqa: E402
+import fissure  # noqa: E402
 from fissure.spark.plans import describe_plan, planner_plan, sequential_plan  # noqa: E402
-from fissure.testing import text_files  # noqa: E402
+import direct_loops  # noqa: E402
 import method  # noqa: E402
-from spark_chain import cpu_pipeline, cpu_source, logwatch_source, measure_fissure  # noqa: E402
+import peers  # noqa: E402
+from spark_chain import cpu_pipeline, cpu_source, measure_fissure  # noqa: E402
 
 # Records per workload at --scale 1, and files (one micro-batch each).
 SIZES = {"logwatch": 60_000, "wordcount-10k": 10_000, "wordcount-100k": 10_000, "cpu": 20_000}
+FAMILY = {"logwatch": "logwatch", "wordcount-10k": "wordcount", "wordcount-100k": "wordcount", "cpu": "cpu"}
+VOCABULARY = {"wordcount-10k": 10_000, "wordcount-100k": 100_000}
 FILES = 5
+# The small input every run's answer is checked on before the rounds (2 files, 1 a micro-batch).
+CHECK_RECORDS = {"logwatch": 12_000, "wordcount": 2_000, "cpu": 200}
+PEERS = {"logwatch": ("bytewax",), "wordcount": ("bytewax", "spark-sql", "spark-tws"), "cpu": ("bytewax",)}
+DIRECT_BEFORE, DIRECT_AFTER, DIRECT = "direct (before)", "direct (after)", "direct"
+WHAT = {
+    DIRECT: "the direct loop: the median of its runs before and after the others in the round",
+    "sequential": "fissure, the sequential plan",
+    "planner": "fissure, the planner's plan",
+    "bytewax": "bytewax 0.21, one worker, the same functions",
+    "spark-sql": "Spark's own operators: explode(split()), groupBy().count()",
+    "spark-tws": "transformWithStateInPandas, 8 hash buckets of words",
+}
 
 
-def plain_loop_rate(pipeline: Pipeline, records: list[dict]) -> float:
-    """Records per second of one process running the operators' functions record by record."""
-    states: dict[str, dict] = {operator.name: {} for operator in pipeline.operators}
+@dataclass
+class Workload:
+    name: str
+    family: str
+    paths: list[str]
+    records: int
+    source: object  # fissure.FileSource over `paths`
+    check_paths: list[str]
+    check_source: object
+    programs: dict[str, fissure.Pipeline]  # by variant: "" or "aggregate"
+    runs: dict[str, object] = field(default_factory=dict)  # measured runs: label -> how to run it
+    skipped: dict[str, str] = field(default_factory=dict)  # label -> why it is not measured
+
+
+def fissure_label(plan_name: str, variant: str) -> str:
+    return plan_name + (f", {variant}" if variant else "")
+
+
+def prepare(name: str, work: Path, records: int, files: int, files_per_batch: int) -> Workload:
+    family = FAMILY[name]
+    vocabulary = VOCABULARY.get(name)
+    source = direct_loops.write_input(family, work / name, records, files, files_per_batch, vocabulary)
+    check_source = direct_loops.write_input(family, work / f"{name}-check", CHECK_RECORDS[family], 2, 1, vocabulary)
+    paths = direct_loops.input_files(work / name)
+    return Workload(name, family, paths, direct_loops.count_records(paths), source,
+                    direct_loops.input_files(work / f"{name}-check"), check_source, direct_loops.programs(family))
+
+
+def plan_runs(workload: Workload, plan_names: tuple[str, ...], without: set[str]) -> None:
+    """The runs of a workload: fissure's plans for every program, and its peers."""
+    for variant, program in workload.programs.items():
+        for plan_name in plan_names:
+            plan = sequential_plan(program) if plan_name == "sequential" else planner_plan(program, 2)
+            workload.runs[fissure_label(plan_name, variant)] = ("fissure", program, plan)
+    for peer in PEERS[workload.family]:
+        if peer in without:
+            workload.skipped[peer] = "left out (--without)"
+        elif peer == "bytewax" and peers.bytewax_missing():
+            workload.skipped[peer] = peers.bytewax_missing()
+        else:
+            workload.runs[peer] = ("peer", peer)
+
+
+def run_answer(spark, workload: Workload, label: str):
+    """What a run computes over the workload's check input, as the direct loop's answer reads."""
+    how = workload.runs[label]
+    answer = getattr(direct_loops, f"{workload.family}_answer")
+    if how[0] == "fissure":
+        _, program, plan = how
+        sink = fissure.MemorySink()
+        fissure.run(program, workload.check_source, sink, plan=plan, spark=spark, checkpoint=tempfile.mkdtemp(),
+                    progress=False)
+        return answer(sink.records())
+    peer = how[1]
+    if peer == "bytewax":
+        return answer(peers.bytewax_output(workload.family, workload.check_paths))
+    return answer(peers.spark_peer_output(spark, peer, workload.check_source, tempfile.mkdtemp()))
+
+
+def describe_difference(got, expected) -> str:
+    if not got:
+        return f"no results, against {len(expected):,}"
+    if isinstance(expected, dict) and isinstance(got, dict):
+        differing = sorted(key for key in expected.keys() | got.keys() if expected.get(key) != got.get(key))
+        return (f"{len(differing)} of {len(expected)} keys differ, e.g. {differing[0]!r}: "
+                f"{got.get(differing[0])!r} against {expected.get(differing[0])!r}")
+    return f"{len(got)} results against {len(expected)}; first {got[:1]!r} against {expected[:1]!r}"
+
+
+def check_runs(spark, workload: Workload) -> None:
+    """Leave out every run whose answer on the check input is not the direct loop's."""
+    expected = direct_loops.direct_answer(workload.family, workload.check_paths)
+    for label in list(workload.runs):
+        try:
+            got = run_answer(spark, workload, label)
+        except Exception as error:  # noqa: BLE001 - any failure leaves the run out, with its reason
+            traceback.print_exc()
+            workload.skipped[label] = f"failed on the check input: {type(error).__name__}: {str(error).splitlines()[0]}"
+        else:
+            if got == expected:
+                continue
+            workload.skipped[label] = ("answered otherwise than the direct loop on the check input "
+                                       f"({CHECK_RECORDS[workload.family]:,} records): "
+                                       f"{describe_difference(got, expected)}")
+        del workload.runs[label]
+        print(f"{workload.name}: {label} left out: {workload.skipped[label]}", file=sys.stderr, flush=True)
+
+
+def direct_rate(workload: Workload) -> float:
+    loop = direct_loops.DIRECT[workload.family][0]
     started = time.perf_counter()
-    for record in records:
-        current = [record]
-        for operator in pipeline.operators:
-            following = []
-            for item in current:
-                if operator.action is Action.MAP:
-                    following.append(operator.fn(item))
-                elif operator.action is Action.FILTER:
-                    if operator.fn(item):
-                        following.append(item)
-                elif operator.action is Action.FLAT_MAP:
-                    following.extend(operator.fn(item) or ())
-                else:
-                    key = tuple(item[field] for field in operator.key) if operator.kind is Kind.PARTITIONED else ()
-                    state = states[operator.name].get(key)
-                    if state is None:
-                        state = states[operator.name][key] = operator.state_factory()
-                    emitted = operator.fn(state, item)
-                    following.extend([emitted] if isinstance(emitted, dict) else (emitted or ()))
-            current = following
-    return len(records) / (time.perf_counter() - started)
+    loop(workload.paths)
+    return workload.records / (time.perf_counter() - started)
 
 
-def workloads(scale: float, work: Path, files: int = FILES, files_per_batch: int = 1,
-              records: int | None = None, names: tuple[str, ...] = tuple(SIZES)):
-    """(name, pipeline, fissure source, the same input as records) per workload: `records` each (or
-    the defaults times `scale`) in `files` files, `files_per_batch` files a micro-batch."""
-    from generators.loglines import generate as log_lines
-    from generators.words import generate as word_lines
-    from logwatch import build_pipeline as logwatch_pipeline
-    from wordcount import build_pipeline as wordcount_pipeline
+def measure(spark, workload: Workload, label: str) -> float:
+    how = workload.runs[label]
+    if how[0] == "fissure":
+        _, program, plan = how
+        return measure_fissure(spark, program, workload.source, plan, tempfile.mkdtemp())
+    peer = how[1]
+    if peer == "bytewax":
+        return peers.bytewax_rate(workload.family, workload.paths, workload.records)
+    return peers.spark_peer_rate(spark, peer, workload.source, tempfile.mkdtemp())
 
-    size = {name: records or max(files, int(count * scale)) for name, count in SIZES.items()}
-    if "logwatch" in names:
-        lines = list(log_lines(size["logwatch"]))
-        source = logwatch_source(work / "logwatch", size["logwatch"], files)
-        yield ("logwatch", logwatch_pipeline(), replace(source, max_files_per_trigger=files_per_batch),
-               [{"value": line} for line in lines])
-    for name, vocabulary in (("wordcount-10k", 10_000), ("wordcount-100k", 100_000)):
-        if name in names:
-            text = word_lines(size[name], vocabulary_size=vocabulary, fixed_length=True)
-            source = text_files(str(work / name), text, lines_per_file=-(-len(text) // files),
-                                max_files_per_trigger=files_per_batch)
-            yield name, wordcount_pipeline(), source, [{"value": line} for line in text]
-    if "cpu" in names:
-        rows = [{"x": float(i % 997) + 0.5} for i in range(size["cpu"])]
-        source = cpu_source(work / "cpu", size["cpu"], files)
-        yield "cpu", cpu_pipeline(4), replace(source, max_files_per_trigger=files_per_batch), rows
+
+def measure_rounds(spark, workload: Workload, rounds: int) -> dict[str, list[float]]:
+    others = list(workload.runs)
+    rates: dict[str, list[float]] = {label: [] for label in (DIRECT, DIRECT_BEFORE, DIRECT_AFTER, *others)}
+    for round_number in range(rounds):
+        rates[DIRECT_BEFORE].append(direct_rate(workload))
+        for label in method.run_order(others, round_number):
+            rates[label].append(measure(spark, workload, label))
+        rates[DIRECT_AFTER].append(direct_rate(workload))
+        rates[DIRECT].append(statistics.median([rates[DIRECT_BEFORE][-1], rates[DIRECT_AFTER][-1]]))
+        print(f"{workload.name} round {round_number + 1}: " + ", ".join(f"{label} {values[-1]:,.0f}"
+                                                                        for label, values in rates.items()), flush=True)
+    return rates
+
+
+def what(label: str, family: str) -> str:
+    if label in (DIRECT_BEFORE, DIRECT_AFTER):
+        return "the direct loop, run " + label.split("(")[1].rstrip(")") + " the others"
+    plan_name, _, variant = label.partition(", ")
+    if plan_name not in ("sequential", "planner"):
+        return WHAT[label]
+    if variant:
+        return WHAT[plan_name] + ", the aggregate program (aggregate(..., Count()))"
+    return WHAT[plan_name] + (", the running count per occurrence" if family == "wordcount" else "")
 
 
 def report(document: dict) -> str:
-    lines = ["# What a record costs: fissure against one plain Python process", "",
-             "One uncounted warm-up run, then per workload every run once per round, the order rotated each "
-             "round; medians, and the median of the per-round ratios to the plain loop.", ""]
+    lines = ["# What a record costs: fissure against the direct loop, and its peers", "",
+             "One uncounted warm-up run; every run's answer checked against the direct loop's on a small input "
+             "first; then per workload and round the direct loop, the other runs in an order rotated each round, "
+             "the direct loop again. Medians over rounds, and the median of the per-round ratios to the round's "
+             "direct rate (the median of its two runs). The direct loops: `benchmarks/direct_loops.py` "
+             "(docs/benchmarks.md shows them).", ""]
     for name, workload in document["workloads"].items():
         rates = workload["rates"]
+        plans = "; ".join(f"planner's plan{' (' + variant + ')' if variant else ''} `{plan}`"
+                          for variant, plan in workload["planner_plans"].items())
         lines += [f"## {name}", "", f"{workload['records']:,} records in {document['files']} files, "
-                  f"{document['files_per_batch']} a micro-batch; planner's plan `{workload['planner_plan']}`", "",
-                  "| run | median records/s | x plain loop (median of rounds) |", "| --- | --- | --- |"]
-        for run in rates:
-            ratio = "1" if run == "plain" else f"{workload['over_plain'][run]:.3f}"
-            lines.append(f"| {run} | {statistics.median(rates[run]):,.0f} | {ratio} |")
+                  f"{document['files_per_batch']} a micro-batch; {plans}", "", "| run | median records/s | x direct loop (median of rounds) | what |", "| --- | --- | --- | --- |"]
+        for label, values in rates.items():
+            ratio = "1" if label == DIRECT else "" if label in (DIRECT_BEFORE, DIRECT_AFTER) else \
+                f"{workload['over_direct'][label]:.3f}"
+            lines.append(f"| {label} | {statistics.median(values):,.0f} | {ratio} | {what(label, workload['family'])} |")
+        for label, reason in workload["skipped"].items():
+            lines.append(f"| {label} | not measured | | {reason} |")
         lines.append("")
     return "\n".join(lines)
 
@@ -127,45 +238,43 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--scale", type=float, default=1.0, help="records per workload, times the defaults")
     parser.add_argument("--rounds", type=int, default=3, help="repeats of every run (at least 3 unless --quick)")
+    parser.add_argument("--without", action="append", default=[], choices=("bytewax", "spark-sql", "spark-tws"),
+                        help="leave a peer out (repeatable)")
     method.add_arguments(parser, repeats=None)
     parser.add_argument("--goal", action="store_true",
                         help="the large shape: 1,000,000 records in 20 files, 5 files (250,000 records) "
-                             "a micro-batch, LogWatch and the word counts, plain loop and planner only")
+                             "a micro-batch, LogWatch and the word counts, the direct loop, the planner and the peers")
     args = parser.parse_args(argv)
     if args.quick:
         args.scale, args.rounds = 0.05, 1
     method.check_repeats(args.rounds, args.quick)
     run = method.Run("cost.py", argv, quick=args.quick, out=args.out)
-    shape = {"files": FILES, "files_per_batch": 1, "records": None, "names": tuple(SIZES)}
-    runs = ("plain", "sequential", "planner")
+    files, files_per_batch, names, plan_names = FILES, 1, tuple(SIZES), ("sequential", "planner")
+    records = {name: max(files, int(count * args.scale)) for name, count in SIZES.items()}
     if args.goal:
-        shape = {"files": 20, "files_per_batch": 5, "records": 1_000_000,
-                 "names": ("logwatch", "wordcount-10k", "wordcount-100k")}
-        runs = ("plain", "planner")
+        files, files_per_batch, plan_names = 20, 5, ("planner",)
+        names = ("logwatch", "wordcount-10k", "wordcount-100k")
+        records = {name: 1_000_000 for name in names}
     from fissure.spark.config import RunnerConfig
     from fissure.spark.session import create_session
 
     spark = create_session(RunnerConfig(master="local[2]"))
     work = Path(tempfile.mkdtemp(prefix="fissure-cost-"))
-    document = {"files": shape["files"], "files_per_batch": shape["files_per_batch"], "workloads": {}}
-    prepared = list(workloads(args.scale, work, **shape))
+    prepared = [prepare(name, work, records[name], files, files_per_batch) for name in names]
     warm_pipeline = cpu_pipeline(4)  # small: starts the Python workers, whatever the workloads' size
     measure_fissure(spark, warm_pipeline, cpu_source(work / "warm-up", 2_000, 2), sequential_plan(warm_pipeline),
                     tempfile.mkdtemp())
-    for name, pipeline, source, records in prepared:
-        plans = {"sequential": sequential_plan(pipeline), "planner": planner_plan(pipeline, 2)}
-        rates: dict[str, list[float]] = {run: [] for run in runs}
-        for round_number in range(args.rounds):
-            for variant in method.run_order(runs, round_number):
-                if variant == "plain":
-                    rates[variant].append(plain_loop_rate(pipeline, records))
-                else:
-                    rates[variant].append(measure_fissure(spark, pipeline, source, plans[variant], tempfile.mkdtemp()))
-            print(f"{name} round {round_number + 1}: " + ", ".join(f"{run} {values[-1]:,.0f}"
-                                                                   for run, values in rates.items()), flush=True)
-        document["workloads"][name] = {
-            "records": len(records), "planner_plan": describe_plan(plans["planner"], pipeline), "rates": rates,
-            "over_plain": {variant: method.paired_ratio(rates, variant, "plain") for variant in runs if variant != "plain"}}
+    document = {"files": files, "files_per_batch": files_per_batch, "workloads": {}}
+    for workload in prepared:
+        plan_runs(workload, plan_names, set(args.without))
+        check_runs(spark, workload)
+        rates = measure_rounds(spark, workload, args.rounds)
+        document["workloads"][workload.name] = {
+            "family": workload.family, "records": workload.records, "direct_loop": f"direct_loops.{workload.family}_direct",
+            "planner_plans": {variant: describe_plan(planner_plan(program, 2), program)
+                              for variant, program in workload.programs.items()},
+            "rates": rates, "skipped": workload.skipped,
+            "over_direct": {label: method.paired_ratio(rates, label, DIRECT) for label in workload.runs}}
     spark.stop()
     run.write_results("cost_1m" if args.goal else "cost", report(document), document)
     return 0
