@@ -81,3 +81,24 @@ def test_the_examples_in_micro_batches_give_the_same_answer():
     assert sum(step.late_records for step in steps) == 0
     assert sorted((r["period"], r["auction"], r["bids"]) for r in emitted) == sorted(
         (r["period"], r["auction"], r["bids"]) for r in fissure.run_local(hot_items.build_pipeline(), lines)["sink"])
+
+
+@pytest.mark.spark
+def test_the_examples_on_spark_under_the_planners_plan_give_the_references_answers(spark, tmp_path):
+    from fissure.testing import text_files
+
+    bids = generate_bids(1_500, seed=2)
+    clicks = generate_clicks(120, seed=4)
+    cases = [(hot_items.build_pipeline(), bid_lines(bids), "hot"), (sessions.build_pipeline(), click_lines(clicks), "visits")]
+    outputs = {}
+    for pipeline, lines, name in cases:
+        source = text_files(tmp_path / name / "in", lines, lines_per_file=500, max_files_per_trigger=1)
+        sink = fissure.MemorySink()
+        report = fissure.run(pipeline, source, sink, plan="planner", spark=spark,
+                             checkpoint=str(tmp_path / name / "ckpt"), progress=False)
+        assert report.dead_letters == 0 and report.late_records == 0
+        outputs[name] = sink.records()
+    got = {record["period"]: (record["auction"], record["bids"]) for record in outputs["hot"]}
+    assert got == hottest_reference(bids, hot_items.WINDOW_S)
+    visits = sorted((v["user"], v["window_start"], v["window_end"], v["clicks"], v["pages"]) for v in outputs["visits"])
+    assert visits == pytest.approx(sessions_reference(clicks, sessions.GAP_S))
