@@ -91,3 +91,71 @@ def test_the_daemon_preloads_every_module_it_names():
     from fissure.spark.worker_daemon import preload
 
     assert preload() == []
+
+
+class RecordingProcessor:
+    """Stands in for GraphStateProcessor: its state variables, and what it was given."""
+
+    unpickled = 0
+
+    def __init__(self):
+        self.name = "counts"
+
+    def state_variables(self):
+        from fissure.spark.state_handler import StateVariable
+
+        return (StateVariable("map", "keys", ("entry int", "value binary")), StateVariable("value", "due", ("value binary",)))
+
+    def attach(self, states):
+        self.states = states
+
+    def handleInputRows(self, key, rows, timer_values):  # noqa: N802 - Spark's name
+        yield (key, sorted(self.states), list(rows))
+
+    def close(self):
+        self.closed = True
+
+    def __setstate__(self, state):
+        RecordingProcessor.unpickled += 1
+        self.__dict__.update(state)
+
+
+class FakeHandle:
+    def __init__(self):
+        self.registered = []
+
+    def getMapState(self, name, key_schema, value_schema):  # noqa: N802 - Spark's name
+        self.registered.append(("map", name, key_schema, value_schema))
+        return f"map:{name}"
+
+    def getValueState(self, name, schema):  # noqa: N802 - Spark's name
+        self.registered.append(("value", name, schema))
+        return f"value:{name}"
+
+
+def test_a_state_handler_registers_its_state_without_unpickling_the_operator_and_runs_it_on_rows():
+    import pickle
+
+    from fissure.spark.state_handler import LightStateProcessor
+
+    shipped = pickle.loads(pickle.dumps(LightStateProcessor(RecordingProcessor())))  # as Spark ships it
+    RecordingProcessor.unpickled = 0
+    handle = FakeHandle()
+    shipped.init(handle)  # what PySpark's state-schema process does: nothing of the operator is loaded
+    assert handle.registered == [("map", "keys", "entry int", "value binary"), ("value", "due", "value binary")]
+    assert RecordingProcessor.unpickled == 0
+    assert list(shipped.handleInputRows((3,), iter(["rows"]), None)) == [((3,), ["due", "keys"], ["rows"])]
+    assert list(shipped.handleInputRows((4,), iter([]), None)) == [((4,), ["due", "keys"], [])]
+    assert RecordingProcessor.unpickled == 1  # once, on the first rows
+    shipped.close()
+    assert shipped._processor.closed
+
+
+def test_importing_the_state_handler_loads_neither_pandas_nor_pyarrow_nor_the_worker_layer():
+    import subprocess
+    import sys
+
+    code = ("import sys, fissure.spark.state_handler; "
+            "print(sorted(m for m in ('pandas', 'pyarrow', 'fissure.worker.keyed', 'fissure.graph') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

@@ -10,21 +10,32 @@ Time: `.event_time(field, lateness=)`, `.window(name, key=, window=Tumbling|Slid
 aggregate=Count()|Sum|Min|Max|Mean|Aggregate.of)`, `.aggregate(...)`, `.deduplicate(...)`,
 `partitioned(..., expire_after=, on_expire=)` (docs/pipeline-api.md, Time).
 
-The program definition (no Spark needed to build one) is imported eagerly; the Spark layer's
-names load pyspark on first use, so `import fissure` and the planner stay light. Test helpers
-(in-memory sources and sinks, an in-process run): `fissure.testing`.
+Every name loads its module on first use (PEP 562): `import fissure` imports nothing heavy, so
+a process that needs one module of the package (PySpark's state-schema processes unpickling a
+handler, fissure.spark.state_handler) pays for that module alone; the Spark layer's names load
+pyspark. Test helpers (in-memory sources and sinks, an in-process run): `fissure.testing`.
 """
-
-from fissure.aggregates import Aggregate, Count, Max, Mean, Min, Sum
-from fissure.graph import OperatorEstimate, Pipeline, PipelineError
-from fissure.streamgraph import StreamGraph, TumblingWindow
-from fissure.windows import Session, Sliding, Tumbling
-from fissure.worker.graph_local import run_local
 
 __version__ = "0.1.0"
 
-# name -> module of the Spark layer that defines it
-_SPARK_EXPORTS = {
+# name -> module that defines it: the program definition (no Spark needed to build one), then
+# the Spark layer
+_EXPORTS = {
+    "Aggregate": "fissure.aggregates",
+    "Count": "fissure.aggregates",
+    "Max": "fissure.aggregates",
+    "Mean": "fissure.aggregates",
+    "Min": "fissure.aggregates",
+    "Sum": "fissure.aggregates",
+    "OperatorEstimate": "fissure.graph",
+    "Pipeline": "fissure.graph",
+    "PipelineError": "fissure.graph",
+    "StreamGraph": "fissure.streamgraph",
+    "TumblingWindow": "fissure.streamgraph",
+    "Session": "fissure.windows",
+    "Sliding": "fissure.windows",
+    "Tumbling": "fissure.windows",
+    "run_local": "fissure.worker.graph_local",
     "run": "fissure.spark.run",
     "Runner": "fissure.spark.runner",
     "RunReport": "fissure.spark.runner",
@@ -43,14 +54,22 @@ _SPARK_EXPORTS = {
     "migrate_state": "fissure.spark.checkpoint_guard",
 }
 
-__all__ = ["Aggregate", "Count", "Max", "Mean", "Min", "OperatorEstimate", "Pipeline", "PipelineError", "Session",
-           "Sliding", "StreamGraph", "Sum", "Tumbling", "TumblingWindow", "run_local", "__version__", *_SPARK_EXPORTS]
+__all__ = ["__version__", *_EXPORTS]
+_SUBMODULES = ("testing",)  # reachable as fissure.testing after `import fissure`
 
 
 def __getattr__(name: str):
-    module_name = _SPARK_EXPORTS.get(name)
-    if module_name is None:
-        raise AttributeError(f"module 'fissure' has no attribute {name!r}")
     import importlib
 
-    return getattr(importlib.import_module(module_name), name)
+    if name in _SUBMODULES:
+        return importlib.import_module(f"fissure.{name}")
+    module_name = _EXPORTS.get(name)
+    if module_name is None:
+        raise AttributeError(f"module 'fissure' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module_name), name)
+    globals()[name] = value  # later lookups are plain attribute reads
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

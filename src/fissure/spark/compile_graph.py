@@ -39,6 +39,7 @@ from fissure.model.types import STATE_BUCKETS, Kind, Plan
 from fissure.spark.elastic import WorkerThreads
 from fissure.spark.plans import check_plan, sequential_plan
 from fissure.spark.sources import arrow_schema_of, spark_schema_of
+from fissure.spark.state_handler import LightStateProcessor
 from fissure.spark.stages import (
     KEY, KEY_MARK, SPREAD_PREFIX, GraphRegionFunction, GraphStateProcessor, SourceEnvelopeFunction, StageTime,
     TickEnvelopeFunction, WorkerProfiling,
@@ -246,7 +247,9 @@ def compile_graph(graph: StreamGraph, source_frames: Mapping[str, DataFrame], *,
         if not packed:
             frame = frame.withColumn(KEY, _join_key_column(node, entering, state_partitions))
         output_schema = spark_schema_of(leaving.schema if pack_next is None else PACKED_SCHEMA)
-        frame = frame.groupBy(KEY).transformWithStateInPandas(processor, output_schema, "Append", "None")
+        # Light to unpickle in PySpark's state-schema processes (fissure.spark.state_handler).
+        frame = frame.groupBy(KEY).transformWithStateInPandas(LightStateProcessor(processor), output_schema,
+                                                               "Append", "None")
         partitions = state_partitions
         partitioned = node.kind is not NodeKind.OPERATOR or node.operator.kind is Kind.PARTITIONED
         steps.append(CompiledStep("state", ((node.name,),), "hash" if partitioned else "single", state_partitions,

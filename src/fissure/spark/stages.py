@@ -19,6 +19,7 @@ import pyarrow.compute as pc
 from pyspark.sql.streaming.stateful_processor import StatefulProcessor
 
 from fissure.model.types import Kind
+from fissure.spark.state_handler import StateVariable, register_state_variables
 from fissure.spark.state_requests import BatchedMapState
 from fissure.streamgraph import NodeKind, StreamGraph
 from fissure.worker.columns import DEAD_COLUMNS, DEAD_OPERATOR, SEQ, SEQ_PARTITION_SHIFT, carried_schema
@@ -258,14 +259,27 @@ class GraphStateProcessor(StatefulProcessor):
         self._direct_schema = carried_schema(schemas[stream])
         self._step = self._stateful_step() if self.node.kind is not NodeKind.JOIN else None
 
-    def init(self, handle) -> None:
+    def state_variables(self) -> tuple[StateVariable, ...]:
+        """The state variables this handler registers with Spark (fissure.spark.state_handler)."""
         if self.bucketed:
-            self._state = handle.getMapState(self.KEYS_STATE_NAME, "entry int", "value binary")
+            keys = StateVariable("map", self.KEYS_STATE_NAME, ("entry int", "value binary"))
+            if self.time.time_aware:
+                return keys, StateVariable("value", self.DEADLINES_STATE_NAME, ("value binary",))
+            return (keys,)
+        return (StateVariable("value", self.STATE_NAME, ("value binary",)),)
+
+    def init(self, handle) -> None:
+        self.attach(register_state_variables(handle, self.state_variables()))
+
+    def attach(self, states: Mapping[str, object]) -> None:
+        """Take the registered state variables (by name) into use."""
+        if self.bucketed:
+            self._state = states[self.KEYS_STATE_NAME]
             self._batched_state = BatchedMapState(self._state)
             if self.time.time_aware:
-                self._deadlines = handle.getValueState(self.DEADLINES_STATE_NAME, "value binary")
+                self._deadlines = states[self.DEADLINES_STATE_NAME]
         else:
-            self._state = handle.getValueState(self.STATE_NAME, "value binary")
+            self._state = states[self.STATE_NAME]
 
     def handleInputRows(self, key, rows, timerValues) -> Iterator[pd.DataFrame]:  # noqa: N802 - Spark's name
         if self.packed_input:  # a few rows, each a part of the group's envelopes (fissure.worker.packing)
