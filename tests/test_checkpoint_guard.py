@@ -5,6 +5,8 @@ offsets file named as such. Two driver processes at once: tests/test_faults.py (
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import logging
 import os
 import shutil
@@ -142,8 +144,10 @@ def test_a_failed_start_keeps_a_checkpoint_another_writer_filled_meanwhile(spark
     take the lock (an older fissure, another tool) puts a checkpoint with committed batches there;
     then the start fails. What it cannot prove it made stays, and the checkpoint still resumes."""
     done = tmp_path / "done"
-    fissure.run(counts(), write_events(tmp_path, 0, 20), FileSink(str(tmp_path / "out")), checkpoint=str(done),
-                spark=spark, progress=False)
+    # Read as Spark lists the files (settle_s=None): a staged source's log names the staging
+    # folder inside its checkpoint, so a copy of that checkpoint elsewhere would not resume.
+    fissure.run(counts(), replace(write_events(tmp_path, 0, 20), settle_s=None), FileSink(str(tmp_path / "out")),
+                checkpoint=str(done), spark=spark, progress=False)
     checkpoint = tmp_path / "ckpt"
 
     def meanwhile(session):
@@ -155,7 +159,8 @@ def test_a_failed_start_keeps_a_checkpoint_another_writer_filled_meanwhile(spark
         runner.start()
     status = checkpoint_status(spark, str(checkpoint))
     assert (status.last_batch, status.last_committed) == (1, 1)
-    run(counts(), tmp_path, spark, 20, 30)  # resumes on it: the counts go on
+    fissure.run(counts(), replace(write_events(tmp_path, 20, 30), settle_s=None), FileSink(str(tmp_path / "out")),
+                checkpoint=str(checkpoint), spark=spark, progress=False)  # resumes on it: the counts go on
     assert_counted_once(sink_rows(spark, tmp_path), 30)
 
 
