@@ -62,13 +62,15 @@ import peers  # noqa: E402
 from spark_chain import cpu_pipeline, cpu_source, measure_fissure  # noqa: E402
 
 # Records per workload at --scale 1, and files (one micro-batch each).
-SIZES = {"logwatch": 60_000, "wordcount-10k": 10_000, "wordcount-100k": 10_000, "cpu": 20_000}
-FAMILY = {"logwatch": "logwatch", "wordcount-10k": "wordcount", "wordcount-100k": "wordcount", "cpu": "cpu"}
+SIZES = {"logwatch": 60_000, "wordcount-10k": 10_000, "wordcount-100k": 10_000, "cpu": 20_000, "hot-items": 50_000}
+FAMILY = {"logwatch": "logwatch", "wordcount-10k": "wordcount", "wordcount-100k": "wordcount", "cpu": "cpu",
+          "hot-items": "hot-items"}
 VOCABULARY = {"wordcount-10k": 10_000, "wordcount-100k": 100_000}
 FILES = 5
 # The small input every run's answer is checked on before the rounds (2 files, 1 a micro-batch).
-CHECK_RECORDS = {"logwatch": 12_000, "wordcount": 2_000, "cpu": 200}
-PEERS = {"logwatch": ("bytewax",), "wordcount": ("bytewax", "spark-sql", "spark-tws"), "cpu": ("bytewax",)}
+CHECK_RECORDS = {"logwatch": 12_000, "wordcount": 2_000, "cpu": 200, "hot-items": 3_000}
+PEERS = {"logwatch": ("bytewax",), "wordcount": ("bytewax", "spark-sql", "spark-tws"), "cpu": ("bytewax",),
+         "hot-items": ()}
 DIRECT_BEFORE, DIRECT_AFTER, DIRECT = "direct (before)", "direct (after)", "direct"
 WHAT = {
     DIRECT: "the direct loop: the median of its runs before and after the others in the round",
@@ -241,6 +243,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--without", action="append", default=[], choices=("bytewax", "spark-sql", "spark-tws"),
                         help="leave a peer out (repeatable)")
     method.add_arguments(parser, repeats=None)
+    parser.add_argument("--only", action="append", default=[], choices=tuple(SIZES),
+                        help="measure only this workload (repeatable; results: cost_<names>.md)")
     parser.add_argument("--goal", action="store_true",
                         help="the large shape: 1,000,000 records in 20 files, 5 files (250,000 records) "
                              "a micro-batch, LogWatch and the word counts, the direct loop, the planner and the peers")
@@ -255,6 +259,9 @@ def main(argv: list[str] | None = None) -> int:
         files, files_per_batch, plan_names = 20, 5, ("planner",)
         names = ("logwatch", "wordcount-10k", "wordcount-100k")
         records = {name: 1_000_000 for name in names}
+    if args.only:
+        names = tuple(name for name in names if name in args.only) or tuple(args.only)
+        records = {name: records.get(name, max(files, int(SIZES[name] * args.scale))) for name in names}
     from fissure.spark.config import RunnerConfig
     from fissure.spark.session import create_session
 
@@ -276,7 +283,10 @@ def main(argv: list[str] | None = None) -> int:
             "rates": rates, "skipped": workload.skipped,
             "over_direct": {label: method.paired_ratio(rates, label, DIRECT) for label in workload.runs}}
     spark.stop()
-    run.write_results("cost_1m" if args.goal else "cost", report(document), document)
+    stem = "cost_1m" if args.goal else "cost"
+    if args.only:
+        stem += "_" + "_".join(name.replace("-", "_") for name in names)
+    run.write_results(stem, report(document), document)
     return 0
 
 

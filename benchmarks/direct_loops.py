@@ -109,8 +109,32 @@ def cpu_answer(records) -> list[float]:
     return sorted(record["x"] for record in records)
 
 
+def hot_items_direct(paths: list[str]) -> dict[float, tuple[int, int]]:
+    """Nexmark's hot items (examples/hot_items.py): bids per auction and 10-second window, then
+    per window the auction with the most (the lower id on a tie). Over a bounded input the loop
+    needs no watermark: it counts everything, then picks."""
+    from hot_items import WINDOW_S, parse_bid
+
+    counts: dict[float, dict[int, int]] = {}
+    for path in paths:
+        with open(path, encoding="utf-8") as handle:
+            for line in handle:
+                bid = parse_bid({"value": line})
+                per_auction = counts.setdefault((bid["ts"] // WINDOW_S) * WINDOW_S, {})
+                per_auction[bid["auction"]] = per_auction.get(bid["auction"], 0) + 1
+    hottest = {}
+    for start, per_auction in counts.items():
+        auction = min(per_auction, key=lambda candidate: (-per_auction[candidate], candidate))
+        hottest[start] = (auction, per_auction[auction])
+    return hottest
+
+
+def hot_items_answer(records) -> dict[float, tuple[int, int]]:
+    return {record["period"]: (record["auction"], record["bids"]) for record in records}
+
+
 DIRECT = {"logwatch": (logwatch_direct, logwatch_answer), "wordcount": (wordcount_direct, dict),
-          "cpu": (cpu_direct, cpu_answer)}
+          "cpu": (cpu_direct, cpu_answer), "hot-items": (hot_items_direct, dict)}
 
 
 def direct_answer(family: str, paths: list[str]):
@@ -146,6 +170,10 @@ def programs(family: str) -> dict[str, Pipeline]:
         return {"": build_pipeline()}
     if family == "wordcount":
         return {"": wordcount_running_program(), "aggregate": wordcount_aggregate_program()}
+    if family == "hot-items":
+        from hot_items import build_pipeline
+
+        return {"": build_pipeline()}
     from spark_chain import cpu_pipeline
 
     return {"": cpu_pipeline(CPU_OPERATORS)}
@@ -169,6 +197,12 @@ def write_input(family: str, directory: Path, records: int, files: int, files_pe
         from generators.words import generate
 
         text = generate(records, vocabulary_size=vocabulary, fixed_length=True)
+        return text_files(str(directory), text, lines_per_file=-(-len(text) // files),
+                          max_files_per_trigger=files_per_batch)
+    if family == "hot-items":
+        from generators.nexmark import bid_lines, generate_bids
+
+        text = bid_lines(generate_bids(records))
         return text_files(str(directory), text, lines_per_file=-(-len(text) // files),
                           max_files_per_trigger=files_per_batch)
     rows = [{"x": float(i % 997) + 0.5} for i in range(records)]

@@ -257,8 +257,10 @@ def processes_cpu_s(tag: str, own_pid: int) -> dict[int, tuple[float, float]] | 
         try:
             with open(f"/proc/{entry}/environ", "rb") as environ:
                 tagged = marker in environ.read().split(b"\0")
-        except OSError:  # another user's process: not the run's, so it counts as other
+        except PermissionError:  # another user's process: not the run's, so it counts as other
             tagged = False
+        except OSError:  # it ended between the two reads (often one of the run's own)
+            continue
         fields = text[text.rfind(")") + 2:].split()
         seen[int(entry)] = (int(fields[1]), tagged, sum(float(value) for value in fields[11:13]) / ticks,
                             float(fields[19]) / ticks)
@@ -302,9 +304,10 @@ def steal_share(before: tuple[float, float] | None, after: tuple[float, float] |
 CALIBRATION_ITERATIONS = 300_000
 
 
-def calibration_s(repeats: int = 5, iterations: int = CALIBRATION_ITERATIONS) -> float:
-    """Seconds a fixed pure-Python loop takes, the best of `repeats` (about 0.03 s each here): the
-    machine's speed for one core, as a benchmark's own code sees it."""
+def calibration_s(repeats: int = 15, iterations: int = CALIBRATION_ITERATIONS) -> float:
+    """Seconds a fixed pure-Python loop takes, the best of `repeats` (about 0.015 s each here): the
+    machine's speed for one core, as a benchmark's own code sees it (the best of many, so that a
+    run's processes still ending beside it do not pass for a slower machine)."""
     best = float("inf")
     for _ in range(repeats):
         started = time.perf_counter()

@@ -237,6 +237,21 @@ class TestBusyVerdict:
         longer = method.calibration_s(repeats=1, iterations=200_000)
         assert 0 < short < longer
 
+    def test_a_process_that_ends_between_two_reads_is_not_counted(self, monkeypatch):
+        import builtins
+        import os
+
+        real_open = builtins.open
+        ended = os.getppid()
+
+        def racing_open(path, *args, **kwargs):
+            if str(path) == f"/proc/{ended}/environ":
+                raise ProcessLookupError(3, "No such process", str(path))
+            return real_open(path, *args, **kwargs)
+
+        monkeypatch.setattr(builtins, "open", racing_open)
+        assert ended not in method.processes_cpu_s("test-ended", own_pid=os.getpid())
+
     def test_a_process_whose_environment_cannot_be_read_counts_as_other(self, monkeypatch):
         import builtins
         import os
