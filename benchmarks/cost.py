@@ -128,7 +128,7 @@ def plan_runs(workload: Workload, plan_names: tuple[str, ...], without: set[str]
 def run_answer(spark, workload: Workload, label: str):
     """What a run computes over the workload's check input, as the direct loop's answer reads."""
     how = workload.runs[label]
-    answer = getattr(direct_loops, f"{workload.family}_answer")
+    answer = getattr(direct_loops, f"{workload.family.replace('-', '_')}_answer")
     if how[0] == "fissure":
         _, program, plan = how
         sink = fissure.MemorySink()
