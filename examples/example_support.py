@@ -66,3 +66,18 @@ def print_run_summary(report: fissure.RunReport, pipeline: fissure.Pipeline, dir
     for admission in report.admissions:
         print(admission.describe())
     print(f"Spark's output: {spark_log_of(directory)}")
+
+
+def run_lines_for_people(pipeline: fissure.Pipeline, lines: list[str], args: argparse.Namespace, name: str,
+                         what: str = "records") -> tuple[fissure.RunReport, list[dict]]:
+    """Write `lines` as `args.files` text files (one a micro-batch), run `pipeline` over them for
+    people (`run_for_people`), print the run's summary; the report and what the sink got."""
+    from fissure.testing import text_files
+
+    directory = run_directory(name)
+    source = text_files(os.path.join(directory, "input"), lines, lines_per_file=-(-len(lines) // args.files),
+                        max_files_per_trigger=1)
+    sink = fissure.MemorySink()
+    report = run_for_people(pipeline, source, sink, args, directory)
+    print_run_summary(report, pipeline, directory, what=what)
+    return report, sink.records()

@@ -10,16 +10,13 @@ The bids (examples/generators/nexmark.py) arrive up to 2 s out of order; the pro
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import fissure  # noqa: E402
 from fissure import Count, Pipeline, Tumbling  # noqa: E402
-from example_support import example_parser, print_run_summary, run_directory, run_for_people  # noqa: E402
-from fissure.testing import text_files  # noqa: E402
+from example_support import example_parser, run_lines_for_people  # noqa: E402
 from generators.nexmark import bid_lines, generate_bids  # noqa: E402
 
 WINDOW_S = 10.0
@@ -74,15 +71,9 @@ def main(argv=None) -> int:
     parser = example_parser(__doc__, files=5)
     parser.add_argument("--bids", type=int, default=50_000)
     args = parser.parse_args(argv)
-    directory = run_directory("hot_items")
-    lines = bid_lines(generate_bids(args.bids))
-    source = text_files(os.path.join(directory, "input"), lines, lines_per_file=-(-len(lines) // args.files),
-                        max_files_per_trigger=1)
-    sink = fissure.MemorySink()
-    pipeline = build_pipeline()
-    report = run_for_people(pipeline, source, sink, args, directory)
-    print_run_summary(report, pipeline, directory, what="bids")
-    hottest = sorted(sink.records(), key=lambda record: record["period"])
+    _, hottest = run_lines_for_people(build_pipeline(), bid_lines(generate_bids(args.bids)), args, "hot_items",
+                                      what="bids")
+    hottest.sort(key=lambda record: record["period"])
     print(f"{len(hottest)} windows of {WINDOW_S:g} s; the hottest auction of the first ten:")
     for record in hottest[:10]:
         print(f"  [{record['period']:.0f}, {record['period'] + WINDOW_S:.0f})  auction {record['auction']:5d}"

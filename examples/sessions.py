@@ -7,16 +7,13 @@ emitted once it is over, with its clicks and the pages it saw, the last ones at 
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import fissure  # noqa: E402
 from fissure import Pipeline, Session  # noqa: E402
-from example_support import example_parser, print_run_summary, run_directory, run_for_people  # noqa: E402
-from fissure.testing import text_files  # noqa: E402
+from example_support import example_parser, run_lines_for_people  # noqa: E402
 from generators.clicks import click_lines, generate_clicks  # noqa: E402
 
 GAP_S = 30.0
@@ -59,15 +56,8 @@ def main(argv=None) -> int:
     parser = example_parser(__doc__, files=5)
     parser.add_argument("--users", type=int, default=5_000)
     args = parser.parse_args(argv)
-    directory = run_directory("sessions")
-    lines = click_lines(generate_clicks(args.users))
-    source = text_files(os.path.join(directory, "input"), lines, lines_per_file=-(-len(lines) // args.files),
-                        max_files_per_trigger=1)
-    sink = fissure.MemorySink()
-    pipeline = build_pipeline()
-    report = run_for_people(pipeline, source, sink, args, directory)
-    print_run_summary(report, pipeline, directory, what="clicks")
-    visits = sink.records()
+    _, visits = run_lines_for_people(build_pipeline(), click_lines(generate_clicks(args.users)), args, "sessions",
+                                     what="clicks")
     users = {visit["user"] for visit in visits}
     print(f"{len(visits):,} sessions of {len(users):,} users; "
           f"{sum(visit['clicks'] for visit in visits):,} clicks in them")

@@ -316,30 +316,28 @@ def run_case(work: Path, plan: str, program: str, moment: str, seed: int, *, max
     restarts, code = 0, None
     while restarts < 3 and code != 0:
         restarts += 1
-        process = driver()
-        try:
-            code = process.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-            code = None
+        code = exit_code_within(driver(), timeout_s)
     if code != 0:
         problems.append(f"the restarted driver exited with {code}")
     problems += sink_problems(sink, program, records)
     return KillOutcome(plan, program, moment, seed, killed, restarts, not problems, "; ".join(problems))
 
 
+def exit_code_within(process: subprocess.Popen, timeout_s: float) -> int | None:
+    """The process's exit code, or None when it did not end within `timeout_s` (it is killed)."""
+    try:
+        return process.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+        return None
+
+
 def worker_fault_case(work: Path, plan: str, program: str, moment: str, seed: int, records: list[dict], driver,
                       timeout_s: float) -> KillOutcome:
     """One driver with a fault injected in its workers at four records: it must end by itself
     (exit 0) with the sinks exact; `killed` says the faults happened."""
-    process = driver(moment)
-    try:
-        code = process.wait(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
-        code = None
+    code = exit_code_within(driver(moment), timeout_s)
     injected = all((work / f"fault-{i}").exists() for i in FAULT_AT)
     problems = [] if code == 0 else [f"the driver exited with {code}"]
     problems += sink_problems(work / "out", program, records)

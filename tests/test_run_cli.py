@@ -180,9 +180,8 @@ def test_bad_schema_is_a_usage_error(tmp_path, capsys):
     assert "--schema item 'user:text' is not name:type" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("flags, ui, address", [([], False, "127.0.0.1"), (["--spark-ui"], True, "127.0.0.1"),
-                                                 (["--spark-ui=0.0.0.0"], True, "0.0.0.0")])
-def test_spark_ui_flag_turns_the_ui_on_only_when_asked(tmp_path, monkeypatch, flags, ui, address):
+def config_for(tmp_path, monkeypatch, flags: list[str]):
+    """The RunnerConfig `fissure run` with `flags` hands to fissure.run (stopped before any session)."""
     import fissure
 
     (tmp_path / "pipeline.py").write_text(PIPELINE_FILE)
@@ -196,45 +195,27 @@ def test_spark_ui_flag_turns_the_ui_on_only_when_asked(tmp_path, monkeypatch, fl
     monkeypatch.setattr(fissure, "run", fake_run)
     assert main(["run", f"{tmp_path / 'pipeline.py'}:build", "--source", str(tmp_path / "in"), *JSON_SOURCE,
                  "--run-dir", str(tmp_path / "run"), *flags]) == 130
-    assert seen["config"].spark_ui is ui
-    assert seen["config"].spark_ui_address == address  # loopback unless named
-    assert seen["config"].batch_sample_costs is True
+    return seen["config"]
+
+
+@pytest.mark.parametrize("flags, ui, address", [([], False, "127.0.0.1"), (["--spark-ui"], True, "127.0.0.1"),
+                                                 (["--spark-ui=0.0.0.0"], True, "0.0.0.0")])
+def test_spark_ui_flag_turns_the_ui_on_only_when_asked(tmp_path, monkeypatch, flags, ui, address):
+    config = config_for(tmp_path, monkeypatch, flags)
+    assert config.spark_ui is ui
+    assert config.spark_ui_address == address  # loopback unless named
+    assert config.batch_sample_costs is True
 
 
 def test_no_cost_sample_flag_keeps_the_declared_costs(tmp_path, monkeypatch):
-    import fissure
-
-    (tmp_path / "pipeline.py").write_text(PIPELINE_FILE)
-    write_inputs(tmp_path / "in")
-    seen = {}
-
-    def fake_run(*args, config, **kwargs):
-        seen["config"] = config
-        raise KeyboardInterrupt
-
-    monkeypatch.setattr(fissure, "run", fake_run)
-    assert main(["run", f"{tmp_path / 'pipeline.py'}:build", "--source", str(tmp_path / "in"), *JSON_SOURCE,
-                 "--run-dir", str(tmp_path / "run"), "--no-cost-sample"]) == 130
-    assert seen["config"].batch_sample_costs is False
+    assert config_for(tmp_path, monkeypatch, ["--no-cost-sample"]).batch_sample_costs is False
 
 
 def test_conf_flags_become_the_sessions_spark_settings(tmp_path, monkeypatch):
-    import fissure
-
-    (tmp_path / "pipeline.py").write_text(PIPELINE_FILE)
-    write_inputs(tmp_path / "in")
-    seen = {}
-
-    def fake_run(*args, config, **kwargs):
-        seen["config"] = config
-        raise KeyboardInterrupt
-
-    monkeypatch.setattr(fissure, "run", fake_run)
-    assert main(["run", f"{tmp_path / 'pipeline.py'}:build", "--source", str(tmp_path / "in"), *JSON_SOURCE,
-                 "--run-dir", str(tmp_path / "run"), "--conf", "spark.sql.streaming.metricsEnabled=true",
-                 "--conf", "spark.metrics.conf.*.sink.prometheusServlet.path=/metrics/prometheus"]) == 130
-    assert seen["config"].spark_conf == {"spark.sql.streaming.metricsEnabled": "true",
-                                         "spark.metrics.conf.*.sink.prometheusServlet.path": "/metrics/prometheus"}
+    config = config_for(tmp_path, monkeypatch, ["--conf", "spark.sql.streaming.metricsEnabled=true",
+                                                "--conf", "spark.metrics.conf.*.sink.prometheusServlet.path=/metrics/prometheus"])
+    assert config.spark_conf == {"spark.sql.streaming.metricsEnabled": "true",
+                                 "spark.metrics.conf.*.sink.prometheusServlet.path": "/metrics/prometheus"}
 
 
 def test_a_conf_flag_without_a_value_is_a_usage_error(tmp_path, capsys):

@@ -7,8 +7,9 @@ click in a single burst only (one-time visitors), as real click streams have.
 
 from __future__ import annotations
 
-import json
 import random
+
+from generators import in_arrival_order, json_lines
 
 PAGES = ("home", "search", "item", "cart", "checkout", "help", "account")
 
@@ -27,11 +28,7 @@ def generate_clicks(users: int, *, seed: int = 3, start_ts: float = 1_700_000_00
                                "arrival": ts + rng.uniform(0, disorder_s)})
                 ts += rng.uniform(0.5, 20.0)
             ts += rng.uniform(40.0, 900.0)  # a pause longer than any session gap the example uses
-    clicks.sort(key=lambda click: click["arrival"])
-    for click in clicks:
-        del click["arrival"]
-    return clicks
+    return in_arrival_order(clicks)
 
 
-def click_lines(clicks: list[dict]) -> list[str]:
-    return [json.dumps(click) for click in clicks]
+click_lines = json_lines

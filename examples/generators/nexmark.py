@@ -11,8 +11,9 @@ seconds of event time late (the order of the lines is the arrival order).
 
 from __future__ import annotations
 
-import json
 import random
+
+from generators import in_arrival_order, json_lines
 
 
 def generate_bids(count: int, *, seed: int = 5, start_ts: float = 1_700_000_000.0, interval_s: float = 0.01,
@@ -29,11 +30,7 @@ def generate_bids(count: int, *, seed: int = 5, start_ts: float = 1_700_000_000.
         ts = start_ts + number * interval_s
         bids.append({"auction": auction, "bidder": rng.randrange(1000), "price": round(rng.uniform(1, 500), 2),
                      "ts": round(ts, 3), "arrival": ts + rng.uniform(0, disorder_s)})
-    bids.sort(key=lambda bid: bid["arrival"])
-    for bid in bids:
-        del bid["arrival"]
-    return bids
+    return in_arrival_order(bids)
 
 
-def bid_lines(bids: list[dict]) -> list[str]:
-    return [json.dumps(bid) for bid in bids]
+bid_lines = json_lines
