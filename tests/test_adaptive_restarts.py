@@ -1,6 +1,7 @@
-"""An adaptive run restarts its query after the machine's failure as a plain run does: the same
-policy (fissure.control.failures), the plan in force started again on the checkpoint by the
-QueryManager, the same warning and the same `not restarted` note (fissure.spark.run_end)."""
+"""An adaptive run ends as a plain run does: after the machine's failure the same policy
+(fissure.control.failures) starts the plan in force again on the checkpoint through the
+QueryManager, with the same warning and the same `not restarted` note, and a bounded run its
+timeout ends with input left raises RunTimedOut (fissure.spark.run_end). Fakes stand in for Spark."""
 
 from __future__ import annotations
 
@@ -10,9 +11,11 @@ import pytest
 
 from fissure import Pipeline, RunnerConfig
 from fissure.model.types import Plan, RegionPlan
-from fissure.spark import adaptive_queries
+from fissure.spark import adaptive, adaptive_queries
 from fissure.spark.adaptive_observations import OperatorProfiles, SparkObservations
 from fissure.spark.adaptive_queries import QueryManager
+from fissure.spark.run import RunTimedOut
+from fissure.spark.sources import FileSource
 from fissure.spark.state import CheckpointStatus
 
 CRASH_TEXT = ("org.apache.spark.SparkException: Job aborted due to stage failure: Task 0 in stage 3.0 failed 1 times\n"
@@ -115,3 +118,57 @@ def test_a_failure_of_the_program_ends_the_adaptive_run_unrestarted(monkeypatch,
         observe(monkeypatch, tmp_path, [(0, ValueError("a bug")), (1, None)])
     assert len(FakeRunner.plans) == 1
     assert not getattr(raised.value, "__notes__", [])
+
+
+# --- a bounded adaptive run ended by its timeout ----------------------------------------------------
+
+class StalledRunner(FakeRunner):
+    """A query that never ends and never reports a batch, on a file source with input unread."""
+
+    source = None
+
+    def __init__(self, pipeline, source, sink, *, plan, checkpoint, **options) -> None:
+        super().__init__(pipeline, source, sink, plan=plan)
+        self.sources, self.checkpoint, self.spark = {"logs": source}, checkpoint, None
+        self.time_aware = False
+
+    def start(self, available_now=False) -> None:
+        self.query = FakeQuery([], None)
+        self.query.isActive = True
+
+
+class FakeLock:
+    store = None
+
+    @classmethod
+    def acquire(cls, store, program, **options):
+        return cls()
+
+    def check_held(self) -> None:
+        pass
+
+    def release(self) -> None:
+        pass
+
+
+def test_a_bounded_adaptive_run_ended_by_its_timeout_with_input_left_raises_run_timed_out(monkeypatch, tmp_path):
+    """Before: the timeout did not bound an adaptive run of available_now=True at all."""
+    monkeypatch.setattr(adaptive_queries, "Runner", StalledRunner)
+    monkeypatch.setattr(adaptive_queries, "checkpoint_status", lambda spark, checkpoint: CheckpointStatus(None, None, None))
+    monkeypatch.setattr(adaptive, "check_before_spark", lambda *args: None)
+    monkeypatch.setattr(adaptive, "default_file_system", lambda *args: None)
+    monkeypatch.setattr(adaptive, "default_parallelism", lambda session: 2)
+    monkeypatch.setattr(adaptive, "open_store", lambda session, checkpoint: None)
+    monkeypatch.setattr(adaptive, "CheckpointLock", FakeLock)
+    FakeRunner.plans = []
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / "part-0.json").write_text('{"a": 1}\n' * 4)
+    pipeline = Pipeline("p").map("a", lambda record: record).map("b", lambda record: record)
+    with pytest.raises(RunTimedOut) as raised:
+        adaptive.run_adaptive_on_spark(pipeline, FileSource(str(logs), format="json", schema={"a": int}), None,
+                                       spark=object(), checkpoint=str(tmp_path / "ckpt"), available_now=True,
+                                       timeout_s=30, progress=False, run_dir=str(tmp_path / "run"),
+                                       clock=FakeClock())
+    assert str(raised.value).startswith("the run's timeout (30 s) ended it with input left: logs"), raised.value
+    assert raised.value.left.files == 1 and raised.value.report.batches == 0
