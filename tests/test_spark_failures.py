@@ -1,6 +1,7 @@
-"""On Spark: an operator out of memory restarts the query (no dead letter; the same record failing
-every time ends the run naming it); a hung operator is reported by the watchdog with its name, and
-a bounded run its timeout ends with input left exits with what is left."""
+"""On Spark: an operator out of memory restarts the query, in a plain run and in an adaptive one
+(no dead letter; the same record failing every time ends the run naming it); a hung operator is
+reported by the watchdog with its name, and a bounded run its timeout ends with input left exits
+with what is left."""
 
 from __future__ import annotations
 
@@ -53,6 +54,20 @@ def test_a_memory_error_restarts_the_query_and_is_never_a_dead_letter(spark, tmp
     assert "not restarted: the same failure 2 times in a row on the same record" in summary, summary
     assert "MemoryError: the operator's buffer" in summary and "in operator 'greedy'" in summary, summary
     assert '"i": 3' in summary, summary
+
+
+def test_an_adaptive_run_restarts_its_query_after_a_memory_error_and_ends_with_exact_output(spark, tmp_path):
+    """Before: the MemoryError ended the adaptive run. (No cost sample: it would meet record 3 first.)"""
+    source = record_files(tmp_path / "in", [{"user": f"u{i % 2}", "i": i} for i in range(6)], EVENTS)
+    marker = str(tmp_path / "failed")
+    pipeline = Pipeline("greedy").map("greedy", greedy_on(marker, always=False), schema=EVENTS)
+    sink = MemorySink()
+    report = fissure.run(pipeline, source, sink, spark=spark, progress=False, adaptive=True,
+                         config=fissure.RunnerConfig(query_restarts=1, batch_sample_costs=False),
+                         checkpoint=str(tmp_path / "ckpt"), run_dir=str(tmp_path / "run"))
+    assert os.path.exists(marker)
+    assert report.dead_letters == 0 and report.queries == 2
+    assert sorted(record["i"] for record in sink.records()) == list(range(6))
 
 
 def hangs_on(i_hung: int, marker: str):

@@ -48,6 +48,7 @@ from fissure.spark.config import RunnerConfig
 from fissure.spark.observed_metrics import Publication
 from fissure.spark.plans import describe_plan, resolve_plan
 from fissure.spark.progress_output import ProgressOutput
+from fissure.spark.run_end import check_input_read
 from fissure.spark.runner import RunReport, bind_sources
 from fissure.spark.session import create_session, default_parallelism
 from fissure.spark.sources import RateSource, SourceLike, check_before_spark, default_file_system
@@ -141,7 +142,9 @@ def run_adaptive_on_spark(
     declared estimates. `repartition` replaces Spark's state repartitioner
     (tests). `on_decision(decision, entry)` sees every decision as it is made. `max_batches`: the
     run ends after that many micro-batches (the next one, held at its gate, is left for a run on
-    the checkpoint).
+    the checkpoint). As in a plain run (fissure.spark.run): a failure that is the machine's starts
+    the plan in force again on the checkpoint within `config.restart_policy()`, and a bounded run
+    (available_now=True) that `timeout_s` ends with input left raises RunTimedOut.
     """
     check_before_spark(as_graph(pipeline), bind_sources(as_graph(pipeline), source),
                        default_file_system(spark, config.master, config.spark_conf))
@@ -172,7 +175,7 @@ def run_adaptive_on_spark(
     observations = SparkObservations(
         queries, OperatorProfiles(chain, profile), cores=cores,
         offered_rate_per_s=float(source.rows_per_second) if isinstance(source, RateSource) else None,
-        deadline_s=None if available_now or timeout_s is None else started + timeout_s, max_batches=max_batches,
+        deadline_s=None if timeout_s is None else started + timeout_s, max_batches=max_batches,
         search=search, clock=run_clock)
     progress_output = ProgressOutput(requested_mode(progress, config.progress),
                                      interval_s=config.progress_lines_interval_s, clock=clock)
@@ -189,6 +192,7 @@ def run_adaptive_on_spark(
     planned = {int(batch): canonical_plan(resolve_plan(target, pipeline, cores, estimates))
                for batch, target in (injections or {}).items()}
     timeline = Timeline(title=f"fissure adaptive run: {pipeline.name} on Spark ({cores} cores)")
+    timed_out_runner = None  # a bounded run's timeout ended it: its query's runner counts the input left
     try:
         queries.start(initial)
         run_adaptive(observations, realizer, controller, run_clock, injections=planned, on_decision=decided,
@@ -199,6 +203,8 @@ def run_adaptive_on_spark(
                 and live.query.exception() is None and live.runner.time_aware:
             live.gate.open()  # the end of input: every window and expiry fires (fissure.spark.time_log)
             live.runner.finish_input()
+        if available_now and observations.timed_out and live is not None:
+            timed_out_runner = live.runner
     finally:
         queries.close()
         decision_progress.close()
@@ -212,8 +218,12 @@ def run_adaptive_on_spark(
         queries=queries.queries_started, correction=correction.describe() if correction is not None else None,
         batch_log=tuple(queries.batch_log), batch_times=tuple(observations.times), admissions=queries.admissions,
         plan_text=describe_plan(controller.plan, pipeline), **time_summary(queries.batch_log))
-    if owned_checkpoint:
-        shutil.rmtree(checkpoint, ignore_errors=True)
+    try:
+        if timed_out_runner is not None:
+            check_input_read(timed_out_runner, report, timeout_s)
+    finally:
+        if owned_checkpoint:
+            shutil.rmtree(checkpoint, ignore_errors=True)
     return report
 
 

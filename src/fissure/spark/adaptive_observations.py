@@ -92,6 +92,7 @@ class SparkObservations:
         self.batches = 0
         self.input_records = 0
         self.times: list[BatchTime] = []  # every batch observed, over the run's queries
+        self.timed_out = False  # the deadline ended the run with the query still running
 
     def next_batch(self) -> BatchObservation | None:
         if self.max_batches is not None and self.batches >= self.max_batches:
@@ -113,9 +114,12 @@ class SparkObservations:
                     return self._observation(live, update)
                 failure = live.failure()
                 if failure is not None:
+                    if self.queries.restart_after_failure(live, failure):
+                        continue
                     raise failure
                 return None
             if self.deadline_s is not None and self.clock() >= self.deadline_s:
+                self.timed_out = True
                 return None
             live.gate.wait(POLL_S)
 

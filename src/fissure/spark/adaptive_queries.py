@@ -18,6 +18,7 @@ from fissure.model.types import Plan
 from fissure.spark.batch_gate import BatchGate
 from fissure.spark.config import RunnerConfig
 from fissure.spark.observed_metrics import Publication
+from fissure.spark.run_end import QueryRestarts
 from fissure.spark.runner import Runner
 from fissure.spark.sinks import DeadLetterLog
 from fissure.spark.sources import SourceLike
@@ -67,7 +68,8 @@ class StopResult:
 
 
 class QueryManager:
-    """Starts the query of a plan on the run's checkpoint, and stops it at a batch boundary."""
+    """Starts the query of a plan on the run's checkpoint, stops it at a batch boundary, and starts
+    it again after the machine's failure as the run's restart policy allows (`restarts`)."""
 
     def __init__(self, pipeline: Pipeline | StreamGraph, source: SourceLike, sink, *, spark: SparkSession, checkpoint: str,
                  dead_letters, config: RunnerConfig, available_now: bool, clock: Callable[[], float],
@@ -89,6 +91,7 @@ class QueryManager:
         self.admissions: tuple = ()  # the batch sizes the latest query's runner chose
         self.fatal: str | None = None  # why no query runs after a failed switch
         self.publication: Publication | None = None  # the latest decision, published by every query's batches
+        self.restarts = QueryRestarts(config.restart_policy(), checkpoint, clock, self.runner_options.get("lock"))
 
     def start(self, plan: Plan) -> LiveQuery:
         plan = canonical_plan(plan)
@@ -106,6 +109,16 @@ class QueryManager:
         self.queries_started += 1
         self.current = LiveQuery(plan, runner, gate)
         return self.current
+
+    def restart_after_failure(self, live: LiveQuery, error: Exception) -> bool:
+        """After `live` failed with `error`: when the run's restart policy allows it (True), start the
+        plan in force again on the checkpoint, as a plan switch does; the failed batch is replayed.
+        False: the run ends with `error`, noted when it was the machine's failure."""
+        if not self.restarts.allows(error):
+            return False
+        self.stop_at_boundary()
+        self.start(live.plan)
+        return True
 
     def publish(self, publication: Publication) -> None:
         """The plan in force and the latest decision, for the batches released from now on

@@ -12,7 +12,6 @@ execution order), a Plan or a plan file. `adaptive=True` re-plans while it runs
 
 from __future__ import annotations
 
-import logging
 import shutil
 import tempfile
 import time
@@ -20,7 +19,6 @@ from collections.abc import Iterable, Mapping
 
 from pyspark.sql import SparkSession
 
-from fissure.control.failures import Restart, decide_restart, restartable_failure
 from fissure.graph import OperatorEstimate, Pipeline, PipelineError
 from fissure.profile.settings import ProfileSettings
 from fissure.spark.adaptive import run_adaptive_on_spark
@@ -30,15 +28,12 @@ from fissure.spark.checkpoint_files import open_store
 from fissure.spark.checkpoint_lock import CheckpointLock
 from fissure.spark.config import RunnerConfig
 from fissure.spark.graph_autopipeline import GraphAutopipeliner
+from fissure.spark.run_end import RunTimedOut  # noqa: F401 - fissure.RunTimedOut is named here
+from fissure.spark.run_end import QueryRestarts, check_input_read
 from fissure.spark.runner import Runner, RunReport, bind_sources
-from fissure.spark.checkpoint_guard import CheckpointDamaged, StartGuard
-from fissure.spark.input_left import InputLeft, input_left
 from fissure.spark.session import create_session, noted_failures
 from fissure.spark.sources import check_before_spark, default_file_system
 from fissure.streamgraph import StreamGraph, as_graph
-
-
-log = logging.getLogger(__name__)
 
 
 class _FromConfig:
@@ -118,25 +113,13 @@ def run(program: Pipeline | StreamGraph, source=None, sink=None, *, plan: object
             shutil.rmtree(checkpoint, ignore_errors=True)
 
 
-class RunTimedOut(RuntimeError):
-    """A bounded run (available_now=True) that its `timeout_s` ended with input left unread:
-    `left` says what (fissure.spark.input_left), `report` is the run's report so far. The
-    batches committed stay committed: a run on the same checkpoint goes on from there."""
-
-    def __init__(self, message: str, report: RunReport, left: InputLeft) -> None:
-        super().__init__(message)
-        self.report = report
-        self.left = left
-
-
 def _run_to_end(program, source, sink, *, limit: BatchLimit | None, checkpoint: str, spark, config: RunnerConfig,
                 available_now: bool, timeout_s: float | None, runner_options: dict, autopipeline: bool,
                 autopipeline_config, clock=time.monotonic) -> RunReport:
     """Run on the one Runner until the end, starting the query again on its checkpoint after a
     failure that is the machine's, not the program's (fissure.control.failures), as
     `config.restart_policy()` allows. `timeout_s` counts from the first start, restarts included."""
-    policy = config.restart_policy()
-    restarts: list[Restart] = []
+    restarts = QueryRestarts(config.restart_policy(), checkpoint, clock, runner_options.get("lock"))
     deadline = None if timeout_s is None else clock() + timeout_s
     while True:
         runner = Runner(program, source, sink, checkpoint=checkpoint, spark=spark, **runner_options)
@@ -163,21 +146,8 @@ def _run_to_end(program, source, sink, *, limit: BatchLimit | None, checkpoint: 
                 runner.finish_input()
         except Exception as error:
             runner.stop()
-            lock = runner_options.get("lock")
-            damage = checkpoint_damage(lock.store) if lock is not None else None
-            if damage is not None:
-                raise damage from error
-            failure = restartable_failure(str(error))
-            if failure is None:
+            if not restarts.allows(error):
                 raise
-            now_s = clock()
-            decision = decide_restart(failure, restarts, now_s, policy)
-            if not decision.restart:
-                error.add_note(f"fissure: not restarted: {decision.reason}")
-                raise
-            restarts.append(Restart(now_s, failure))
-            log.warning("fissure: the query failed (%s); starting it again on the checkpoint %s", decision.reason,
-                        checkpoint)
             continue
         finally:
             if loop is not None:
@@ -186,37 +156,6 @@ def _run_to_end(program, source, sink, *, limit: BatchLimit | None, checkpoint: 
         if not ended and available_now:
             check_input_read(runner, report, timeout_s)
         return report
-
-
-def check_input_read(runner: Runner, report: RunReport, timeout_s: float | None) -> None:
-    """After a bounded run's timeout: raise RunTimedOut when input is left unread."""
-    store = runner_store(runner)
-    left = input_left(runner.sources, store) if store is not None else InputLeft(uncounted=tuple(runner.sources))
-    if not left.anything_left:
-        return
-    raise RunTimedOut(f"the run's timeout ({timeout_s:g} s) ended it with input left: {left.describe()}; "
-                      f"{report.batches} batch{'' if report.batches == 1 else 'es'} committed. Run again on the same "
-                      f"checkpoint to process the rest (or without a timeout; a --follow run's timeout is its end)",
-                      report, left)
-
-
-def runner_store(runner: Runner):
-    try:
-        return open_store(runner.spark, runner.checkpoint)
-    except Exception:  # noqa: BLE001 - no store to read: the input cannot be counted
-        return None
-
-
-def checkpoint_damage(store) -> CheckpointDamaged | None:
-    """A failed query's checkpoint checked as a start checks it: a deleted offsets file is named
-    as such, not left to Spark's `Multiple streaming jobs detected`."""
-    try:
-        StartGuard.open(store).check_logs()
-    except CheckpointDamaged as damage:
-        return damage
-    except Exception:  # noqa: BLE001 - unreadable now: the query's own error says more
-        return None
-    return None
 
 
 def await_batch_limit(runner: Runner, limit: BatchLimit, timeout_s: float | None) -> bool:
