@@ -221,7 +221,7 @@ def verdict(others: float | None, load_before: Sequence[float], cores: int, quic
         reasons.append(f"{BUSY} (other processes used {taken:.0%} of the CPU{stolen})" if taken is not None
                        else f"{BUSY} (load average above {cores} cores before the run)")
     if speed_moved is not None and abs(speed_moved) > SPEED_TOLERANCE:
-        reasons.append(f"{SPEED_MOVED} (the calibration loop ran {speed_moved:+.0%} after the run against before)")
+        reasons.append(f"{SPEED_MOVED} (the calibration loop took {speed_moved:+.0%} CPU time after the run against before)")
     if quick:
         reasons.append(QUICK)
     return "; ".join(reasons) or None
