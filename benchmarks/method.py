@@ -305,16 +305,18 @@ CALIBRATION_ITERATIONS = 300_000
 
 
 def calibration_s(repeats: int = 15, iterations: int = CALIBRATION_ITERATIONS) -> float:
-    """Seconds a fixed pure-Python loop takes, the best of `repeats` (about 0.015 s each here): the
-    machine's speed for one core, as a benchmark's own code sees it (the best of many, so that a
-    run's processes still ending beside it do not pass for a slower machine)."""
+    """CPU seconds a fixed pure-Python loop takes on its thread (about 0.015 s), the best of
+    `repeats`: the machine's speed for one core, as a benchmark's own code sees it. CPU time, not
+    wall time: sharing the cores is what the others' share measures; this is the core's own
+    speed (a slower host, a throttled clock), which a wall-clock loop confused with a run's JVM
+    still ending beside it (after-loops 9-15 % slower on a quiet machine)."""
     best = float("inf")
     for _ in range(repeats):
-        started = time.perf_counter()
+        started = time.thread_time()
         total = 0
         for index in range(iterations):
             total += index * index % 7
-        best = min(best, time.perf_counter() - started)
+        best = min(best, time.thread_time() - started)
     return best
 
 
