@@ -48,9 +48,11 @@ def test_a_script_calling_fissure_run_prints_no_spark_line(tmp_path):
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert lines[0] == "[('a', 1), ('a', 2), ('a', 3), ('b', 1), ('c', 1)]"
-    # stderr holds fissure's progress lines and nothing else: no log4j line, no PySpark worker chatter.
-    others = [line for line in done.stderr.splitlines() if " fissure | " not in line]
+    # stderr holds fissure's own lines (progress, the cost sample's notice) and nothing else: no
+    # log4j line, no PySpark worker chatter.
+    others = [line for line in done.stderr.splitlines() if " fissure | " not in line and not line.startswith("fissure: ")]
     assert others == []
+    assert sum(line.startswith("fissure: ") for line in done.stderr.splitlines()) <= 1  # the cost sample, once
     assert any("batch 0" in line for line in done.stderr.splitlines())
     # Spark's output went to the log file the run names.
     log_path = lines[1].removeprefix("log ")
