@@ -304,14 +304,18 @@ def steal_share(before: tuple[float, float] | None, after: tuple[float, float] |
 CALIBRATION_ITERATIONS = 300_000
 
 
-def calibration_s(repeats: int = 15, iterations: int = CALIBRATION_ITERATIONS) -> float:
+def calibration_s(repeats: int = 15, iterations: int = CALIBRATION_ITERATIONS, pause_s: float = 0.2) -> float:
     """CPU seconds a fixed pure-Python loop takes on its thread (about 0.015 s), the best of
     `repeats`: the machine's speed for one core, as a benchmark's own code sees it. CPU time, not
     wall time: sharing the cores is what the others' share measures; this is the core's own
     speed (a slower host, a throttled clock), which a wall-clock loop confused with a run's JVM
-    still ending beside it (after-loops 9-15 % slower on a quiet machine)."""
+    still ending beside it (after-loops 9-15 % slower on a quiet machine). Its CPU time grows
+    too while the other core works (the two share caches): the loops are spread `pause_s` apart
+    over about three seconds, so that the best of them falls after a run's processes ended."""
     best = float("inf")
-    for _ in range(repeats):
+    for repeat in range(repeats):
+        if repeat:
+            time.sleep(pause_s)
         started = time.thread_time()
         total = 0
         for index in range(iterations):
