@@ -14,7 +14,7 @@ from fissure.model.types import Plan, RegionPlan
 from fissure.spark import adaptive, adaptive_queries
 from fissure.spark.adaptive_observations import OperatorProfiles, SparkObservations
 from fissure.spark.adaptive_queries import QueryManager
-from fissure.spark.run import RunTimedOut
+from fissure.spark.run_end import RunTimedOut
 from fissure.spark.sources import FileSource
 from fissure.spark.state import CheckpointStatus
 

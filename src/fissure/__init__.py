@@ -50,7 +50,7 @@ _EXPORTS = {
     "MemorySink": "fissure.spark.sinks",
     "NoopSink": "fissure.spark.sinks",
     "run_graph": "fissure.spark.run",
-    "RunTimedOut": "fissure.spark.run",
+    "RunTimedOut": "fissure.spark.run_end",
     "migrate_state": "fissure.spark.checkpoint_guard",
 }
 

@@ -170,7 +170,7 @@ def handle(args) -> int:
     from fissure.spark.checkpoint_guard import CheckpointDamaged
     from fissure.spark.checkpoint_lock import CheckpointLocked
     from fissure.spark.plans import describe_plan
-    from fissure.spark.run import RunTimedOut
+    from fissure.spark.run_end import RunTimedOut
     from fissure.spark.session import describe_failure
     from fissure.spark.sources import SourceUnavailable, check_before_spark
     from fissure.streamgraph import as_graph

@@ -28,7 +28,7 @@ from fissure.spark.checkpoint_files import open_store
 from fissure.spark.checkpoint_lock import CheckpointLock
 from fissure.spark.config import RunnerConfig
 from fissure.spark.graph_autopipeline import GraphAutopipeliner
-from fissure.spark.run_end import RunTimedOut  # noqa: F401 - fissure.RunTimedOut is named here
+from fissure.spark.run_end import RunTimedOut  # noqa: F401 - fissure.spark.run.RunTimedOut, as before it moved
 from fissure.spark.run_end import QueryRestarts, check_input_read
 from fissure.spark.runner import Runner, RunReport, bind_sources
 from fissure.spark.session import create_session, noted_failures

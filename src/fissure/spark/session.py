@@ -21,7 +21,7 @@ import traceback
 
 from pyspark.sql import SparkSession
 
-from fissure.control.failures import CRASH, WORKER_CRASH, restartable_failure  # noqa: F401 - WORKER_CRASH: re-exported
+from fissure.control.failures import CRASH, restartable_failure
 from fissure.control.watchdog import Heartbeat, read_heartbeat
 from fissure.graph import PipelineError
 from fissure.spark.config import RunnerConfig
