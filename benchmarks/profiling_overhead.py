@@ -4,8 +4,10 @@ against the same operators timed alone.
 (a) Overhead: each workload runs with profiling on (the defaults: every Arrow batch timed,
     every 32nd record of a stateful operator) and off, in adjacent pairs (ABBA order) after one
     discarded warm-up pair, each run a freshly built query over the same input; throughput =
-    source records / batch time over the micro-batches after the first; overhead = 1 - the median
-    of the pairs' profiled / unprofiled ratios. Workloads:
+    source records / batch time over the micro-batches after the first; overhead = 1 - the
+    profiled series' median over the unprofiled series' median (the ratio of medians, as every
+    other ratio of these benchmarks), with 1 - the median of the pairs' profiled / unprofiled
+    ratios beside it and Spark's `addBatch` phase profiled over unprofiled. Workloads:
     - `light`: four cheap per-record maps (about 1 us each): the worst case, where the
       profiler's fixed work per batch weighs most;
     - `mixed`: busy operators of known cost with a filter, a keyed and an unkeyed stateful
@@ -168,10 +170,12 @@ def in_process_cpu_overhead(rounds: int) -> dict:
 
 
 def overhead(spark, name, pipeline, source, args, work) -> dict:
-    """Profiled and unprofiled runs in adjacent pairs (ABBA order); overhead = 1 - the median of the
-    pairs' ratios. Runs of one query vary by +-15 % on this machine and drift (the JVM warms up over
-    the first runs), so a ratio of two medians taken over the whole series would measure the noise;
-    a ratio inside each pair compares runs a few seconds apart. One discarded pair warms up first."""
+    """Profiled and unprofiled runs in adjacent pairs (ABBA order); overhead = 1 - the ratio of the
+    two series' medians. Runs of one query vary by +-15 % on this machine and drift (the JVM warms
+    up over the first runs); a ratio inside each pair compares runs a few seconds apart, so the
+    median of the pairs' ratios is given too, but it is not the headline: in the 15-pair run of
+    2026-11-26 it read -2.4 % where the ratio of medians read +3.6 % and addBatch +5 %, and a goal
+    of 2 % is judged on the figure that is least kind to it. One discarded pair warms up first."""
     plan = Plan((RegionPlan((pipeline.names,), 1),))
     variants = [("profiled", True), ("unprofiled", None)]
     for label, profile in variants:
@@ -196,7 +200,14 @@ def overhead(spark, name, pipeline, source, args, work) -> dict:
             "phase_ms_median": phase_ms,
             "pair_ratio_quartiles": statistics.quantiles(pair_ratios, n=4) if len(pair_ratios) >= 2 else None,
             "ratio_of_medians": statistics.median(rates["profiled"]) / statistics.median(rates["unprofiled"]),
-            "overhead": 1 - ratio}
+            "overhead_pair_ratios": 1 - ratio,
+            "overhead": 1 - statistics.median(rates["profiled"]) / statistics.median(rates["unprofiled"])}
+
+
+def add_batch_ratio(item: dict) -> float | None:
+    """Spark's addBatch phase (the job and its tasks), profiled over unprofiled, medians."""
+    phase = item.get("phase_ms_median", {}).get("addBatch")
+    return phase["profiled"] / phase["unprofiled"] if phase and phase["unprofiled"] else None
 
 
 def accuracy(spark, source, args, work) -> dict:
@@ -235,15 +246,22 @@ def report(document: dict, stem: str) -> str:
     lines = ["# Profiling overhead and accuracy on Spark", ""]
     lines += ["## Overhead (target: at most 2 %)", "",
               "Runs alternate in adjacent pairs (ABBA) after one discarded warm-up pair; overhead = 1 - the "
-              "median of the pairs' profiled / unprofiled ratios (pair ratios listed; the ratio of the two "
-              "series' medians beside it, for reference).", "",
-              "| workload | profiled rec/s (median) | unprofiled rec/s (median) | pair ratios | overhead |",
-              "| --- | --- | --- | --- | --- |"]
+              "ratio of the two series' medians (profiled / unprofiled), the figure the target is judged on. "
+              "Beside it: 1 - the median of the pairs' profiled / unprofiled ratios (pair ratios listed), and "
+              "Spark's addBatch phase profiled / unprofiled (medians; a time, so above 1 is a cost).", "",
+              "| workload | profiled rec/s (median) | unprofiled rec/s (median) | ratio of medians | overhead "
+              "| pair ratios | overhead by the median pair ratio | addBatch profiled / unprofiled |",
+              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for name, item in document["overhead"].items():
         pairs = ", ".join(f"{value:.3f}" for value in item["pair_ratios"])
+        of_medians = statistics.median(item["runs_per_s"]["profiled"]) / statistics.median(
+            item["runs_per_s"]["unprofiled"])
+        by_pairs = item.get("overhead_pair_ratios", 1 - item["profiled_over_unprofiled"])
+        add_batch = add_batch_ratio(item)
         lines.append(f"| {name} | {statistics.median(item['runs_per_s']['profiled']):,.0f} | "
-                     f"{statistics.median(item['runs_per_s']['unprofiled']):,.0f} | {pairs} | "
-                     f"{100 * item['overhead']:+.1f} % |")
+                     f"{statistics.median(item['runs_per_s']['unprofiled']):,.0f} | {of_medians:.3f} | "
+                     f"{100 * (1 - of_medians):+.1f} % | {pairs} | {100 * by_pairs:+.1f} % | "
+                     f"{'-' if add_batch is None else f'{add_batch:.3f}'} |")
     lines += ["", "Quartiles of the pair ratios (the spread the median sits in): " + "; ".join(
         f"{name} {', '.join(f'{value:.3f}' for value in item['pair_ratio_quartiles'])}"
         for name, item in document["overhead"].items() if item.get("pair_ratio_quartiles")), "",
@@ -296,7 +314,7 @@ def plot(document: dict, path: Path) -> None:
     left.bar(names, [100 * document["overhead"][name]["overhead"] for name in names], color="tab:blue")
     left.axhline(2, color="tab:red", linestyle="--", linewidth=1, label="2 % target")
     left.set_ylabel("throughput lost to profiling (%)")
-    left.set_title("Profiling overhead (median of paired ratios)")
+    left.set_title("Profiling overhead (1 - ratio of medians)")
     left.legend()
     rows = document["accuracy"]["operators"]
     for defined_by, key, colour, label in (("CPU time", "isolated_us", "tab:blue", "spin (known CPU cost)"),

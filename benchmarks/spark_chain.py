@@ -5,11 +5,25 @@ Workloads:
 - `logwatch`: the LogWatch chain (examples/logwatch.py) over generated syslog lines.
 Variants, each measured on a freshly built query (no reused shuffle output):
   (a) handwritten: the PySpark program a user would write: the same functions as Python UDFs in
-      one stage, default settings (cpu only: LogWatch's stateful operators are no UDFs);
+      one stage (cpu only: LogWatch's stateful operators are no UDFs), in two lines:
+      `handwritten-repartitioned`, the competent program, which repartitions each micro-batch to
+      the session's cores before the UDFs (a micro-batch of one small file is one partition, so
+      one task on one core, otherwise), and `handwritten-one-partition`, the naive program with
+      default settings; planner_over_handwritten_repartitioned and
+      planner_over_handwritten_one_partition divide by each;
   (b) sequential: fissure's sequential plan (one partition, one process);
   (c) planner: the plan the planner picks from the given operator costs;
   (d) the best of the others: every valid plan with at most --max-threads threads, screened once
-      on a share of the input (--screen-share); the --finalists fastest join the block.
+      on a share of the input (--screen-share); the --finalists fastest join the block. Where the
+      valid plans are too many to screen (LogWatch's 671), the Spark model shortlists the
+      --logwatch-shortlist plans it predicts fastest, and the finalists come from those: a
+      shortlist the model chose can only flatter the model's own planner. So beside it a seeded
+      random sample of --random-plans plans the model did not shortlist (--random-seed) is
+      screened too, and the fastest of the sample joins the block as `random-best`;
+      planner_over_best_random divides by it, and planner_over_best_other counts it among the
+      others. The sample adds 8 screenings and one variant of the block: about three minutes on
+      2 cores (the screening rates and the block's runs of spark_chain_logwatch.json: a screening
+      of 50,000 lines takes 10-15 s, a run of 200,000 lines about 20 s).
 Throughput is the steady rate of a query: records over the summed durations of its micro-batches
 after the first (the first also pays for starting the query and its Python workers); the same
 measure for every variant. The method of benchmarks/method.py: one uncounted warm-up run, then
@@ -102,12 +116,16 @@ def valid_plans(pipeline: Pipeline, max_threads: int) -> list[Plan]:
     return accepted
 
 
-def handwritten_query(spark, source, sink_format="noop"):
-    """(a): the same functions as plain Python UDFs in one select, default settings."""
+def handwritten_query(spark, source, sink_format="noop", repartition: bool = True):
+    """(a): the same functions as plain Python UDFs in one select. `repartition`: each micro-batch
+    spread round-robin over the session's cores first (the competent program); without it, default
+    settings, and a micro-batch of one small file runs as one task (the naive program)."""
     from pyspark.sql import functions as F
     from pyspark.sql.types import DoubleType
 
     frame = source.open(spark)
+    if repartition:
+        frame = frame.repartition(spark.sparkContext.defaultParallelism)
     column = F.col("x")
     udf = F.udf(lambda x: busy({"x": x})["x"], DoubleType())
     for _ in range(CPU_OPERATORS):
@@ -126,8 +144,8 @@ def steady_rate(updates) -> float:
     return records / seconds if seconds > 0 else 0.0
 
 
-def measure_handwritten(spark, source, checkpoint) -> float:
-    query = handwritten_query(spark, source).option("checkpointLocation", checkpoint).start()
+def measure_handwritten(spark, source, checkpoint, repartition: bool) -> float:
+    query = handwritten_query(spark, source, repartition=repartition).option("checkpointLocation", checkpoint).start()
     query.awaitTermination()
     return steady_rate(query.recentProgress)
 
@@ -173,6 +191,15 @@ def model_shortlist(pipeline: Pipeline, plans: list[Plan], cores: int, keep: int
     return sorted(plans, key=predicted, reverse=True)[:keep]
 
 
+def random_sample(plans: list[Plan], leave_out: list[Plan], count: int, seed: int) -> list[Plan]:
+    """`count` plans of `plans` drawn with `seed`, none of `leave_out` (by the plan's text)."""
+    import random
+
+    left_out = {describe_plan(plan) for plan in leave_out}
+    rest = [plan for plan in plans if describe_plan(plan) not in left_out]
+    return random.Random(seed).sample(rest, min(count, len(rest)))
+
+
 def run_workload(name, spark, pipeline, source, screen_source, with_handwritten, args, work) -> dict:
     """(d)'s finalists first: every candidate once on the smaller `screen_source`, the `finalists`
     fastest kept. Then one block on `source`: a warm-up run (not counted), and `repeats` repeats of
@@ -181,38 +208,56 @@ def run_workload(name, spark, pipeline, source, screen_source, with_handwritten,
     variants = {"sequential": sequential_plan(pipeline), "planner": planner_plan(pipeline, cores)}
     candidates = valid_plans(pipeline, args.max_threads)
     enumerated = len(candidates)
+    sample = []
     if args.shortlist and len(candidates) > args.shortlist:
+        every_plan = candidates
         candidates = model_shortlist(pipeline, candidates, cores, args.shortlist)
+        sample = random_sample(every_plan, candidates + list(variants.values()), args.random_plans, args.random_seed)
     if args.quick:
         candidates = candidates[:1] + candidates[-1:]
+        sample = sample[:1]
     counter = [0]
 
     def checkpoint():
         counter[0] += 1
         return os.path.join(work, f"{name}-ckpt-{counter[0]}")
 
-    screened = {}
-    earlier = (args.earlier or {}).get(name, {}).get("screened_records_per_s")
-    if earlier:  # reuse an earlier run's screening (same plans, same share of the input)
-        by_label = {describe_plan(plan): plan for plan in candidates}
-        screened = {label: (rate, by_label[label]) for label, rate in earlier.items() if label in by_label}
+    screened, screened_sample = {}, {}
+    earlier = (args.earlier or {}).get(name, {})
+    if earlier.get("screened_records_per_s"):  # reuse an earlier run's screening (same plans, same share)
+        by_label = {describe_plan(plan): plan for plan in candidates + sample}
+        screened = {label: (rate, by_label[label]) for label, rate in earlier["screened_records_per_s"].items()
+                    if label in by_label}
+        screened_sample = {label: (rate, by_label[label])
+                           for label, rate in earlier.get("random_sample_records_per_s", {}).items() if label in by_label}
         candidates = []
-    for number, plan in enumerate(candidates, start=1):
-        screened[describe_plan(plan)] = (measure_fissure(spark, pipeline, screen_source, plan, checkpoint()), plan)
-        print(f"[{name}] screened {number}/{len(candidates)}: {describe_plan(plan)} "
-              f"{screened[describe_plan(plan)][0]:,.0f}/s", file=sys.stderr, flush=True)
-    ranked = sorted(screened.items(), key=lambda item: (-item[1][0], item[0]))  # equal rates: by the plan's text
-    finalists = {label: plan for label, (_, plan) in ranked[: args.finalists]}
+        sample = [plan for plan in sample if describe_plan(plan) not in screened_sample]
+    for kind, plans, into in (("screened", candidates, screened), ("random sample", sample, screened_sample)):
+        for number, plan in enumerate(plans, start=1):
+            into[describe_plan(plan)] = (measure_fissure(spark, pipeline, screen_source, plan, checkpoint()), plan)
+            print(f"[{name}] {kind} {number}/{len(plans)}: {describe_plan(plan)} "
+                  f"{into[describe_plan(plan)][0]:,.0f}/s", file=sys.stderr, flush=True)
+
+    def fastest(rates: dict) -> list:
+        return sorted(rates.items(), key=lambda item: (-item[1][0], item[0]))  # equal rates: by the plan's text
+
+    finalists = {label: plan for label, (_, plan) in fastest(screened)[: args.finalists]}
     labels = {label: describe_plan(plan) for label, plan in variants.items()}
     measured = {}
     if with_handwritten:
-        measured["handwritten"] = lambda: measure_handwritten(spark, source, checkpoint())
+        measured["handwritten-repartitioned"] = lambda: measure_handwritten(spark, source, checkpoint(), True)
+        measured["handwritten-one-partition"] = lambda: measure_handwritten(spark, source, checkpoint(), False)
     for label, plan in variants.items():
         measured[label] = lambda plan=plan: measure_fissure(spark, pipeline, source, plan, checkpoint())
     for text, plan in finalists.items():
         if text not in labels.values():  # a finalist that is the planner's (or the sequential) plan runs once
             measured[f"finalist {text}"] = lambda plan=plan: measure_fissure(spark, pipeline, source, plan, checkpoint())
             labels[f"finalist {text}"] = text
+    best_random = fastest(screened_sample)[0] if screened_sample else None
+    if best_random is not None:
+        text, (_, plan) = best_random
+        measured["random-best"] = lambda plan=plan: measure_fissure(spark, pipeline, source, plan, checkpoint())
+        labels["random-best"] = text
     block = method.measure_block(
         measured, args.repeats, quick=args.quick,
         warm_up=lambda: measure_fissure(spark, pipeline, screen_source, variants["sequential"], checkpoint()),
@@ -228,9 +273,20 @@ def run_workload(name, spark, pipeline, source, screen_source, with_handwritten,
               "finalists": list(finalists),
               "planner_over_best_other": over_best,
               "planner_over_sequential": block.ratio("planner", "sequential")}
+    if screened_sample:
+        result["random_sample_seed"] = args.random_seed
+        result["random_sample_records_per_s"] = {label: rate for label, (rate, _) in screened_sample.items()}
+        result["planner_over_best_random"] = block.ratio("planner", "random-best")
     if with_handwritten:
-        result["planner_over_handwritten"] = block.ratio("planner", "handwritten")
+        result["planner_over_handwritten_repartitioned"] = block.ratio("planner", "handwritten-repartitioned")
+        result["planner_over_handwritten_one_partition"] = block.ratio("planner", "handwritten-one-partition")
     return result
+
+
+HANDWRITTEN = {"handwritten-repartitioned": "UDFs in one stage, repartitioned to the cores",
+               "handwritten-one-partition": "UDFs in one stage, one partition per batch (naive)"}
+RATIOS = ("planner_over_handwritten_repartitioned", "planner_over_handwritten_one_partition",
+          "planner_over_sequential", "planner_over_best_other", "planner_over_best_random")
 
 
 def report(args, results) -> str:
@@ -243,12 +299,19 @@ def report(args, results) -> str:
              "the best of the other fissure plans measured in the block (it exceeds 1 when the planner's plan "
              "measured best)."]
     for workload, result in results.items():
-        lines.append(f"\n## {workload}\n\n{result['plans_enumerated']} valid plans, {result['plans_screened']} screened."
+        screening = f"{result['plans_screened']} screened"
+        if "random_sample_records_per_s" in result:
+            sample = result["random_sample_records_per_s"]
+            screening = (f"the {result['plans_screened']} the Spark model predicts fastest screened, and a random "
+                         f"sample of {len(sample)} of the plans it did not shortlist (seed "
+                         f"{result['random_sample_seed']}); the fastest of the sample is `random-best`")
+        lines.append(f"\n## {workload}\n\n{result['plans_enumerated']} valid plans, {screening}."
                      "\n\n| variant | plan | records/s (median) |\n| --- | --- | --- |")
         for label, rate in result["records_per_s"].items():
-            lines.append(f"| {label.split(' ')[0]} | {result['plans'].get(label, 'UDFs in one stage')} | {rate:,.0f} |")
+            lines.append(f"| {label.split(' ')[0]} | {result['plans'].get(label, HANDWRITTEN.get(label, label))} "
+                         f"| {rate:,.0f} |")
         lines.append(f"\nbest of the other plans: {result['best_other_plan']}")
-        for ratio in ("planner_over_handwritten", "planner_over_sequential", "planner_over_best_other"):
+        for ratio in RATIOS:
             if ratio in result:
                 lines.append(f"\n{ratio}: {result[ratio]:.2f}")
     return "\n".join(lines) + "\n"
@@ -268,6 +331,9 @@ def main(argv=None) -> int:
                         help="(d): screen only the N plans the Spark model ranks highest (0: all)")
     parser.add_argument("--logwatch-shortlist", type=int, default=8,
                         help="(d) for LogWatch, whose valid plans number in the hundreds")
+    parser.add_argument("--random-plans", type=int, default=8,
+                        help="(d) where the model shortlists: also screen this many random plans it did not pick")
+    parser.add_argument("--random-seed", type=int, default=0, help="the seed of that random sample")
     parser.add_argument("--master", default="local[2]")
     parser.add_argument("--only", choices=("cpu", "logwatch"), help="run one workload")
     parser.add_argument("--screen-from", metavar="JSON",

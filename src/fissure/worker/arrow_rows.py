@@ -1,9 +1,11 @@
 """Arrow columns as the Python values operators receive (no pyspark here).
 
 `pyarrow.Array.to_pylist` builds a scalar object per value before it asks it for its Python
-value: 6.4 ms for 10,000 short strings and 3.1 ms for 10,000 int64 on this 2-core machine, where
-NumPy's conversion of the same column and `tolist` take 0.4 ms and 0.14 ms (PyArrow 22). On
-LogWatch that conversion cost about a third of its parsing operator's own time. So a column of a
+value; NumPy's conversion of the same column followed by `tolist` is about an order of magnitude
+faster for short strings and for int64 (PyArrow 22; to see it on a machine at hand:
+`./dev python -m timeit -s "import pyarrow as pa; a = pa.array([str(i) for i in range(10000)])"
+"a.to_pylist()"`, then the same with `"a.to_numpy(zero_copy_only=False).tolist()"`). On LogWatch
+that conversion was a large share of its parsing operator's own time. So a column of a
 type whose NumPy values become exactly the Python values `to_pylist` gives (strings with or
 without nulls; integers, floats and booleans without nulls) goes through NumPy; any other column
 (timestamps, dates, decimals, binary, lists, structs, dictionaries, numbers with nulls) through
