@@ -89,3 +89,40 @@ def test_a_quoted_figure_stands_in_its_results_file(where, text, name, request):
     numbers = NUMBER.findall(body)
     missing = [figure for figure in figures(text) if not stands_in(figure, numbers)]
     assert not missing, f"{where}: {missing} quoted from {name} are not in it: {text!r}"
+
+
+def goals_rows() -> list[dict[str, str]]:
+    """The rows of docs/benchmarks.md's goals table, by its header's column names."""
+    benchmarks = (REPOSITORY / "docs" / "benchmarks.md").read_text()
+    section = benchmarks[benchmarks.index("## Goals: met or not"):]
+    rows, header = [], None
+    for line in section.splitlines():
+        if not line.startswith("|"):
+            if header:
+                break
+            continue
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if header is None:
+            header = cells
+        elif not set("".join(cells)) <= set("-: "):
+            rows.append(dict(zip(header, cells)))
+    return rows
+
+
+GOALS = goals_rows()
+
+
+def test_the_goals_table_has_a_row_per_goal():
+    assert len(GOALS) >= 15
+    assert all(row["met"].startswith(("met", "not met")) for row in GOALS)
+
+
+@pytest.mark.parametrize("row", GOALS, ids=[row["goal"][:40] for row in GOALS])
+def test_a_goals_row_names_its_files_revision(row):
+    """The revision a row gives is the one its results file was measured at, so that a file
+    regenerated without the table following it fails here."""
+    name = FILE.search(row["file"]).group(1)
+    revision = re.search(r"^Revision: (\S+)", (RESULTS / name).read_text(), re.MULTILINE)
+    assert revision is not None, f"{name} has no Revision line"
+    assert row["revision"].split()[0].rstrip(",") == revision.group(1), (
+        f"the goals table gives {row['revision']!r} for {name}, measured at {revision.group(1)}")
