@@ -21,9 +21,11 @@ Variants, each measured on a freshly built query (no reused shuffle output):
       random sample of --random-plans plans the model did not shortlist (--random-seed) is
       screened too, and the fastest of the sample joins the block as `random-best`;
       planner_over_best_random divides by it, and planner_over_best_other counts it among the
-      others. The sample adds 8 screenings and one variant of the block: about three minutes on
-      2 cores (the screening rates and the block's runs of spark_chain_logwatch.json: a screening
-      of 50,000 lines takes 10-15 s, a run of 200,000 lines about 20 s).
+      others. The sample adds 8 screenings and one variant of the block, about three to four
+      minutes on 2 cores: an estimate from spark_chain_logwatch.json's rates (the screened plans'
+      steady 3,700-6,500 lines/s over 50,000 lines, the block's 17,600-21,600 over 200,000),
+      plus each query's first batch (LogWatch's stateful operators' schema processes: about
+      5 s, first_batch.md), so about 15-20 s a screening and 20-25 s a run of the block.
 Throughput is the steady rate of a query: records over the summed durations of its micro-batches
 after the first (the first also pays for starting the query and its Python workers); the same
 measure for every variant. The method of benchmarks/method.py: one uncounted warm-up run, then
