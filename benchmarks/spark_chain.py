@@ -230,8 +230,8 @@ def run_workload(name, spark, pipeline, source, screen_source, with_handwritten,
         by_label = {describe_plan(plan): plan for plan in candidates + sample}
         screened = {label: (rate, by_label[label]) for label, rate in earlier["screened_records_per_s"].items()
                     if label in by_label}
-        screened_sample = {label: (rate, by_label[label])
-                           for label, rate in earlier.get("random_sample_records_per_s", {}).items() if label in by_label}
+        earlier_sample = earlier.get("random_sample_records_per_s", {})
+        screened_sample = {label: (rate, by_label[label]) for label, rate in earlier_sample.items() if label in by_label}
         candidates = []
         sample = [plan for plan in sample if describe_plan(plan) not in screened_sample]
     for kind, plans, into in (("screened", candidates, screened), ("random sample", sample, screened_sample)):
