@@ -103,3 +103,64 @@ def test_file_source_settings_are_checked():
         FileSource("in", on_unreadable="skip")
     with pytest.raises(ValueError, match="settle_s"):
         FileSource("in", settle_s=-1)
+
+
+def _hadoop_blocks(data: bytes, codec: str, block: int = 4096) -> bytes:
+    """`data` in Hadoop's block format (what Hadoop's and Spark's Lz4Codec and SnappyCodec write):
+    per block, its length, then the compressed chunk's length and the chunk."""
+    import struct
+
+    import pyarrow as pa
+
+    out = b""
+    for start in range(0, len(data), block):
+        piece = data[start:start + block]
+        chunk = pa.Codec(codec).compress(piece).to_pybytes()
+        out += struct.pack(">II", len(piece), len(chunk)) + chunk
+    return out
+
+
+def test_each_compression_suffix_is_checked_as_sparks_text_readers_decompress_it(tmp_path):
+    import bz2
+    import lzma
+    import zlib
+
+    import pyarrow as pa
+
+    data = b"".join(b"line %d\n" % i for i in range(5000))
+    files = {
+        "a.txt.gzip": gzip.compress(data),  # Spark's own suffix besides Hadoop's .gz
+        "a.TXT.GZ": gzip.compress(data),  # suffixes match whatever their case
+        "a.txt.bz2": bz2.compress(data),
+        "a.txt.deflate": zlib.compress(data),
+        "a.txt.zst": pa.Codec("zstd").compress(data, asbytes=True),
+        "a.txt.zstd": pa.Codec("zstd").compress(data, asbytes=True),
+        "a.txt.lz4": _hadoop_blocks(data, "lz4_raw"),
+        "a.txt.snappy": _hadoop_blocks(data, "snappy"),
+    }
+    for name, content in files.items():
+        (tmp_path / name).write_bytes(content)
+        assert unreadable_reason(str(tmp_path / name), "text") is None, name
+    broken = {
+        "cut.zst": files["a.txt.zst"][:100],
+        "cut.gzip": files["a.txt.gzip"][:100],
+        "raw.deflate": zlib.compress(data)[2:-4],  # deflate without zlib's header: Spark fails on it
+        "cut.lz4": files["a.txt.lz4"][:-50],
+        "cut.snappy": files["a.txt.snappy"][:-50],
+        "frame.lz4": b"\x04\x22\x4d\x18" + b"\x00" * 200,  # the lz4 command line's frame format
+        "framed.snappy": b"\xff\x06\x00\x00sNaPpY" + b"\x00" * 200,
+    }
+    for name, content in broken.items():
+        (tmp_path / name).write_bytes(content)
+        assert unreadable_reason(str(tmp_path / name), "json") is not None, name
+    assert "LZ4 frame" in unreadable_reason(str(tmp_path / "frame.lz4"), "text")
+    # Compressions Spark's text, JSON and CSV readers do not decompress: read as the compressed bytes.
+    for name, content in {"a.txt.xz": lzma.compress(data), "a.lzma": lzma.compress(data, format=lzma.FORMAT_ALONE),
+                          "a.br": pa.Codec("brotli").compress(data, asbytes=True), "a.txt.Z": b"\x1f\x9d\x90",
+                          "a.zip": b"PK\x03\x04"}.items():
+        (tmp_path / name).write_bytes(content)
+        reason = unreadable_reason(str(tmp_path / name), "csv")
+        assert reason is not None and "does not decompress" in reason, name
+    # A Parquet source's file is Parquet whatever its name ends with.
+    (tmp_path / "part.gz").write_bytes(b"PAR1 no footer")
+    assert "gzip" not in unreadable_reason(str(tmp_path / "part.gz"), "parquet")

@@ -1,11 +1,13 @@
 """A file source on Spark reads whole, readable files only, and says which files went missing:
-a truncated .gz is one dead letter naming it (or stops the run), a file written in place while
-the stream runs is read once, whole, and a file deleted after Spark listed it is reported."""
+a truncated .gz, or an .xz file Spark would read as binary lines, is one dead letter naming it
+(or stops the run), a file written in place while the stream runs is read once, whole, and a
+file deleted after Spark listed it is reported."""
 
 from __future__ import annotations
 
 import gzip
 import json
+import lzma
 import os
 import time
 
@@ -41,14 +43,16 @@ def test_a_truncated_gzip_is_one_dead_letter_naming_the_file_or_stops_the_run(sp
     old_file(source_dir / "good.txt", b"a\nb\n")
     whole = gzip.compress(b"".join(b"line %d\n" % i for i in range(20000)))
     old_file(source_dir / "cut.txt.gz", whole[: len(whole) // 2])
+    old_file(source_dir / "packed.txt.xz", lzma.compress(b"c\nd\n"))  # Spark would read its bytes as lines
     sink, letters = MemorySink(), MemorySink()
     report = fissure.run(program(), FileSource(str(source_dir)), sink, spark=spark, dead_letters=letters,
                          checkpoint=str(tmp_path / "ckpt"), progress=False, profile=None)
     assert sorted(record["value"] for record in sink.records()) == ["A", "B"]
-    (letter,) = letters.records()
+    letter, packed = sorted(letters.records(), key=lambda letter: letter["error"])
     assert letter["operator"] == "source" and "cut.txt.gz" in letter["error"] and "cut short" in letter["error"]
     assert json.loads(letter["record"])["file"].endswith("cut.txt.gz")
-    assert report.dead_letters == 1
+    assert "packed.txt.xz" in packed["error"] and "does not decompress" in packed["error"]
+    assert report.dead_letters == 2
     with pytest.raises(UnreadableInputFile, match=r"cut.txt.gz cannot be read"):
         fissure.run(program(), FileSource(str(source_dir), on_unreadable="stop"), MemorySink(), spark=spark,
                     checkpoint=str(tmp_path / "ckpt-stop"), progress=False, profile=None)

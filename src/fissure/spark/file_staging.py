@@ -10,10 +10,13 @@ holding a symbolic link to each file that is
   and modification time are those of the listing before (a writer that appends or rewrites in
   place touches both); a file written elsewhere and renamed into the directory is settled at
   once, as its modification time is that of its last write;
-- readable (`unreadable_reason`): a gzip or bzip2 file decompresses to its end, a Parquet file
-  has a footer. One that does not becomes one dead letter of the source naming the file and
-  what is wrong (`FileSource(on_unreadable="dead-letter")`, the default), or stops the run with
-  the file named (`on_unreadable="stop"`); it is never linked, so Spark never fails on it.
+- readable (`unreadable_reason`): a compressed file decompresses to its end with the codec
+  Spark's text, JSON and CSV readers pick by its suffix (gzip, bzip2, deflate, zstd; LZ4 and
+  Snappy in Hadoop's block format), a file compressed in a way those readers do not decompress
+  (.xz, .br, ...) is refused, a Parquet file has a footer. One that fails becomes one dead
+  letter of the source naming the file and what is wrong (`FileSource(on_unreadable=
+  "dead-letter")`, the default), or stops the run with the file named (`on_unreadable="stop"`);
+  it is never linked, so Spark never fails on it nor reads it as garbage.
 
 Links, not copies: Spark reads the file itself, nothing is duplicated, and a file deleted before
 Spark reads it is missing as it would be without staging (`missing_files` reports it). The
@@ -81,25 +84,62 @@ class SettleRule:
                               f"to within {self.settle_s:g} s")
 
 
+# The suffixes Spark's text, JSON and CSV readers decompress (HadoopCodecStreams in Spark 4.x):
+# Hadoop's CompressionCodecFactory (gzip, bzip2, deflate, lz4, snappy, zstd; matched whatever the
+# case), and Spark's own .gzip and .zstd; zstd through zstd-jni when Hadoop's native library is
+# absent (pip's pyspark has none). Measured on pyspark 4.3: each reads back what it holds.
+SPARK_CODECS = {".gz": "gzip", ".gzip": "gzip", ".bz2": "bzip2", ".deflate": "deflate", ".lz4": "lz4",
+                ".snappy": "snappy", ".zst": "zstd", ".zstd": "zstd"}
+# Compressions those readers do not know: Spark reads such a file's compressed bytes as lines
+# (measured: a .xz file of 1,000 lines gave 5 lines of binary), so fissure never hands it over.
+UNDECODED_SUFFIXES = {".xz": "xz", ".txz": "xz (tar)", ".lzma": "LZMA", ".lz": "lzip", ".lzo": "LZO",
+                      ".br": "Brotli", ".z": "compress", ".zip": "zip", ".7z": "7-Zip", ".rar": "RAR",
+                      ".tgz": "gzip (tar)", ".tbz2": "bzip2 (tar)", ".sz": "Snappy framing"}
+LZ4_FRAME_MAGIC = b"\x04\x22\x4d\x18"
+SNAPPY_FRAMING_MAGIC = b"\xff\x06\x00\x00sNaPpY"
+
+
+class _Unreadable(ValueError):
+    """What is wrong with a file, said in full (not prefixed with the exception's name)."""
+
+
 def unreadable_reason(path: str, file_format: str) -> str | None:
-    """What is wrong with a file Spark's reader would fail on (None: nothing found): a gzip or
-    bzip2 file is decompressed to its end (about the cost of Spark's own read of it), a Parquet
-    file's footer is read."""
-    lower = path.lower()
+    """What is wrong with a file Spark's reader would fail on or read as garbage (None: nothing
+    found). For text, JSON and CSV, by its suffix as Spark picks the codec (SPARK_CODECS): a
+    compressed file is decompressed to its end (about the cost of Spark's own read of it), Hadoop's
+    LZ4 and Snappy block format is checked block by block, and a compression Spark does not
+    decompress (UNDECODED_SUFFIXES) is refused. A Parquet file, whatever its name, has its footer read."""
     try:
-        if lower.endswith(".gz"):
-            _read_to_end(gzip.open(path, "rb"))
-        elif lower.endswith(".bz2"):
-            _read_to_end(bz2.open(path, "rb"))
-        elif file_format == "parquet":
+        if file_format == "parquet":
             import pyarrow.parquet as pq
 
             pq.read_metadata(path)
+            return None
+        _, suffix = os.path.splitext(path.lower())
+        if suffix in UNDECODED_SUFFIXES:
+            return (f"the file is compressed with {UNDECODED_SUFFIXES[suffix]} ({suffix}), which Spark's "
+                    f"{file_format} reader does not decompress: it would read the compressed bytes as lines. "
+                    f"Decompress it, or compress it as .gz, .bz2 or .zst")
+        codec = SPARK_CODECS.get(suffix)
+        if codec == "gzip":
+            _read_to_end(gzip.open(path, "rb"))
+        elif codec == "bzip2":
+            _read_to_end(bz2.open(path, "rb"))
+        elif codec == "deflate":
+            _inflate_to_end(path)
+        elif codec == "zstd":
+            import pyarrow as pa
+
+            _read_to_end(pa.CompressedInputStream(pa.OSFile(path), "zstd"))
+        elif codec in ("lz4", "snappy"):
+            _check_hadoop_blocks(path, codec)
+    except _Unreadable as error:
+        return str(error)
     except (EOFError, OSError, zlib.error, ValueError) as error:
         if isinstance(error, FileNotFoundError):
             return None  # deleted meanwhile: nothing to read, nothing to report here
-        kind = "compressed stream is cut short" if isinstance(error, EOFError) else "cannot be read"
-        return f"the file's {kind} ({type(error).__name__}: {error})"
+        what = "the file's compressed stream is cut short" if isinstance(error, EOFError) else "the file cannot be read"
+        return f"{what} ({type(error).__name__}: {error})"
     except Exception as error:  # noqa: BLE001 - pyarrow's errors: any of them means Spark would fail too
         return f"the file cannot be read ({type(error).__name__}: {error})"
     return None
@@ -109,6 +149,74 @@ def _read_to_end(handle) -> None:
     with handle:
         while handle.read(CHUNK_BYTES):
             pass
+
+
+def _inflate_to_end(path: str) -> None:
+    """Hadoop's .deflate: zlib streams (with their header), one after another."""
+    inflater, begun = zlib.decompressobj(), False  # begun: a stream whose end is not seen yet
+    with open(path, "rb") as handle:
+        while chunk := handle.read(CHUNK_BYTES):
+            while chunk:
+                begun = True
+                inflater.decompress(chunk, CHUNK_BYTES)
+                chunk = inflater.unconsumed_tail
+                if inflater.eof:
+                    chunk, inflater, begun = inflater.unused_data + chunk, zlib.decompressobj(), False
+    if begun:
+        raise EOFError("the deflate stream ends before its end marker")
+
+
+def _check_hadoop_blocks(path: str, codec: str) -> None:
+    """Hadoop's block format of .lz4 and .snappy (the only one Spark reads them in): blocks of a
+    4-byte big-endian length, then chunks of a 4-byte length and the compressed bytes, which the
+    block's length of data decompresses from. Spark allocates a chunk's announced length before
+    reading it: on an LZ4 frame (the lz4 command line's format) that was an OutOfMemoryError that
+    shut the local SparkContext down (measured on pyspark 4.3)."""
+    import pyarrow as pa
+
+    name = {"lz4": "LZ4", "snappy": "Snappy"}[codec]
+    arrow = pa.Codec("lz4_raw" if codec == "lz4" else "snappy")
+    with open(path, "rb") as handle:
+        size = os.fstat(handle.fileno()).st_size
+        head = handle.read(len(SNAPPY_FRAMING_MAGIC))
+        if head.startswith(LZ4_FRAME_MAGIC if codec == "lz4" else SNAPPY_FRAMING_MAGIC):
+            other = "LZ4 frame" if codec == "lz4" else "Snappy framing"
+            raise _Unreadable(
+                f"the file is in the {other} format (what the {codec} command line and most libraries write); "
+                f"Spark reads .{codec} files only in Hadoop's block format (as Hadoop and Spark write them) and "
+                f"runs out of memory on this one. Decompress it, or compress it as .gz, .bz2 or .zst")
+        handle.seek(0)
+        while header := handle.read(4):
+            if len(header) < 4:
+                raise EOFError(f"the file ends inside a {name} block's header")
+            left = int.from_bytes(header, "big")
+            while left > 0:
+                where = handle.tell()
+                length_bytes = handle.read(4)
+                if len(length_bytes) < 4:
+                    raise EOFError(f"the file ends inside a {name} block, {left} bytes of it not there")
+                length = int.from_bytes(length_bytes, "big")
+                if length > size - where - 4:
+                    raise _Unreadable(
+                        f"the file is cut short or not in Hadoop's {name} block format: a chunk of {length} "
+                        f"bytes is announced at byte {where}, and {size - where - 4} bytes follow")
+                chunk = handle.read(length)
+                produced = _snappy_length(chunk) if codec == "snappy" else left
+                if produced > left:
+                    raise _Unreadable(f"a {name} chunk at byte {where} holds {produced} bytes, more than its "
+                                      f"block's {left} left: not Hadoop's {name} block format")
+                arrow.decompress(chunk, decompressed_size=produced)
+                left -= produced
+
+
+def _snappy_length(chunk: bytes) -> int:
+    """The uncompressed length a raw Snappy chunk starts with (a little-endian base-128 number)."""
+    value = 0
+    for position, byte in enumerate(chunk[:5]):
+        value |= (byte & 0x7F) << (7 * position)
+        if byte < 0x80:
+            return value
+    raise ValueError("a Snappy chunk without its length")
 
 
 def listed_files(directory: str) -> dict[str, Seen]:

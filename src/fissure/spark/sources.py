@@ -53,7 +53,9 @@ class FileSource:
     file is read once it has not been written for `settle_s` seconds (its size and modification
     time unchanged; None: Spark reads every file it lists, as it is then: write elsewhere and
     rename into the directory); a compressed file that does not decompress to its end (a
-    truncated `.gz`) or a Parquet file without a footer becomes one dead letter naming the file
+    truncated `.gz`), one compressed in a way Spark's text, JSON and CSV readers do not
+    decompress (`.xz`, `.br`, an LZ4 frame; fissure.spark.file_staging.unreadable_reason) or a
+    Parquet file without a footer becomes one dead letter naming the file
     (`on_unreadable="dead-letter"`) or stops the run naming it (`on_unreadable="stop"`).
     """
 
