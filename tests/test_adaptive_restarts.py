@@ -172,3 +172,57 @@ def test_a_bounded_adaptive_run_ended_by_its_timeout_with_input_left_raises_run_
                                        clock=FakeClock())
     assert str(raised.value).startswith("the run's timeout (30 s) ended it with input left: logs"), raised.value
     assert raised.value.left.files == 1 and raised.value.report.batches == 0
+
+
+# --- the end of input of a bounded adaptive run -------------------------------------------------------
+
+class EndingRunner(StalledRunner):
+    """A time-aware query that runs its scripted batches and ends; its end-of-input batch
+    (Runner.finish_input) fails with the scripted errors, one per call, then succeeds."""
+
+    finish_errors: list = []
+    finishes = 0
+
+    def __init__(self, pipeline, source, sink, *, plan, checkpoint, **options) -> None:
+        super().__init__(pipeline, source, sink, plan=plan, checkpoint=checkpoint)
+        self.time_aware, self.due_table = True, None
+
+    def start(self, available_now=False) -> None:
+        FakeRunner.start(self, available_now)
+
+    def finish_input(self) -> bool:
+        EndingRunner.finishes += 1
+        if EndingRunner.finish_errors:
+            raise EndingRunner.finish_errors.pop(0)
+        return True
+
+
+def run_to_the_end_of_input(monkeypatch, tmp_path, script, finish_errors):
+    monkeypatch.setattr(adaptive_queries, "Runner", EndingRunner)
+    monkeypatch.setattr(adaptive_queries, "checkpoint_status", lambda spark, checkpoint: CheckpointStatus(None, None, None))
+    monkeypatch.setattr(adaptive, "check_before_spark", lambda *args: None)
+    monkeypatch.setattr(adaptive, "default_file_system", lambda *args: None)
+    monkeypatch.setattr(adaptive, "default_parallelism", lambda session: 2)
+    monkeypatch.setattr(adaptive, "open_store", lambda session, checkpoint: None)
+    monkeypatch.setattr(adaptive, "CheckpointLock", FakeLock)
+    FakeRunner.script, FakeRunner.plans, FakeRunner.next_batch = list(script), [], 0
+    EndingRunner.finish_errors, EndingRunner.finishes = list(finish_errors), 0
+    pipeline = Pipeline("p").map("a", lambda record: record).map("b", lambda record: record)
+    (tmp_path / "logs").mkdir()
+    source = FileSource(str(tmp_path / "logs"), format="json", schema={"a": int})
+    return adaptive.run_adaptive_on_spark(pipeline, source, None, spark=object(), checkpoint=str(tmp_path / "ckpt"),
+                                          available_now=True, progress=False, run_dir=str(tmp_path / "run"),
+                                          clock=FakeClock())
+
+
+def test_a_crash_of_the_end_of_input_batch_starts_the_query_again_and_the_end_of_input_runs(monkeypatch, tmp_path):
+    """Before: the end-of-input batch's worker crash ended the adaptive run, unrestarted."""
+    report = run_to_the_end_of_input(monkeypatch, tmp_path, [(2, None), (0, None)], [RuntimeError(CRASH_TEXT)])
+    assert report.queries == 2 and EndingRunner.finishes == 2
+    assert FakeRunner.plans[1] == FakeRunner.plans[0]  # the plan in force
+
+
+def test_a_failure_of_the_program_in_the_end_of_input_batch_ends_the_adaptive_run(monkeypatch, tmp_path):
+    with pytest.raises(ValueError, match="a bug"):
+        run_to_the_end_of_input(monkeypatch, tmp_path, [(2, None), (0, None)], [ValueError("a bug")])
+    assert len(FakeRunner.plans) == 1 and EndingRunner.finishes == 1

@@ -143,8 +143,9 @@ def run_adaptive_on_spark(
     (tests). `on_decision(decision, entry)` sees every decision as it is made. `max_batches`: the
     run ends after that many micro-batches (the next one, held at its gate, is left for a run on
     the checkpoint). As in a plain run (fissure.spark.run): a failure that is the machine's starts
-    the plan in force again on the checkpoint within `config.restart_policy()`, and a bounded run
-    (available_now=True) that `timeout_s` ends with input left raises RunTimedOut.
+    the plan in force again on the checkpoint within `config.restart_policy()` (a bounded run's
+    end-of-input batch too, QueryManager.finish_input), and a bounded run (available_now=True)
+    that `timeout_s` ends with input left raises RunTimedOut.
     """
     check_before_spark(as_graph(pipeline), bind_sources(as_graph(pipeline), source),
                        default_file_system(spark, config.master, config.spark_conf))
@@ -201,8 +202,7 @@ def run_adaptive_on_spark(
         live = queries.current
         if available_now and live is not None and live.query is not None and not live.query.isActive \
                 and live.query.exception() is None and live.runner.time_aware:
-            live.gate.open()  # the end of input: every window and expiry fires (fissure.spark.time_log)
-            live.runner.finish_input()
+            queries.finish_input()  # every window and expiry fires (fissure.spark.time_log)
         if available_now and observations.timed_out and live is not None:
             timed_out_runner = live.runner
     finally:

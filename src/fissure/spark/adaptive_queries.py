@@ -120,6 +120,26 @@ class QueryManager:
         self.start(live.plan)
         return True
 
+    def finish_input(self) -> None:
+        """The end of input of a bounded run whose loop has ended (Runner.finish_input: one more
+        batch, in which every window and expiry fires), its gate open. A failure of that batch is
+        handled as any batch's: after the machine's failure, as the restart policy allows, the plan
+        in force starts again on the checkpoint, the new available-now query replays the failed
+        batch (its clock, end of input included, is in the checkpoint) and the end of input runs
+        again; anything else ends the run with the error."""
+        live = self.current
+        while live is not None:
+            try:
+                live.gate.open()
+                if live.query is not None and live.query.isActive:
+                    live.query.awaitTermination()  # a restarted query replaying the failed batch
+                live.runner.finish_input()
+                return
+            except Exception as error:
+                if not self.restart_after_failure(live, error):
+                    raise
+                live = self.current
+
     def publish(self, publication: Publication) -> None:
         """The plan in force and the latest decision, for the batches released from now on
         (observedMetrics["fissure"]); a query started later publishes it too."""
