@@ -206,6 +206,43 @@ def test_the_first_batch_after_a_switch_is_discarded_then_a_gain_is_kept():
     ]
 
 
+def test_the_first_batch_of_a_query_restarted_after_a_failure_is_discarded_not_measured():
+    """A failure restart is no switch: before, the new query's slow first batch counted as the
+    candidate's rate (reverting a good switch) and, while profiling, as the plan's."""
+    from dataclasses import replace
+
+    ctl = controller()
+    applied_keyed(ctl)
+    restarted = replace(batch(5, 300.0), query_start=True)
+    decisions = [ctl.observe(batch(4, 400.0)), ctl.observe(restarted), *feed(ctl, 6, [2400.0, 2400.0])]
+    assert decisions[1] == Decision.observe(
+        5, 6.0, "[a,b,c]x2", "first batch of a restarted query under [a,b,c]x2 discarded (start-up cost)")
+    assert decisions[-1].action is Action.KEEP and "2,400 records/s" in decisions[-1].reason
+    # While profiling: the window's rate and spread leave it out.
+    profiling = controller()
+    feed(profiling, 0, [1000.0, 1000.0])
+    assert profiling.observe(replace(batch(2, 100.0), query_start=True)).reason.startswith(
+        "first batch of a restarted query")
+    assert profiling.observe(batch(3, 1000.0)).reason.startswith("profiling [a,b,c]: 2 of 3 batches")
+    # A restart switch's first batch is discarded once, not twice.
+    switched = controller()
+    applied_keyed(switched)
+    assert switched.observe(replace(batch(4, 400.0), query_start=True)).reason.startswith("first batch under")
+    assert switched.observe(batch(5, 2400.0)).reason.startswith("evaluating [a,b,c]x2: 1 of 2 batches")
+
+
+def test_the_driver_discards_a_restarted_querys_first_batch_with_its_reason():
+    from dataclasses import replace
+
+    ctl = controller(config=AdaptiveConfig(**{**CONFIG.__dict__, "profile_batches": 8, "profile_s": 1.0}))
+    script = [batch(i, 1000.0) for i in range(4)] + [replace(batch(4, 50.0), query_start=True)] + \
+             [batch(i, 1000.0) for i in range(5, 8)]
+    timeline = run_adaptive(ScriptedSource(script), RecordingRealizer(), ctl, clock=lambda: 0.0)
+    (entry,) = [entry for entry in timeline.entries if entry.batch_id == 4]
+    assert entry.reason == "first batch of a restarted query under [a,b,c] discarded (start-up cost)"
+    assert timeline.entries[-1].reason.startswith("profiling [a,b,c]: 6 of 8 batches")
+
+
 def test_a_predicted_gain_within_the_noise_is_not_kept():
     # The model expects +20 %; the candidate measures +3 % against a window that spread by 10 %:
     # noise could give that, so the switch goes back (the autopipelining paper would keep it).

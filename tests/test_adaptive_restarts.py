@@ -69,8 +69,9 @@ class FakeClock:
         return self.now
 
 
-def observe(monkeypatch, tmp_path, script, *, in_force: Plan | None = None, config=RunnerConfig()):
-    """Run the loop's observation side to its end over the scripted queries; the batch ids observed."""
+def observe(monkeypatch, tmp_path, script, *, in_force: Plan | None = None, config=RunnerConfig(), seen=None):
+    """Run the loop's observation side to its end over the scripted queries; the batch ids observed
+    (and the observations, appended to `seen`)."""
     monkeypatch.setattr(adaptive_queries, "Runner", FakeRunner)
     monkeypatch.setattr(adaptive_queries, "checkpoint_status", lambda spark, checkpoint: CheckpointStatus(None, None, None))
     FakeRunner.script, FakeRunner.plans, FakeRunner.next_batch = list(script), [], 0
@@ -87,6 +88,8 @@ def observe(monkeypatch, tmp_path, script, *, in_force: Plan | None = None, conf
     observed = []
     while (batch := observations.next_batch()) is not None:
         observed.append(batch.batch_id)
+        if seen is not None:
+            seen.append(batch)
     return observed, queries
 
 
@@ -97,6 +100,13 @@ def test_a_crashed_query_starts_again_with_the_plan_in_force_and_the_run_goes_on
     assert queries.queries_started == 2
     assert FakeRunner.plans == [SEQUENTIAL, SPLIT]
     assert sum("starting it again on the checkpoint" in message for message in caplog.messages) == 1
+
+
+def test_the_first_batch_of_each_query_is_marked_for_the_controller_to_discard(monkeypatch, tmp_path):
+    """Before: a query restarted after a failure gave its first batch as any other, measured."""
+    seen = []
+    observe(monkeypatch, tmp_path, [(2, RuntimeError(CRASH_TEXT)), (3, None)], seen=seen)
+    assert [batch.batch_id for batch in seen if batch.query_start] == [0, 2]  # the start; the restart's first
 
 
 def test_a_crash_loop_ends_the_adaptive_run_saying_why(monkeypatch, tmp_path):

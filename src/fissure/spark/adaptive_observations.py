@@ -2,7 +2,8 @@
 `BatchObservation` per micro-batch of the live query from Spark's progress reports, and
 `OperatorProfiles`, the per-batch operator statistics (the profiler's where it measured them,
 the pipeline's declared estimates otherwise). The source also releases every held batch once
-every batch before it is observed: the loop's side of the `BatchGate`.
+every batch before it is observed: the loop's side of the `BatchGate`. It marks each query's
+first batch with input (`BatchObservation.query_start`), which the controller never measures.
 """
 
 from __future__ import annotations
@@ -134,6 +135,10 @@ class SparkObservations:
         durations = update["durationMs"] or {}
         duration_s = float(durations.get("triggerExecution", 0.0)) / 1e3
         throughput = float(update["processedRowsPerSecond"] or 0.0) if records > 0 else None
+        # The query's first batch with input pays its start (planning, the workers' forks, the
+        # state store's load); the controller discards it, whatever restarted the query.
+        query_start = records > 0 and not live.measured_input
+        live.measured_input = live.measured_input or records > 0
         self.batches += 1
         self.input_records += records
         self.times.append(BatchTime(batch_id, records, duration_s))
@@ -145,4 +150,5 @@ class SparkObservations:
             throughput_per_s=throughput, operators=operators,
             offered_rate_per_s=self.offered_rate_per_s, backlog_records=None, cores=self.cores,
             plan_in_force=live.gate.plan_of_batch.get(batch_id, plan_fingerprint(live.plan)),
-            thread_levels=live.runner.threads.levels_of(batch_id) if live.runner.threads is not None else None)
+            thread_levels=live.runner.threads.levels_of(batch_id) if live.runner.threads is not None else None,
+            query_start=query_start)

@@ -48,6 +48,7 @@ class LiveQuery:
     runner: Runner
     gate: BatchGate
     delivered_through: int = -1  # newest batch id whose progress went to the loop
+    measured_input: bool = False  # a batch of this query with input went to the loop
     ended_by_fissure: bool = False
 
     @property

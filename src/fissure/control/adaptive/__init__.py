@@ -5,7 +5,8 @@ A pure state machine. The runner hands it one `BatchObservation` per micro-batch
 as arguments, nothing here reads a clock, sleeps or touches Spark. What the loop does:
 
 1. Profile: collect a window of batches on the plan in force (at least `profile_batches` and
-   `profile_s`), the first batch after every switch discarded (start-up and restart effects).
+   `profile_s`), the first batch after every switch, and a restarted query's first batch with
+   input, discarded (start-up and restart effects).
 2. Plan: estimate every operator's cost and selectivity from the window, correct the model by
    what the plans run so far measured (a factor per model term, fissure.control.model_correction),
    ask the planner for candidate plans (the corrected planner's and the plain one's, all priced

@@ -156,6 +156,11 @@ class AdaptiveController:
         if self._discard > 0:
             self._discard -= 1
             return Decision.observe(batch_id, now_s, in_force, f"first batch under {in_force} discarded (restart effects)")
+        if observation.query_start:
+            # A restart the loop did not ask for (the machine's failure, a failed switch's way
+            # back): its first batch is as slow as a switch's, neither the plan's rate nor noise.
+            return Decision.observe(batch_id, now_s, in_force,
+                                    f"first batch of a restarted query under {in_force} discarded (start-up cost)")
         throughput = usable(observation.throughput_per_s)
         if throughput is None:
             log.info("adaptive: batch %d: no usable throughput (%r): no change", batch_id, observation.throughput_per_s)

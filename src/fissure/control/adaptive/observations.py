@@ -47,6 +47,10 @@ class BatchObservation:
             be the controller's.
         thread_levels: operators on elastic threads -> their thread level in each worker after
             the batch (docs/elastic-scheduler.md); for the timeline, not for decisions.
+        query_start: the first batch with input of a query (re)started just before it (the run's
+            start, a plan switch's restart, a restart after the machine's failure, the previous
+            plan restarted after a failed switch): it pays the query's start-up, so the
+            controller never measures it.
     """
 
     batch_id: int
@@ -60,6 +64,7 @@ class BatchObservation:
     cores: int | None = None
     plan_in_force: str | None = None
     thread_levels: Mapping[str, tuple[int, ...]] | None = None
+    query_start: bool = False
 
 
 @dataclass(frozen=True)
