@@ -14,6 +14,12 @@ and never ends; after its first committed batch a second driver is started on th
 checkpoint and must be refused, naming the first; then the first is killed). Every case also
 checks that no sink batch directory holds two Parquet files (a batch written by two runs).
 
+Input files (`FILE_FAULTS`): "corrupt-gzip" (a truncated `.gz` file among the good ones: one
+driver, which must end by itself with the good files' results exact and one dead letter naming
+the file) and "written-in-place" (a following driver, and a new file written in place in two
+halves half a second apart while it runs; once a committed batch has read the file the driver is
+killed and restarted: the sinks must hold the whole file's results, once).
+
 Worker faults, no driver kill (`WORKER_FAULTS`): "memory-error" (`norm` raises MemoryError once on
 each of four records, in four batches) and "crashes" (its Python worker process dies once on each
 of them, `os._exit`); the one driver must recover from each by itself (exit 0, no dead letter),
@@ -47,8 +53,9 @@ DRIVER = textwrap.dedent("""
     from fissure.spark.sources import FileSource
 
     inputs, sink, checkpoint, plan_name, program = sys.argv[1:6]
-    follow = sys.argv[6:7] == ["follow"]  # runs until killed
-    fault = sys.argv[6] if sys.argv[6:7] in (["memory-error"], ["crashes"]) else None
+    follow = "follow" in sys.argv[6:]  # runs until killed
+    fault = next((name for name in sys.argv[6:] if name in ("memory-error", "crashes")), None)
+    letters = "letters" in sys.argv[6:]  # dead letters to a sink of their own
     FAULT_AT = (5, 30, 55, 80)  # records of four different files, so of four batches
 
     def norm(record):
@@ -103,6 +110,8 @@ DRIVER = textwrap.dedent("""
         source = FileSource(inputs, format="json", schema={"word": str, "i": int}, max_files_per_trigger=1)
     config = fissure.RunnerConfig(master="local[2]", query_restart_window_s=1.0 if fault else 600.0)
     common = dict(checkpoint=checkpoint, config=config, available_now=not follow, progress=False)
+    if letters:
+        common["dead_letters"] = FileSink(sink + "/dead")
     if plan_name == "adaptive":
         from fissure.spark.adaptive import run_adaptive_on_spark
         from fissure.spark.plans import plan_from_json
@@ -228,6 +237,25 @@ def switch_started(checkpoint: Path, sink: Path) -> bool:
 
 WORKER_FAULTS = ("memory-error", "crashes")
 FAULT_AT = (5, 30, 55, 80)
+FILE_FAULTS = ("corrupt-gzip", "written-in-place")
+
+
+def file_committed(checkpoint: Path, name: str) -> bool:
+    """A committed batch read the input file `name` (by the checkpoint's source log)."""
+    for log_file in checkpoint.glob("sources/*/[0-9]*"):  # not the hidden .crc files
+        try:
+            lines = log_file.read_text().splitlines()[1:]
+        except (OSError, ValueError):
+            continue
+        for line in lines:
+            try:
+                entry = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(entry, dict) and str(entry.get("path", "")).endswith("/" + name) \
+                    and (checkpoint / "commits" / str(entry.get("batchId"))).exists():
+                return True
+    return False
 
 
 @dataclass(frozen=True)
@@ -284,6 +312,8 @@ def run_case(work: Path, plan: str, program: str, moment: str, seed: int, *, max
     delay = random.Random(seed).uniform(0.0, max_delay_s)
     if moment in WORKER_FAULTS:
         return worker_fault_case(work, plan, program, moment, seed, records, driver, timeout_s)
+    if moment in FILE_FAULTS:
+        return file_fault_case(work, plan, program, moment, seed, records, driver, timeout_s)
     first, killed = driver(*(["follow"] if moment == "concurrent" else [])), False
     deadline = time.monotonic() + timeout_s
     problems = []
@@ -342,6 +372,60 @@ def worker_fault_case(work: Path, plan: str, program: str, moment: str, seed: in
     problems = [] if code == 0 else [f"the driver exited with {code}"]
     problems += sink_problems(work / "out", program, records)
     return KillOutcome(plan, program, moment, seed, injected, 0, not problems, "; ".join(problems))
+
+
+def file_fault_case(work: Path, plan: str, program: str, moment: str, seed: int, records: list[dict], driver,
+                    timeout_s: float) -> KillOutcome:
+    """A corrupt gzip among the good files, or a file written in place while a driver follows the
+    directory (the module docstring); `killed` says the fault happened while a driver ran."""
+    import gzip
+
+    sink, checkpoint = work / "out", work / "ckpt"
+    problems: list[str] = []
+    if moment == "corrupt-gzip":
+        bad = work / "in" / "part-0003-cut.json.gz"
+        whole = gzip.compress("".join(json.dumps({"word": "lost", "i": 10_000 + n}) + "\n" for n in range(200)).encode())
+        bad.write_bytes(whole[: len(whole) // 2])
+        os.utime(bad, (1_700_000_003, 1_700_000_003))
+        code = exit_code_within(driver("letters"), timeout_s)
+        reached, restarts = True, 0
+        if code != 0:
+            problems.append(f"the driver exited with {code}")
+        letters = read_sink(sink / "dead")
+        if len(letters) != 1 or bad.name not in str(letters[0].get("error")):
+            problems.append(f"{len(letters)} dead letter(s), not one naming {bad.name}: {letters[:2]}")
+    else:
+        added = [{"word": f"W{i % WORDS}" if i % 3 else f"w{i % WORDS}", "i": i}
+                 for i in range(FILES * PER_FILE, (FILES + 1) * PER_FILE)]
+        lines = [json.dumps(record) + "\n" for record in added]
+        target = work / "in" / "part-in-place.json"
+        first, reached = driver("follow"), False
+        deadline = time.monotonic() + timeout_s
+        try:
+            while first.poll() is None and time.monotonic() < deadline and committed_batches(sink / "counts") < 1:
+                time.sleep(0.05)
+            if first.poll() is None:
+                with open(target, "w", encoding="utf-8") as out:
+                    out.write("".join(lines[: len(lines) // 2]))
+                    out.flush()
+                    time.sleep(0.5)  # the driver lists the directory meanwhile (a settle time of 1 s)
+                    out.write("".join(lines[len(lines) // 2:]))
+                reached = first.poll() is None
+            while first.poll() is None and time.monotonic() < deadline and not file_committed(checkpoint, target.name):
+                time.sleep(0.1)
+        finally:
+            if first.poll() is None:
+                first.kill()
+            first.wait()
+        records = records + added
+        restarts, code = 0, None
+        while restarts < 3 and code != 0:
+            restarts += 1
+            code = exit_code_within(driver(), timeout_s)
+        if code != 0:
+            problems.append(f"the restarted driver exited with {code}")
+    problems += sink_problems(sink, program, records)
+    return KillOutcome(plan, program, moment, seed, reached, restarts, not problems, "; ".join(problems))
 
 
 def sink_problems(sink: Path, program: str, records: list[dict]) -> list[str]:

@@ -3,8 +3,11 @@ plan switch and during its state repartition, then restarts on the same checkpoi
 input is consumed; every sink is compared with the plain-Python word count (every input's
 result once, every word's counts exactly 1..n, no batch written by two runs). The "concurrent"
 point starts a second driver on the checkpoint of a running one: it must be refused, naming the
-first, which is then killed and its lock taken over by the restart. benchmarks/reliability.py runs more kill points
-and writes the figure to benchmarks/results/reliability.md."""
+first, which is then killed and its lock taken over by the restart. "corrupt-gzip" puts a
+truncated .gz among the input files (one dead letter naming it, the rest exact) and
+"written-in-place" writes a file in place while a following driver runs (read once, whole).
+benchmarks/reliability.py runs more kill points and writes the figure to
+benchmarks/results/reliability.md."""
 
 from __future__ import annotations
 
@@ -24,6 +27,8 @@ pytestmark = [pytest.mark.spark, pytest.mark.slow]
     ("sequential", "graph", "concurrent", 16),
     ("sequential", "windows", "window-emission", 17),
     ("replicated", "windows", "expiry", 18),
+    ("sequential", "chain", "corrupt-gzip", 19),
+    ("sequential", "graph", "written-in-place", 20),
 ])
 def test_a_killed_driver_restarted_on_its_checkpoint_loses_and_duplicates_nothing(tmp_path, plan, program, moment,
                                                                                  seed):
