@@ -106,9 +106,10 @@ def test_file_source_settings_are_checked():
         FileSource("in", settle_s=-1)
 
 
-def _hadoop_blocks(data: bytes, codec: str, block: int = 4096) -> bytes:
+def _hadoop_blocks(data: bytes, codec: str, block: int = 4096, chunk_bytes: int | None = None) -> bytes:
     """`data` in Hadoop's block format (what Hadoop's and Spark's Lz4Codec and SnappyCodec write):
-    per block, its length, then the compressed chunk's length and the chunk."""
+    per block, its length, then each compressed chunk's length and the chunk (one chunk per block
+    unless `chunk_bytes` is smaller: Hadoop splits one write larger than its buffer so)."""
     import struct
 
     import pyarrow as pa
@@ -116,8 +117,11 @@ def _hadoop_blocks(data: bytes, codec: str, block: int = 4096) -> bytes:
     out = b""
     for start in range(0, len(data), block):
         piece = data[start:start + block]
-        chunk = pa.Codec(codec).compress(piece).to_pybytes()
-        out += struct.pack(">II", len(piece), len(chunk)) + chunk
+        out += struct.pack(">I", len(piece))
+        step = chunk_bytes or len(piece)
+        for offset in range(0, len(piece), step):
+            chunk = pa.Codec(codec).compress(piece[offset:offset + step]).to_pybytes()
+            out += struct.pack(">I", len(chunk)) + chunk
     return out
 
 
@@ -138,6 +142,8 @@ def test_each_compression_suffix_is_checked_as_sparks_text_readers_decompress_it
         "a.txt.zstd": pa.Codec("zstd").compress(data, asbytes=True),
         "a.txt.lz4": _hadoop_blocks(data, "lz4_raw"),
         "a.txt.snappy": _hadoop_blocks(data, "snappy"),
+        "chunks.txt.lz4": _hadoop_blocks(data, "lz4_raw", block=20000, chunk_bytes=3000),
+        "chunks.txt.snappy": _hadoop_blocks(data, "snappy", block=20000, chunk_bytes=3000),
     }
     for name, content in files.items():
         (tmp_path / name).write_bytes(content)

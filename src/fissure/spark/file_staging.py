@@ -201,12 +201,33 @@ def _check_hadoop_blocks(path: str, codec: str) -> None:
                         f"the file is cut short or not in Hadoop's {name} block format: a chunk of {length} "
                         f"bytes is announced at byte {where}, and {size - where - 4} bytes follow")
                 chunk = handle.read(length)
-                produced = _snappy_length(chunk) if codec == "snappy" else left
+                produced = _snappy_length(chunk) if codec == "snappy" else _lz4_length(arrow, chunk, left)
                 if produced > left:
                     raise _Unreadable(f"a {name} chunk at byte {where} holds {produced} bytes, more than its "
                                       f"block's {left} left: not Hadoop's {name} block format")
                 arrow.decompress(chunk, decompressed_size=produced)
                 left -= produced
+
+
+def _lz4_length(arrow, chunk: bytes, most: int) -> int:
+    """The bytes a raw LZ4 chunk decompresses to, at most `most`. A chunk usually fills its block,
+    but Hadoop splits one write larger than its buffer into several chunks of one block. LZ4's
+    safe decoder fails only when the room it is given is too small: one try with a byte less
+    tells a full chunk, a bisection finds a shorter one's length (a corrupt chunk: `most`, on
+    which the caller's decompression fails)."""
+    try:
+        arrow.decompress(chunk, decompressed_size=most - 1)
+    except Exception:  # noqa: BLE001 - pyarrow's error: the room was too small
+        return most
+    low, high = 1, most - 1
+    while low < high:
+        middle = (low + high) // 2
+        try:
+            arrow.decompress(chunk, decompressed_size=middle)
+            high = middle
+        except Exception:  # noqa: BLE001 - as above
+            low = middle + 1
+    return high
 
 
 def _snappy_length(chunk: bytes) -> int:
