@@ -1,0 +1,99 @@
+"""The driver JVM's class archive: used only once whole and checked, never while written, and a
+JVM that does not start with it starts without it."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from fissure.spark import class_archive, jvm
+from fissure.spark.class_archive import ArchiveState, ClassArchive, decide, java_executable
+
+
+def test_the_checked_archive_is_used_else_one_candidate_at_a_time_is_written():
+    used = decide(ArchiveState(archive="/c/spark-k.jsa", pending=True, unsupported=False), "/c/new.part")
+    assert used.options.startswith("-XX:SharedArchiveFile=/c/spark-k.jsa -Xshare:auto") and not used.dumps
+    written = decide(ArchiveState(archive=None, pending=False, unsupported=False), "/c/new.part")
+    assert "-XX:ArchiveClassesAtExit=/c/new.part" in written.options and written.dumps
+    waiting = decide(ArchiveState(archive=None, pending=True, unsupported=False), "/c/new.part")
+    assert waiting.options == "" and not waiting.dumps
+    refused = decide(ArchiveState(archive="/c/spark-k.jsa", pending=False, unsupported=True), "/c/new.part")
+    assert refused.options == "" and "did not start" in refused.reason
+
+
+def _archive(tmp_path) -> ClassArchive:
+    java = tmp_path / "java"
+    java.write_text("")
+    return ClassArchive(str(tmp_path), str(java), "-XX:+UseSerialGC")
+
+
+def _candidate(archive: ClassArchive, pid: int, content: bytes = b"classes") -> str:
+    part = archive.new_candidate()
+    with open(part, "wb") as handle:
+        handle.write(content)
+    archive.note_candidate(part, pid, "/jars/a.jar")
+    return part
+
+
+def test_a_candidate_whose_jvm_still_runs_is_left_alone(tmp_path, monkeypatch):
+    archive = _archive(tmp_path)
+    checked = []
+    monkeypatch.setattr(class_archive, "check_archive", lambda *args: checked.append(args) or True)
+    part = _candidate(archive, os.getpid())  # this process: alive
+    archive.promote()
+    assert os.path.exists(part) and checked == []
+    assert archive.state() == ArchiveState(archive=None, pending=True, unsupported=False)
+
+
+def test_a_finished_candidate_becomes_the_archive_only_when_its_check_passes(tmp_path, monkeypatch):
+    archive = _archive(tmp_path)
+    dead_pid = 2 ** 22 + 12345  # above the kernel's pid_max: no such process
+    monkeypatch.setattr(class_archive, "check_archive", lambda *args: False)
+    part = _candidate(archive, dead_pid)
+    archive.promote()
+    assert not os.path.exists(part) and not os.path.exists(archive.archive)
+    assert archive.state() == ArchiveState(archive=None, pending=False, unsupported=False)
+
+    seen = []
+    monkeypatch.setattr(class_archive, "check_archive",
+                        lambda java, path, class_path, options: seen.append((path, class_path, options)) or True)
+    part = _candidate(archive, dead_pid, b"whole")
+    archive.promote()
+    assert seen == [(part, "/jars/a.jar", "-XX:+UseSerialGC")]
+    with open(archive.archive, "rb") as handle:
+        assert handle.read() == b"whole"
+    assert sorted(os.listdir(tmp_path)) == sorted(["java", os.path.basename(archive.archive)])
+
+
+@pytest.mark.skipif(java_executable() is None, reason="no java")
+def test_a_cut_archive_fails_its_check_in_a_process_of_its_own(tmp_path):
+    cut = tmp_path / "cut.jsa"
+    cut.write_bytes(b"\xa8\xba\x0b\xf0" + b"\0" * 4096)  # a dynamic archive's magic, then nothing whole
+    assert class_archive.check_archive(java_executable(), str(cut), "/nowhere.jar", "-XX:+UseSerialGC") is False
+
+
+def test_a_jvm_that_does_not_start_with_the_archive_starts_without_it(tmp_path, monkeypatch):
+    monkeypatch.setenv(class_archive.ARCHIVE_DIR_VARIABLE, str(tmp_path / "jvm"))
+    options_seen = []
+
+    def failing_launch(conf, popen_kwargs):
+        options_seen.append(conf.get(class_archive.JAVA_OPTIONS_SETTING))
+        raise RuntimeError("Java gateway process exited before sending its port number")
+
+    monkeypatch.setattr("pyspark.java_gateway.launch_gateway", failing_launch)
+    from pyspark import SparkConf
+
+    conf = SparkConf(loadDefaults=False).set(class_archive.JAVA_OPTIONS_SETTING, "-XX:+UseSerialGC")
+    with open(tmp_path / "spark.log", "wb") as log:
+        assert jvm._launch_with_archive(conf, {class_archive.JAVA_OPTIONS_SETTING: "-XX:+UseSerialGC"}, log) is None
+    assert "-XX:ArchiveClassesAtExit=" in options_seen[0]
+    assert conf.get(class_archive.JAVA_OPTIONS_SETTING) == "-XX:+UseSerialGC"  # the plain start gets its own
+    markers = [name for name in os.listdir(tmp_path / "jvm") if name.startswith("unsupported-")]
+    assert len(markers) == 1
+    assert "did not start" in (tmp_path / "spark.log").read_text()
+
+
+def test_an_empty_archive_directory_setting_turns_it_off(monkeypatch):
+    monkeypatch.setenv(class_archive.ARCHIVE_DIR_VARIABLE, "")
+    assert class_archive.prepared_archive("-XX:+UseSerialGC") == (None, None, None)
