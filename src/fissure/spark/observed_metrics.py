@@ -61,18 +61,31 @@ def observe_run(frame: DataFrame, operators: Sequence[str], counted: bool) -> Da
     """`frame` (a compiled query's envelopes) with the observation "fissure"; `counted`: the
     operators' stages emit their counts (profiling on), else `operators` is an empty list.
 
-    The observation's expressions are written as SQL text, one parse in the JVM each: built
-    with PySpark's column functions, every lambda of `transform`, `filter` and `aggregate` is
-    several py4j round trips, and the same expressions for LogWatch's nine operators took
-    0.9 s of the driver's time before the query started (cProfile, 2 cores under load)."""
+    The observation's expressions are SQL text, each parsed once in the JVM, and the operators'
+    statistics one `transform` over their names that parses the reports once: built with
+    PySpark's column functions per operator, each lambda cost several py4j round trips and the
+    expression held the parsed reports 45 times for LogWatch's nine operators; building it took
+    0.9 s of the driver's time and Spark's analysis of it 1.1-2.4 s before the query started
+    (cProfile, 2 cores under load from other work)."""
     reports = f"collect_list(CASE WHEN `{ROUTE}` = {REPORT_ROUTE} THEN `{REPORT_TEXT}` END)"
     parsed = f"transform({reports}, report_text -> from_json(report_text, '{_REPORT_SCHEMA}'))"
     # The published text of the latest stage that has one (the query's last stage).
     published = (f"array_max(transform(filter({parsed}, report -> report.published IS NOT NULL), "
                  f"report -> named_struct('stage', report.stage, 'published', report.published))).published")
-    statistics = f"array({', '.join(_operator_statistics(parsed, name) for name in operators)})"
-    if not counted:
-        statistics = f"filter({statistics}, item -> false)"  # empty, of the same type
+    names = (f"array({', '.join(_sql_text(name) for name in operators)})" if counted and operators
+             else "filter(array(''), name -> false)")  # empty, of the same type
+    zeros = ", ".join(["CAST(0 AS DOUBLE)"] * len(REPORTED_COUNTS))
+    # Per operator, its counts summed over the reports that name it, in report order.
+    sums = (f"transform({names}, name -> named_struct('operator', name, 'sums', aggregate({parsed}, array({zeros}), "
+            f"(running, report) -> CASE WHEN try_element_at(report.operators, name) IS NULL THEN running "
+            f"ELSE zip_with(running, try_element_at(report.operators, name), (sum, count) -> sum + count) END)))")
+    statistics = (f"transform({sums}, operator -> named_struct('operator', operator.operator, "
+                  f"'records_in', CAST(operator.sums[{_RECORDS_IN}] AS BIGINT), "
+                  f"'records_out', CAST(operator.sums[{_RECORDS_OUT}] AS BIGINT), "
+                  f"'selectivity', try_divide(operator.sums[{_RECORDS_OUT}], operator.sums[{_RECORDS_IN}]), "
+                  f"'dead_letters', CAST(operator.sums[{_DEAD_LETTERS}] AS BIGINT), "
+                  f"'cost_us', try_divide(operator.sums[{_TIMED_CPU_S}] * CAST(1000000 AS DOUBLE), "
+                  f"operator.sums[{_TIMED_RECORDS_IN}])))")
     return frame.observe(
         METRIC_NAME,
         F.lit(METRIC_VERSION).alias("version"),
@@ -86,22 +99,6 @@ def observe_run(frame: DataFrame, operators: Sequence[str], counted: bool) -> Da
 def _sql_text(value: str) -> str:
     """`value` as a SQL string literal."""
     return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
-
-
-def _operator_statistics(parsed: str, name: str) -> str:
-    counts = (f"filter(transform({parsed}, report -> try_element_at(report.operators, {_sql_text(name)})), "
-              f"entry -> entry IS NOT NULL)")
-
-    def total(position: int) -> str:
-        return f"aggregate({counts}, CAST(0 AS DOUBLE), (running, entry) -> running + entry[{position}])"
-
-    records_in, records_out = total(_RECORDS_IN), total(_RECORDS_OUT)
-    return (f"named_struct('operator', {_sql_text(name)}, "
-            f"'records_in', CAST({records_in} AS BIGINT), "
-            f"'records_out', CAST({records_out} AS BIGINT), "
-            f"'selectivity', try_divide({records_out}, {records_in}), "
-            f"'dead_letters', CAST({total(_DEAD_LETTERS)} AS BIGINT), "
-            f"'cost_us', try_divide({total(_TIMED_CPU_S)} * CAST(1000000 AS DOUBLE), {total(_TIMED_RECORDS_IN)}))")
 
 
 def fissure_metrics(progress) -> dict | None:
