@@ -72,3 +72,18 @@ def test_the_models_batch_cost_grows_with_the_plans_work():
     heavy = model_batch_cost([OperatorStats("a", Kind.STATELESS, 100.0, 1.0)], plan, 2, settings)
     assert light.fixed_s == pytest.approx(heavy.fixed_s) and light.fixed_s > 0
     assert heavy.per_record_s - light.per_record_s == pytest.approx(90e-6, rel=0.01)
+
+
+def test_a_sample_is_needed_unless_the_whole_input_runs_in_one_batch_whatever_it_would_measure():
+    from fissure.control.batch_size import sample_needed
+
+    # LogWatch's example: 2,022 lines, and the declared costs admit 392,675 a batch.
+    small = sample_needed(2_022, 392_675, reads_input_once=True)
+    assert not small.needed and "2,022 records, runs in one batch" in small.reason
+    # Within the minimum batch, whatever the declared costs say.
+    assert not sample_needed(900, 1_000, reads_input_once=True).needed
+    # Operators ten times costlier than declared would split this input.
+    assert sample_needed(50_000, 392_675, reads_input_once=True).needed
+    # A run that follows its sources may get any amount of input later; an unknown size is no proof.
+    assert sample_needed(10, 392_675, reads_input_once=False).needed
+    assert sample_needed(None, 392_675, reads_input_once=True).needed

@@ -78,6 +78,15 @@ def bytes_per_record(source: FileSource) -> float | None:
     return len(sample) / lines if lines > 0 else None
 
 
+def input_records(source: FileSource) -> float | None:
+    """About how many records the source's directory holds now (its bytes at the first file's
+    bytes per record), or None without a file."""
+    per_record = bytes_per_record(source)
+    if per_record is None:
+        return None
+    return sum(file.stat().st_size for file in data_files(source.path)) / per_record
+
+
 def first_file(source: FileSource) -> Path | None:
     """The source's first non-empty file, which its sample and bytes per record come from."""
     return next((file for file in data_files(source.path) if file.stat().st_size > 0), None)
