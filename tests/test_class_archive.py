@@ -97,3 +97,16 @@ def test_a_jvm_that_does_not_start_with_the_archive_starts_without_it(tmp_path, 
 def test_an_empty_archive_directory_setting_turns_it_off(monkeypatch):
     monkeypatch.setenv(class_archive.ARCHIVE_DIR_VARIABLE, "")
     assert class_archive.prepared_archive("-XX:+UseSerialGC") == (None, None, None)
+
+
+def test_archives_of_other_setups_unused_for_a_month_are_removed(tmp_path):
+    archive = _archive(tmp_path)
+    stale, recent = tmp_path / "spark-0000000000000000.jsa", tmp_path / "spark-1111111111111111.jsa"
+    for path in (stale, recent):
+        path.write_bytes(b"old")
+    month_ago = os.path.getmtime(recent) - class_archive.UNUSED_AGE_S - 60
+    os.utime(stale, (month_ago, month_ago))
+    (tmp_path / os.path.basename(archive.archive)).write_bytes(b"mine")
+    os.utime(archive.archive, (month_ago, month_ago))
+    archive.forget_unused()
+    assert not stale.exists() and recent.exists() and os.path.exists(archive.archive)

@@ -46,6 +46,8 @@ JAVA_OPTIONS_SETTING = "spark.driver.extraJavaOptions"
 QUIET_CDS = "-Xlog:cds=off -Xlog:cds+dynamic=off"
 # A candidate without its note (its process died before fissure wrote it) is removed after this.
 ORPHAN_AGE_S = 3600.0
+# An archive of another setup (an earlier Spark or java: 150-160 MB each) unused this long is removed.
+UNUSED_AGE_S = 30 * 86400.0
 CHECK_TIMEOUT_S = 60.0
 
 
@@ -175,6 +177,19 @@ class ClassArchive:
             if not _alive(pid) and not os.path.exists(note.removesuffix(".json") + ".part"):
                 _remove(note)  # its JVM exited without writing (killed, or nothing to write)
 
+    def forget_unused(self) -> None:
+        """Remove the archives of other setups that no start has used for UNUSED_AGE_S."""
+        for other in glob.glob(os.path.join(self.directory, "spark-*.jsa")):
+            if other != self.archive and self._now() - os.path.getmtime(other) > UNUSED_AGE_S:
+                _remove(other)
+
+    def mark_used(self) -> None:
+        """The archive's modification time is its last use (what `forget_unused` goes by)."""
+        try:
+            os.utime(self.archive)
+        except OSError:  # another user's archive: used all the same
+            pass
+
     def state(self) -> ArchiveState:
         notes = glob.glob(os.path.join(self.directory, f"spark-{self.key}-*.jsa.json"))
         return ArchiveState(archive=self.archive if os.path.exists(self.archive) else None,
@@ -209,7 +224,11 @@ def prepared_archive(java_options: str) -> tuple[ClassArchive | None, ArchiveDec
         os.makedirs(directory, exist_ok=True)
         archive = ClassArchive(directory, java, java_options)
         archive.promote()
+        archive.forget_unused()
         candidate = archive.new_candidate()
-        return archive, decide(archive.state(), candidate), candidate
+        decision = decide(archive.state(), candidate)
+        if decision.options and not decision.dumps:
+            archive.mark_used()
+        return archive, decision, candidate
     except OSError:
         return None, None, None

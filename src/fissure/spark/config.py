@@ -57,7 +57,9 @@ class RunnerConfig:
     # first in the driver on the sources' first records (fissure.worker.cost_sample; skipped when an
     # operator declares `waits=`, whose calls may reach outside systems); else the declared hints.
     # The sample runs the program's operators in a forked driver process at a checkpoint's first
-    # start only (a line on stderr says so); later starts on it read the costs it kept.
+    # start only (a line on stderr says so); later starts on it read the costs it kept. A run that
+    # reads its sources once (available now) whose whole input fits in one batch even with
+    # operators ten times costlier than declared takes no sample (its admission says so).
     batch_size: str = "auto"
     batch_fixed_share: float = 0.1
     batch_latency_bound_s: float | None = None
