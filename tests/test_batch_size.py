@@ -87,3 +87,23 @@ def test_a_sample_is_needed_unless_the_whole_input_runs_in_one_batch_whatever_it
     # A run that follows its sources may get any amount of input later; an unknown size is no proof.
     assert sample_needed(10, 392_675, reads_input_once=False).needed
     assert sample_needed(None, 392_675, reads_input_once=True).needed
+
+
+def test_the_planner_plans_for_the_whole_input_of_a_run_that_reads_it_once_when_it_is_smaller():
+    import sys
+    from pathlib import Path
+
+    from fissure.spark.plans import describe_plan, planned_batch_records, planner_plan
+
+    assert planned_batch_records(10_000, None) == 10_000  # more may come, or unknown
+    assert planned_batch_records(10_000, 50_000) == 10_000
+    assert planned_batch_records(10_000, 2_022.4) == 2_022
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+    import logwatch
+
+    pipeline = logwatch.build_pipeline()
+    assumed = describe_plan(planner_plan(pipeline, 2), pipeline)
+    small = describe_plan(planner_plan(pipeline, 2, input_records=2_022), pipeline)
+    # The example's 2,022 lines: no replicated region (no round-robin exchange, one state
+    # partition), where the assumed 10,000-record batch replicates the parsing region.
+    assert "x2" in assumed and "x2" not in small

@@ -266,6 +266,15 @@ def _bound(graph: StreamGraph, given, role: str, names: tuple[str, ...]) -> dict
     return dict(given)
 
 
+def input_records_once(sources: Mapping[str, object]) -> float | None:
+    """The records a run that reads its sources once will read, when every source is a local file
+    source (None otherwise: unknown, or more may come)."""
+    if not sources or not all(isinstance(source, FileSource) for source in sources.values()):
+        return None
+    counts = [input_records(source) for source in sources.values()]
+    return None if any(count is None for count in counts) else float(sum(counts))
+
+
 def bind_sources(graph: StreamGraph, given) -> dict:
     """A graph's sources by name, as `Runner` binds them (PipelineError naming the fix)."""
     return _bound(graph, given, "source", graph.sources)
@@ -318,6 +327,9 @@ class Runner:
     by node for the autopipelining loop (a chain then runs as its graph).
     `lock`: the checkpoint's lock when the caller holds it for several queries (the adaptive loop,
     `fissure.run`'s restarts); without one, start() takes it and stop() releases it.
+    `input_records`: the whole input, when the run reads it once (`fissure.run` with
+    available_now): the planner plans for one batch of it when that is smaller than the batch it
+    assumes (fissure.spark.plans.planner_plan).
     """
 
     # Set before start() to wrap the foreachBatch function (fissure.spark.batch_gate's gate).
@@ -330,7 +342,7 @@ class Runner:
                  query_name: str | None = None, profile: ProfileSettings | None = ProfileSettings(),
                  profile_log: str | None = None, boundaries: Iterable[str] | None = None,
                  state_partitions: int | None = None, profile_pieces: bool = False,
-                 lock: CheckpointLock | None = None) -> None:
+                 lock: CheckpointLock | None = None, input_records: float | None = None) -> None:
         self.program = program
         self.graph = as_graph(program)
         chain = program if isinstance(program, Pipeline) else self.graph.as_chain()
@@ -342,7 +354,7 @@ class Runner:
         self.config = config
         self.spark = spark if spark is not None else create_session(config)
         self.estimates = estimates
-        self.plan = resolve_plan(plan, self.pipeline, default_parallelism(self.spark), estimates)
+        self.plan = resolve_plan(plan, self.pipeline, default_parallelism(self.spark), estimates, input_records)
         self.admissions: tuple[SourceAdmission, ...] = ()  # batch sizes chosen at start()
         self.stagers: list[FileStager] = []  # file sources read through staging (fissure.spark.file_staging)
         self._staging: StagingThread | None = None
