@@ -73,25 +73,47 @@ def test_a_cut_archive_fails_its_check_in_a_process_of_its_own(tmp_path):
     assert class_archive.check_archive(java_executable(), str(cut), "/nowhere.jar", "-XX:+UseSerialGC") is False
 
 
-def test_a_jvm_that_does_not_start_with_the_archive_starts_without_it(tmp_path, monkeypatch):
-    monkeypatch.setenv(class_archive.ARCHIVE_DIR_VARIABLE, str(tmp_path / "jvm"))
+def _launches(monkeypatch, fails_with_options: bool, fails_without: bool) -> list[str]:
     options_seen = []
 
-    def failing_launch(conf, popen_kwargs):
-        options_seen.append(conf.get(class_archive.JAVA_OPTIONS_SETTING))
-        raise RuntimeError("Java gateway process exited before sending its port number")
+    def launch(conf, popen_kwargs):
+        options = conf.get(class_archive.JAVA_OPTIONS_SETTING)
+        options_seen.append(options)
+        if ("-XX:" + "ArchiveClassesAtExit" in options and fails_with_options) or fails_without:
+            raise RuntimeError("Java gateway process exited before sending its port number")
+        return "gateway"
 
-    monkeypatch.setattr("pyspark.java_gateway.launch_gateway", failing_launch)
+    monkeypatch.setattr("pyspark.java_gateway.launch_gateway", launch)
+    return options_seen
+
+
+def _launch(tmp_path):
     from pyspark import SparkConf
 
     conf = SparkConf(loadDefaults=False).set(class_archive.JAVA_OPTIONS_SETTING, "-XX:+UseSerialGC")
-    with open(tmp_path / "spark.log", "wb") as log:
-        assert jvm._launch_with_archive(conf, {class_archive.JAVA_OPTIONS_SETTING: "-XX:+UseSerialGC"}, log) is None
-    assert "-XX:ArchiveClassesAtExit=" in options_seen[0]
-    assert conf.get(class_archive.JAVA_OPTIONS_SETTING) == "-XX:+UseSerialGC"  # the plain start gets its own
-    markers = [name for name in os.listdir(tmp_path / "jvm") if name.startswith("unsupported-")]
-    assert len(markers) == 1
+    with open(tmp_path / "spark.log", "ab") as log:
+        return jvm._launch_with_archive(conf, {class_archive.JAVA_OPTIONS_SETTING: "-XX:+UseSerialGC"}, log)
+
+
+def _markers(tmp_path) -> list[str]:
+    return [name for name in os.listdir(tmp_path / "jvm") if name.startswith("unsupported-")]
+
+
+def test_a_jvm_that_does_not_start_with_the_archive_starts_without_it(tmp_path, monkeypatch):
+    monkeypatch.setenv(class_archive.ARCHIVE_DIR_VARIABLE, str(tmp_path / "jvm"))
+    options_seen = _launches(monkeypatch, fails_with_options=True, fails_without=False)
+    assert _launch(tmp_path) == "gateway"
+    assert "-XX:ArchiveClassesAtExit=" in options_seen[0] and options_seen[1] == "-XX:+UseSerialGC"
+    assert len(_markers(tmp_path)) == 1  # no archive options for this setup from now on
     assert "did not start" in (tmp_path / "spark.log").read_text()
+
+
+def test_a_jvm_that_starts_neither_way_raises_and_keeps_the_archive_for_later(tmp_path, monkeypatch):
+    monkeypatch.setenv(class_archive.ARCHIVE_DIR_VARIABLE, str(tmp_path / "jvm"))
+    _launches(monkeypatch, fails_with_options=True, fails_without=True)
+    with pytest.raises(RuntimeError, match="exited before"):
+        _launch(tmp_path)
+    assert _markers(tmp_path) == []
 
 
 def test_an_empty_archive_directory_setting_turns_it_off(monkeypatch):

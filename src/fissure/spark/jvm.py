@@ -57,8 +57,9 @@ def launch_jvm_with_output_to(log_path: str | None, settings: dict[str, str], cl
 
 
 def _launch_with_archive(conf, settings: dict[str, str], log):
-    """The gateway of a JVM started with the class archive's options (None: no archive applies,
-    or the JVM did not start with them; the caller then starts it as usual)."""
+    """The gateway of a JVM started with the class archive's options, or, when it does not start
+    with them but does without, of one started without them (and no archive for this setup from
+    then on). None: no archive applies; the caller starts the JVM as usual."""
     from pyspark.java_gateway import launch_gateway
 
     from fissure.spark.class_archive import JAVA_OPTIONS_SETTING, prepared_archive
@@ -74,11 +75,13 @@ def _launch_with_archive(conf, settings: dict[str, str], log):
         conf.set(JAVA_OPTIONS_SETTING, java_options)
         log.write(f"fissure: the JVM did not start with {decision.options!r}; starting it without\n".encode())
         log.flush()
+        # Raises when the JVM does not start without them either: then they were not the cause.
+        gateway = launch_gateway(conf, popen_kwargs={"stdout": log, "stderr": subprocess.STDOUT})
         try:
             archive.give_up()
         except OSError:
             pass
-        return None
+        return gateway
     if decision.dumps:
         try:
             system = gateway.jvm.java.lang
