@@ -67,10 +67,12 @@ def test_a_finished_candidate_becomes_the_archive_only_when_its_check_passes(tmp
 
 
 @pytest.mark.skipif(java_executable() is None, reason="no java")
-def test_a_cut_archive_fails_its_check_in_a_process_of_its_own(tmp_path):
+def test_a_cut_archive_fails_its_check_in_a_process_of_its_own(tmp_path, monkeypatch):
     cut = tmp_path / "cut.jsa"
     cut.write_bytes(b"\xa8\xba\x0b\xf0" + b"\0" * 4096)  # a dynamic archive's magic, then nothing whole
+    monkeypatch.chdir(tmp_path)
     assert class_archive.check_archive(java_executable(), str(cut), "/nowhere.jar", "-XX:+UseSerialGC") is False
+    assert sorted(os.listdir(tmp_path)) == ["cut.jsa"]  # no crash report left where the run was started
 
 
 def _launches(monkeypatch, fails_with_options: bool, fails_without: bool) -> list[str]:

@@ -15,8 +15,9 @@ once it is whole and checked, and never while it is written:
   process id and class path (`.json`). One such candidate at a time per fingerprint.
 - A later start promotes a candidate whose JVM has exited: a separate `java -Xshare:on
   -XX:+VerifySharedSpaces -version` maps it with the same class path and options and checks
-  its regions' checksums (a cut file crashes that process, not the run; one flipped byte fails
-  the check: both tried by hand on a 159 MB archive, whose check passed in 1.2 s), and only
+  its regions' checksums (a cut file crashes that process with SIGBUS, not the run, its crash
+  report kept out of the user's directory; one flipped byte fails the check: both tried by hand
+  on a 159 MB archive, whose check passed in 1.2 s), and only
   then is it renamed, atomically, to
   `spark-<fingerprint>.jsa`, the one name a JVM is given. A candidate that fails is deleted.
 - If a JVM does not start with the archive's options (a JVM without dynamic CDS, an archive
@@ -39,6 +40,7 @@ import secrets
 import shlex
 import shutil
 import subprocess
+import tempfile
 import time
 from dataclasses import dataclass
 
@@ -130,14 +132,17 @@ def _remove(*paths: str) -> None:
 
 
 def check_archive(java: str, archive: str, class_path: str, java_options: str) -> bool:
-    """Whether a JVM maps `archive` whole with this class path and these options (run apart:
-    a damaged archive fails or crashes that process only)."""
-    command = [java, f"-XX:SharedArchiveFile={archive}", "-Xshare:on", "-XX:+VerifySharedSpaces", *shlex.split(java_options), "-cp", class_path,
-               "-version"]
-    try:
-        done = subprocess.run(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=CHECK_TIMEOUT_S)
-    except (OSError, subprocess.TimeoutExpired):
-        return False
+    """Whether a JVM maps `archive` whole with this class path and these options (run apart, in a
+    temporary directory that takes the crash report: a cut archive crashes that JVM with SIGBUS)."""
+    with tempfile.TemporaryDirectory(prefix="fissure-archive-check-") as directory:
+        command = [java, f"-XX:SharedArchiveFile={archive}", "-Xshare:on", "-XX:+VerifySharedSpaces",
+                   f"-XX:ErrorFile={os.path.join(directory, 'hs_err_%p.log')}", "-XX:-CreateCoredumpOnCrash",
+                   *shlex.split(java_options), "-cp", class_path, "-version"]
+        try:
+            done = subprocess.run(command, cwd=directory, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                  timeout=CHECK_TIMEOUT_S)
+        except (OSError, subprocess.TimeoutExpired):
+            return False
     return done.returncode == 0
 
 
