@@ -107,3 +107,13 @@ def test_the_planner_plans_for_the_whole_input_of_a_run_that_reads_it_once_when_
     # The example's 2,022 lines: no replicated region (no round-robin exchange, one state
     # partition), where the assumed 10,000-record batch replicates the parsing region.
     assert "x2" in assumed and "x2" not in small
+
+
+def test_the_input_is_counted_only_until_it_passes_what_the_decision_needs(tmp_path):
+    from fissure.spark.batch_admission import input_records
+
+    source = text_files(tmp_path / "in", [f"line {i:04d}" for i in range(3000)], lines_per_file=1000)
+    assert input_records(source) == pytest.approx(3000)
+    partial = input_records(source, beyond=1500)
+    assert 1500 < partial < 3000  # two files of three listed
+    assert input_records(FileSource(str(tmp_path / "empty"))) is None

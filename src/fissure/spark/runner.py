@@ -266,12 +266,12 @@ def _bound(graph: StreamGraph, given, role: str, names: tuple[str, ...]) -> dict
     return dict(given)
 
 
-def input_records_once(sources: Mapping[str, object]) -> float | None:
+def input_records_once(sources: Mapping[str, object], beyond: float | None = None) -> float | None:
     """The records a run that reads its sources once will read, when every source is a local file
-    source (None otherwise: unknown, or more may come)."""
+    source (None otherwise: unknown, or more may come); each source counted until it passes `beyond`."""
     if not sources or not all(isinstance(source, FileSource) for source in sources.values()):
         return None
-    counts = [input_records(source) for source in sources.values()]
+    counts = [input_records(source, beyond=beyond) for source in sources.values()]
     return None if any(count is None for count in counts) else float(sum(counts))
 
 
@@ -607,11 +607,12 @@ class Runner:
         (fissure.control.batch_size.sample_needed): not when the run reads its sources' input
         once and all of it fits in one batch whatever a sample would measure."""
         sized = [source for source in self.sources.values() if needs_size(source)]
-        counts = [input_records(source) for source in sized]
-        total = None if any(count is None for count in counts) else sum(counts)
         records = choose_batch_records(declared, fixed_share=self.config.batch_fixed_share,
                                        latency_bound_s=self.config.batch_latency_bound_s).records
-        return sample_needed(total, records, available_now and len(sized) == len(self.sources))
+        reads_once = available_now and len(sized) == len(self.sources)
+        counts = [input_records(source, beyond=records) for source in sized] if reads_once else [None]
+        total = None if any(count is None for count in counts) else sum(counts)
+        return sample_needed(total, records, reads_once)
 
     def _sampled_estimates(self, store, decision: SampleDecision | None = None
                            ) -> tuple[Mapping[str, OperatorEstimate] | None, str]:
