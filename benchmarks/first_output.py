@@ -2,11 +2,13 @@
 
 The headline: `./dev example` with its venv ready, timed from the command to the line that
 reports the break-ins (the example's first output), as a newcomer runs it. Beside it, the same
-program in a fresh process under three start-ups, each timed phase by phase (Python's imports,
+program in a fresh process under four start-ups, each timed phase by phase (Python's imports,
 the session and its JVM, the query's start, the first micro-batch):
 
-- `fissure`: as fissure starts Spark (Python workers forked from a daemon that preloads fissure,
-  pyarrow and pandas, and started in the background as the session starts);
+- `fissure`: as fissure starts Spark (the driver's JVM from its class archive, Python workers
+  forked from a daemon that preloads fissure, pyarrow and pandas, and started in the background
+  as the session starts);
+- `no class archive`: the same, the JVM loading its classes from the jars;
 - `no warm-up`: the daemon preloads, nothing starts the workers before the first batch;
 - `pyspark`: PySpark's own daemon, no warm-up (fissure before these two changes).
 
@@ -35,6 +37,7 @@ import method  # noqa: E402
 FIRST_OUTPUT = "break-ins:"  # the example's first line of results
 VARIANTS = {
     "fissure": {},
+    "no class archive": {"jvm_class_archive": False},
     "no warm-up": {"warm_python_workers": False},
     "pyspark": {"warm_python_workers": False, "spark_conf": {"spark.python.daemon.module": "pyspark.daemon"}},
 }
@@ -129,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
         "repeats (the goal: 12 s on this 2-core machine, quiet).",
         "",
         "The same program (the Loghub sample, 2,022 lines in one micro-batch, planner's plan) in a fresh process "
-        "under three start-ups, seconds each phase takes (medians): imports (Python and fissure), session "
+        "under four start-ups, seconds each phase takes (medians): imports (Python and fissure), session "
         "(the JVM and Spark's context), query start (fissure checks, sizes and compiles the program; Spark "
         "starts the query), first batch (PySpark's state-schema processes, one per stateful operator, then the "
         "batch's jobs), to output (stopping the query, the results in hand).",

@@ -72,3 +72,48 @@ def test_the_models_batch_cost_grows_with_the_plans_work():
     heavy = model_batch_cost([OperatorStats("a", Kind.STATELESS, 100.0, 1.0)], plan, 2, settings)
     assert light.fixed_s == pytest.approx(heavy.fixed_s) and light.fixed_s > 0
     assert heavy.per_record_s - light.per_record_s == pytest.approx(90e-6, rel=0.01)
+
+
+def test_a_sample_is_needed_unless_the_whole_input_runs_in_one_batch_whatever_it_would_measure():
+    from fissure.control.batch_size import sample_needed
+
+    # LogWatch's example: 2,022 lines, and the declared costs admit 392,675 a batch.
+    small = sample_needed(2_022, 392_675, reads_input_once=True)
+    assert not small.needed and "2,022 records, runs in one batch" in small.reason
+    # Within the minimum batch, whatever the declared costs say.
+    assert not sample_needed(900, 1_000, reads_input_once=True).needed
+    # Operators ten times costlier than declared would split this input.
+    assert sample_needed(50_000, 392_675, reads_input_once=True).needed
+    # A run that follows its sources may get any amount of input later; an unknown size is no proof.
+    assert sample_needed(10, 392_675, reads_input_once=False).needed
+    assert sample_needed(None, 392_675, reads_input_once=True).needed
+
+
+def test_the_planner_plans_for_the_whole_input_of_a_run_that_reads_it_once_when_it_is_smaller():
+    import sys
+    from pathlib import Path
+
+    from fissure.spark.plans import describe_plan, planned_batch_records, planner_plan
+
+    assert planned_batch_records(10_000, None) == 10_000  # more may come, or unknown
+    assert planned_batch_records(10_000, 50_000) == 10_000
+    assert planned_batch_records(10_000, 2_022.4) == 2_022
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+    import logwatch
+
+    pipeline = logwatch.build_pipeline()
+    assumed = describe_plan(planner_plan(pipeline, 2), pipeline)
+    small = describe_plan(planner_plan(pipeline, 2, input_records=2_022), pipeline)
+    # The example's 2,022 lines: no replicated region (no round-robin exchange, one state
+    # partition), where the assumed 10,000-record batch replicates the parsing region.
+    assert "x2" in assumed and "x2" not in small
+
+
+def test_the_input_is_counted_only_until_it_passes_what_the_decision_needs(tmp_path):
+    from fissure.spark.batch_admission import input_records
+
+    source = text_files(tmp_path / "in", [f"line {i:04d}" for i in range(3000)], lines_per_file=1000)
+    assert input_records(source) == pytest.approx(3000)
+    partial = input_records(source, beyond=1500)
+    assert 1500 < partial < 3000  # two files of three listed
+    assert input_records(FileSource(str(tmp_path / "empty"))) is None

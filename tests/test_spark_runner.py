@@ -246,3 +246,10 @@ def test_the_operators_run_on_a_cost_sample_once_per_checkpoint_and_say_so(spark
     store.delete("fissure", recursive=True)
     off = start(RunnerConfig(batch_sample_costs=False))
     assert len(marks.read_text()) == calls and off.costs == "the operators' declared costs"
+    store.delete("fissure", recursive=True)
+    # Read once (available now), 600 lines fit in one batch whatever a sample would measure: none runs.
+    runner = fissure.Runner(Pipeline("sampled").map("marked", marked), source, MemorySink(), spark=spark,
+                            checkpoint=str(tmp_path / "ckpt"), progress=False)
+    _, (once,) = runner._sized_sources(store, available_now=True)
+    assert len(marks.read_text()) == calls and "separate process" not in capsys.readouterr().err
+    assert once.costs.startswith("the operators' declared costs (no sample: the whole input, about 600 records")

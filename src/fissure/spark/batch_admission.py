@@ -78,6 +78,22 @@ def bytes_per_record(source: FileSource) -> float | None:
     return len(sample) / lines if lines > 0 else None
 
 
+def input_records(source: FileSource, beyond: float | None = None) -> float | None:
+    """About how many records the source's directory holds now (its bytes at the first file's
+    bytes per record), or None without a file; counting stops once it passes `beyond` (a large
+    directory is not listed to its end to learn that it is large)."""
+    per_record = bytes_per_record(source)
+    if per_record is None:
+        return None
+    root, total = Path(source.path), 0
+    for item in root.rglob("*"):
+        if item.is_file() and not any(part.startswith((".", "_")) for part in item.relative_to(root).parts):
+            total += item.stat().st_size
+            if beyond is not None and total / per_record > beyond:
+                break
+    return total / per_record
+
+
 def first_file(source: FileSource) -> Path | None:
     """The source's first non-empty file, which its sample and bytes per record come from."""
     return next((file for file in data_files(source.path) if file.stat().st_size > 0), None)

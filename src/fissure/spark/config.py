@@ -57,7 +57,9 @@ class RunnerConfig:
     # first in the driver on the sources' first records (fissure.worker.cost_sample; skipped when an
     # operator declares `waits=`, whose calls may reach outside systems); else the declared hints.
     # The sample runs the program's operators in a forked driver process at a checkpoint's first
-    # start only (a line on stderr says so); later starts on it read the costs it kept.
+    # start only (a line on stderr says so); later starts on it read the costs it kept. A run that
+    # reads its sources once (available now) whose whole input fits in one batch even with
+    # operators ten times costlier than declared takes no sample (its admission says so).
     batch_size: str = "auto"
     batch_fixed_share: float = 0.1
     batch_latency_bound_s: float | None = None
@@ -101,6 +103,10 @@ class RunnerConfig:
     # Start the Python workers of the session fissure creates in the background as it starts
     # (fissure.spark.session.warm_python_workers): the first micro-batch does not wait for them.
     warm_python_workers: bool = True
+    # Start the driver's JVM of the session fissure creates with a class-data-sharing archive of
+    # Spark's classes, made by an earlier run and checked before use (fissure.spark.class_archive):
+    # the session starts seconds sooner on a small machine.
+    jvm_class_archive: bool = True
     # The key that signs the state of operators declaring state_codec="pickle" (HMAC-SHA256; a str is
     # taken as UTF-8). None: the environment variable FISSURE_STATE_KEY, else none, and such an
     # operator refuses to start. Keep it outside the checkpoint: whoever holds it can make the

@@ -49,31 +49,52 @@ def load_plan_file(path: str) -> Plan:
         return plan_from_json(json.load(handle))
 
 
+def planned_batch_records(assumed: int, input_records: float | None) -> int:
+    """The micro-batch the planner plans for: the model's assumed batch (`batch_records` of its
+    workload), or the whole input when a run reads its input once and all of it is smaller."""
+    if input_records is None or input_records >= assumed:
+        return assumed
+    return max(1, int(input_records))
+
+
 def planner_plan(pipeline: Program, cores: int, estimates: Mapping[str, OperatorEstimate] | None = None,
-                 method: str = "heuristic") -> Plan:
+                 method: str = "heuristic", input_records: float | None = None) -> Plan:
     """The planner's plan from the pipeline's estimates (hints or defaults until profiles exist).
 
     Ranked by the Spark model (fissure.model.spark_model: a micro-batch's stages run one after
     another, fixed costs per batch, stage, task and state partition) with the constants `fissure
     calibrate` stored, or its defaults, on `cores` task slots. The paper's model with its default
     machine (c_p = 50 us, threads capped at the cores) gave LogWatch no replica on 2 cores.
+
+    `input_records`: the whole input of a run that reads its input once; when it is smaller than
+    the batch the model assumes (10,000 records by default), the plan is ranked at its size, the
+    one batch the run will have. LogWatch's example (2,022 lines) then gets one region of four
+    pipelines and no replica, `[lines,parsed|raw_events,events,range,cutoff|realtime,breakins|results]`:
+    one task and one state store per stateful operator in its first batch instead of two, and no
+    round-robin exchange, where the 10,000-record plan replicates the parsing region twice.
     """
+    from dataclasses import replace
+
     from fissure.optimize import plan_chain
     from fissure.profile.calibration import stored_spark_model
 
     settings, _ = stored_spark_model()
+    records = planned_batch_records(settings.workload.batch_records, input_records)
+    if records != settings.workload.batch_records:
+        settings = replace(settings, workload=replace(settings.workload, batch_records=records))
     return plan_chain(pipeline.operator_stats(estimates), Machine(cores=cores), method=method, spark=settings).plan
 
 
 def resolve_plan(plan: object, pipeline: Program, cores: int,
-                 estimates: Mapping[str, OperatorEstimate] | None = None) -> Plan:
-    """A Plan from any accepted form: Plan, "sequential", "planner", a path to a JSON plan, a dict."""
+                 estimates: Mapping[str, OperatorEstimate] | None = None, input_records: float | None = None) -> Plan:
+    """A Plan from any accepted form: Plan, "sequential", "planner", a path to a JSON plan, a dict
+    (`input_records`: the whole input of a run that reads it once, for the planner)."""
     if isinstance(plan, Plan):
         resolved = plan
     elif plan is None or plan == "sequential":
         resolved = sequential_plan(pipeline)
     elif plan == "planner":
-        resolved = planner_plan(pipeline, cores, estimates)
+        resolved = planner_plan(pipeline, cores, estimates, input_records=input_records)
     elif isinstance(plan, Mapping):
         resolved = plan_from_json(plan)
     elif isinstance(plan, (str, os.PathLike)) and os.path.exists(plan):

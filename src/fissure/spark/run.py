@@ -30,7 +30,8 @@ from fissure.spark.config import RunnerConfig
 from fissure.spark.graph_autopipeline import GraphAutopipeliner
 from fissure.spark.run_end import RunTimedOut  # noqa: F401 - fissure.spark.run.RunTimedOut, as before it moved
 from fissure.spark.run_end import QueryRestarts, check_input_read
-from fissure.spark.runner import Runner, RunReport, bind_sources
+from fissure.profile.calibration import stored_spark_model
+from fissure.spark.runner import Runner, RunReport, bind_sources, input_records_once
 from fissure.spark.session import create_session, noted_failures
 from fissure.spark.sources import check_before_spark, default_file_system
 from fissure.streamgraph import StreamGraph, as_graph
@@ -95,6 +96,11 @@ def run(program: Pipeline | StreamGraph, source=None, sink=None, *, plan: object
             check_before_spark(graph, bind_sources(graph, source),
                                default_file_system(spark, config.master, config.spark_conf))
             spark = spark if spark is not None else create_session(config)
+            # A run that reads its input once plans for it (fissure.spark.plans.planner_plan).
+            plans_for_input = available_now and isinstance(plan, str) and plan == "planner"
+            input_records = (input_records_once(bind_sources(graph, source),
+                                                beyond=stored_spark_model()[0].workload.batch_records)
+                             if plans_for_input else None)
             # One lock for every query of the run: its restarts after a worker crash re-use it.
             lock = CheckpointLock.acquire(open_store(spark, checkpoint), graph.name, spark=spark,
                                           lease_s=config.checkpoint_lease_s)
@@ -104,7 +110,8 @@ def run(program: Pipeline | StreamGraph, source=None, sink=None, *, plan: object
                                                    config=config, progress=progress, profile=profile,
                                                    profile_log=profile_log, boundaries=boundaries,
                                                    state_partitions=state_partitions,
-                                                   profile_pieces=autopipeline, lock=lock),
+                                                   profile_pieces=autopipeline, lock=lock,
+                                                   input_records=input_records),
                                autopipeline=autopipeline, autopipeline_config=autopipeline_config)
     finally:
         if lock is not None:

@@ -42,8 +42,10 @@ from fissure.profile.log import profile_log_path
 from fissure.profile.settings import ProfileSettings
 from fissure.profile.window import BatchProfile, ProfileSummary, render_table, waiting_advice
 from fissure.program_fingerprint import program_fingerprint
+from fissure.control.batch_size import BatchCost, SampleDecision, choose_batch_records, sample_needed
 from fissure.spark.batch_admission import (SAMPLE_RECORD, SourceAdmission, admit_file_sources, first_file,
-                                           model_batch_cost, needs_size, recorded_sample, sample_record, sample_rows)
+                                           input_records, model_batch_cost, needs_size, recorded_sample,
+                                           sample_record, sample_rows)
 from fissure.spark.checkpoint_files import LocalStore, open_store
 from fissure.spark.checkpoint_guard import StartGuard, batch_ids
 from fissure.spark.file_staging import (FileStager, SettleRule, StagingThread, batch_files, missing_files,
@@ -264,6 +266,15 @@ def _bound(graph: StreamGraph, given, role: str, names: tuple[str, ...]) -> dict
     return dict(given)
 
 
+def input_records_once(sources: Mapping[str, object], beyond: float | None = None) -> float | None:
+    """The records a run that reads its sources once will read, when every source is a local file
+    source (None otherwise: unknown, or more may come); each source counted until it passes `beyond`."""
+    if not sources or not all(isinstance(source, FileSource) for source in sources.values()):
+        return None
+    counts = [input_records(source, beyond=beyond) for source in sources.values()]
+    return None if any(count is None for count in counts) else float(sum(counts))
+
+
 def bind_sources(graph: StreamGraph, given) -> dict:
     """A graph's sources by name, as `Runner` binds them (PipelineError naming the fix)."""
     return _bound(graph, given, "source", graph.sources)
@@ -316,6 +327,9 @@ class Runner:
     by node for the autopipelining loop (a chain then runs as its graph).
     `lock`: the checkpoint's lock when the caller holds it for several queries (the adaptive loop,
     `fissure.run`'s restarts); without one, start() takes it and stop() releases it.
+    `input_records`: the whole input, when the run reads it once (`fissure.run` with
+    available_now): the planner plans for one batch of it when that is smaller than the batch it
+    assumes (fissure.spark.plans.planner_plan).
     """
 
     # Set before start() to wrap the foreachBatch function (fissure.spark.batch_gate's gate).
@@ -328,7 +342,7 @@ class Runner:
                  query_name: str | None = None, profile: ProfileSettings | None = ProfileSettings(),
                  profile_log: str | None = None, boundaries: Iterable[str] | None = None,
                  state_partitions: int | None = None, profile_pieces: bool = False,
-                 lock: CheckpointLock | None = None) -> None:
+                 lock: CheckpointLock | None = None, input_records: float | None = None) -> None:
         self.program = program
         self.graph = as_graph(program)
         chain = program if isinstance(program, Pipeline) else self.graph.as_chain()
@@ -340,7 +354,7 @@ class Runner:
         self.config = config
         self.spark = spark if spark is not None else create_session(config)
         self.estimates = estimates
-        self.plan = resolve_plan(plan, self.pipeline, default_parallelism(self.spark), estimates)
+        self.plan = resolve_plan(plan, self.pipeline, default_parallelism(self.spark), estimates, input_records)
         self.admissions: tuple[SourceAdmission, ...] = ()  # batch sizes chosen at start()
         self.stagers: list[FileStager] = []  # file sources read through staging (fissure.spark.file_staging)
         self._staging: StagingThread | None = None
@@ -472,7 +486,7 @@ class Runner:
                                     run=self.checkpoint)
         sources = self.sources
         if self.config.batch_size == "auto":
-            sources, self.admissions = self._sized_sources(self.lock.store)
+            sources, self.admissions = self._sized_sources(self.lock.store, available_now)
         sources = self._staged_sources(sources, guard.fresh, available_now)
         frames = {name: open_source(sources[name], self.spark) for name in self.graph.sources if name in sources}
         self.time_tally = self.spark.sparkContext.accumulator(TimeTally(), TimeTallyParam())
@@ -570,22 +584,38 @@ class Runner:
         if self.query is not None and self.query.isActive:
             self.query.stop()
 
-    def _sized_sources(self, store):
+    def _sized_sources(self, store, available_now: bool = False):
         """The sources with a batch size on each file source given none (fissure.spark.batch_admission);
-        `store`: the checkpoint's files (where the measured operator costs are kept)."""
+        `store`: the checkpoint's files (where the measured operator costs are kept);
+        `available_now`: the run reads only what the sources hold now."""
         if not any(needs_size(source) for source in self.sources.values()):
             return self.sources, ()  # no model to evaluate, no calibration file to read
         settings, _ = stored_spark_model()
-        estimates, costs = self._sampled_estimates(store)
-        cost = model_batch_cost(self.pipeline.operator_stats(estimates), self.plan,
-                                default_parallelism(self.spark), settings)
+        cores = default_parallelism(self.spark)
+        declared = model_batch_cost(self.pipeline.operator_stats(self.estimates), self.plan, cores, settings)
+        estimates, costs = self._sampled_estimates(store, self._sample_decision(declared, available_now))
+        cost = (declared if estimates is self.estimates else
+                model_batch_cost(self.pipeline.operator_stats(estimates), self.plan, cores, settings))
         sources, admissions = admit_file_sources(self.sources, cost, fixed_share=self.config.batch_fixed_share,
                                                  latency_bound_s=self.config.batch_latency_bound_s, costs=costs)
         for admission in admissions:
             log.info("%s", admission.describe())
         return sources, admissions
 
-    def _sampled_estimates(self, store) -> tuple[Mapping[str, OperatorEstimate] | None, str]:
+    def _sample_decision(self, declared: BatchCost, available_now: bool) -> SampleDecision:
+        """Whether the operators' costs need measuring before the batches are sized
+        (fissure.control.batch_size.sample_needed): not when the run reads its sources' input
+        once and all of it fits in one batch whatever a sample would measure."""
+        sized = [source for source in self.sources.values() if needs_size(source)]
+        records = choose_batch_records(declared, fixed_share=self.config.batch_fixed_share,
+                                       latency_bound_s=self.config.batch_latency_bound_s).records
+        reads_once = available_now and len(sized) == len(self.sources)
+        counts = [input_records(source, beyond=records) for source in sized] if reads_once else [None]
+        total = None if any(count is None for count in counts) else sum(counts)
+        return sample_needed(total, records, reads_once)
+
+    def _sampled_estimates(self, store, decision: SampleDecision | None = None
+                           ) -> tuple[Mapping[str, OperatorEstimate] | None, str]:
         """Operator estimates for sizing batches: measured on the first records of each file
         source (fissure.worker.cost_sample), under the ones the caller gave; and where they came from.
         A program that fails on its sample keeps its declared costs (its batches will say why).
@@ -603,6 +633,8 @@ class Runner:
         if sample is not None:
             kept = sample.describe() + " (at the checkpoint's first start)"
             return {**sample.estimates, **(self.estimates or {})}, kept
+        if decision is not None and not decision.needed:
+            return self.estimates, f"{SourceAdmission.costs} (no sample: {decision.reason})"
         try:
             rows, schemas, files = {}, {}, []
             for name, source in self.sources.items():

@@ -125,7 +125,7 @@ def create_session(config: RunnerConfig = RunnerConfig()) -> SparkSession:
     to_terminal = config.spark_log == SPARK_LOG_TERMINAL
     with environment({UI_ADDRESS_VARIABLE: config.spark_ui_address}):
         if not to_terminal:
-            launch_jvm_with_output_to(config.spark_log, settings)
+            launch_jvm_with_output_to(config.spark_log, settings, class_archive=config.jvm_class_archive)
         else:
             _launch_jvm_here(settings)
     builder = SparkSession.builder
