@@ -15,8 +15,8 @@ from fissure.eventtime import AggregateRole, WindowRole
 from fissure.graph import output_schemas
 from fissure.windows import Session
 from fissure.worker.columns import SEQ
-from fissure.worker.combine import (PARTIAL_SCHEMA, CombinePlan, Combiner, combinable_aggregate, combine_decision,
-                                    combined_key_function, partial_inputs)
+from fissure.combine_policy import combinable_aggregate, combine_decision
+from fissure.worker.combine import PARTIAL_SCHEMA, CombinePlan, Combiner, combined_key_function, partial_inputs
 from fissure.worker.fused import live_batch
 from fissure.worker.keyed import group_by_key
 from fissure.worker.state_codec import StateCodec

@@ -8,7 +8,7 @@ state with `merge` and emits once per changed key or closed window (`CombinedAgg
 `CombinedWindowKeys`), exactly what the per-record functions of fissure.worker.timed emit. Spark,
 Flink and Beam combine the same way before their shuffles (Beam's CombineFn "combiner lifting").
 
-Which operators combine is a pure decision (`combine_decision`, a reason either way):
+Which operators combine is a pure decision (fissure.combine_policy.combine_decision):
 - an `aggregate` without `expire_after`: nothing depends on the key's state but the accumulator;
 - a `Tumbling` or `Sliding` window: a record is late when every window it falls in ended at or
   before the batch before's watermark (W_prev), which the task reads from the batch's clock, so the
@@ -39,7 +39,6 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from fissure.aggregates import Aggregate, FunctionAggregate
 from fissure.eventtime import AggregateRole, WindowRole, event_seconds, no_event_time
 from fissure.worker.arrow_rows import batch_records, column_values
 from fissure.worker.columns import SEQ
@@ -55,10 +54,14 @@ LAST_SEQ = "_fissure_last_seq"  # the sequence number of the last record added
 LAST_TIME = "_fissure_last_time"  # that record's event time (windows)
 WINDOW_START, WINDOW_END = "_fissure_window_start", "_fissure_window_end"
 LARGEST = "_fissure_largest"  # the largest usable event time the task saw (the watermark's input)
+# The key's records in the task and the dead letters made of them (on the key's first partial,
+# 0 on its others): the operator's counts, as if its records had travelled.
+RECORDS, DEAD = "_fissure_records", "_fissure_dead"
 PARTIAL_SCHEMA = pa.schema([
     pa.field(PARTIAL_KEY, pa.string()), pa.field(PARTIAL, pa.binary()), pa.field(FIRST_SEQ, pa.int64()),
     pa.field(LAST_SEQ, pa.int64()), pa.field(LAST_TIME, pa.float64()), pa.field(WINDOW_START, pa.float64()),
-    pa.field(WINDOW_END, pa.float64()), pa.field(LARGEST, pa.float64()),
+    pa.field(WINDOW_END, pa.float64()), pa.field(LARGEST, pa.float64()), pa.field(RECORDS, pa.int64()),
+    pa.field(DEAD, pa.int64()),
 ])
 
 
@@ -66,50 +69,11 @@ def is_partial_schema(schema: pa.Schema) -> bool:
     return PARTIAL in schema.names
 
 
-# --- policy -------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class CombineDecision:
-    """Whether an operator's records are combined before its exchange, and why (or why not)."""
-
-    combine: bool
-    reason: str
-
-
-def combinable_aggregate(aggregate: typing.Any) -> CombineDecision:
-    """Whether `aggregate` can be folded in parts and merged (see the module docstring)."""
-    if isinstance(aggregate, FunctionAggregate):
-        return CombineDecision(False, f"{aggregate!r} keeps the window's records for its function: nothing to combine")
-    if getattr(aggregate, "combinable", True) is False:
-        return CombineDecision(False, f"{aggregate!r} sets combinable = False")
-    merge = getattr(type(aggregate), "merge", None)
-    if merge is None or merge is Aggregate.merge:
-        return CombineDecision(False, f"{aggregate!r} does not implement merge")
-    return CombineDecision(True, f"{aggregate!r} merges accumulators")
-
-
-def combine_decision(operator: typing.Any, sole_reader: bool) -> CombineDecision:
-    """Whether the keyed `operator` is combined before its exchange; `sole_reader`: its input
-    stream has no other reader (operator or sink)."""
-    role = operator.time
-    if isinstance(role, AggregateRole):
-        if role.expire_after is not None:
-            return CombineDecision(False, "expire_after judges a record against the key's stored state")
-    elif isinstance(role, WindowRole):
-        if role.window.merging:
-            return CombineDecision(False, "a session's lateness depends on the key's stored sessions")
-    else:
-        return CombineDecision(False, "not an aggregate or a window")
-    if not sole_reader:
-        return CombineDecision(False, "its input stream is read elsewhere too: the records travel anyway")
-    return combinable_aggregate(role.aggregate)
-
-
 @dataclass(frozen=True)
 class CombinePlan:
     """What a task needs to combine one operator's records: the operator's name, key fields,
-    input schema, aggregate, window (None: a running aggregate) and event-time field."""
+    input schema, aggregate, window (None: a running aggregate), event-time field and input
+    stream."""
 
     name: str
     key: tuple[str, ...]
@@ -117,12 +81,14 @@ class CombinePlan:
     aggregate: typing.Any
     window: typing.Any = None
     time_field: str | None = None
+    stream: str = ""
 
     @classmethod
-    def of(cls, operator: typing.Any, input_schema: pa.Schema, time_field: str | None) -> CombinePlan:
+    def of(cls, operator: typing.Any, input_schema: pa.Schema, time_field: str | None,
+           stream: str = "") -> CombinePlan:
         role = operator.time
         return cls(operator.name, tuple(operator.key), input_schema, role.aggregate,
-                   role.window if isinstance(role, WindowRole) else None, time_field)
+                   role.window if isinstance(role, WindowRole) else None, time_field, stream)
 
     @property
     def needs_clock(self) -> bool:
@@ -141,7 +107,8 @@ class Combiner:
             raise ValueError(f"operator {plan.name!r}: a window is combined only with its batch's watermarks")
         self.plan, self.time = plan, time
         self.codec = StateCodec(plan.name)
-        # key text -> [key values, first seq, {window start or None: [acc, last seq, last time, end]}]
+        # key text -> [key values, first seq, {window start or None: [acc, last seq, last time, end]},
+        #              records, dead letters]
         self.entries: dict[str, list] = {}
         self.largest: float | None = None
         self.records_in = 0
@@ -162,13 +129,17 @@ class Combiner:
         for text, positions in grouped.items():
             entry = self.entries.get(text)
             if entry is None:
-                entry = self.entries[text] = [[records[positions[0]][name] for name in plan.key], seqs[positions[0]], {}]
+                entry = self.entries[text] = [[records[positions[0]][name] for name in plan.key], seqs[positions[0]],
+                                              {}, 0, 0]
             else:
                 entry[1] = min(entry[1], seqs[positions[0]])
+            dead_before = len(dead)
             if plan.window is None:
                 self._fold(entry[2], records, seqs, positions, dead)
             else:
                 self._fold_windows(entry[2], records, seqs, positions, dead)
+            entry[3] += len(positions)
+            entry[4] += len(dead) - dead_before
         return dead
 
     def _failed(self, error: BaseException, record: dict, seq: int) -> DeadLetter:
@@ -232,17 +203,17 @@ class Combiner:
         """The task's partials: a row per key (and window); a row without key when the task saw an
         event time but made no partial (its records all failed), so the watermark still learns it."""
         columns: list[list] = [[] for _ in PARTIAL_SCHEMA]
-        for text, (values, first_seq, windows) in self.entries.items():
-            for start, (acc, last_seq, last_time, end) in windows.items():
+        for text, (values, first_seq, windows, records, dead) in self.entries.items():
+            for number, (start, (acc, last_seq, last_time, end)) in enumerate(windows.items()):
                 try:
                     body = self.codec.dumps({"key": values, "acc": acc}, f"of key {text!r}")
                 except StateCodecError as error:
                     raise OperatorFailedError(str(error)) from error
                 for column, value in zip(columns, (text, body, first_seq, last_seq, last_time, start, end,
-                                                   self.largest)):
+                                                   self.largest, 0 if number else records, 0 if number else dead)):
                     column.append(value)
         if not columns[0] and self.largest is not None:
-            for column, value in zip(columns, (None, None, None, None, None, None, None, self.largest)):
+            for column, value in zip(columns, (None, None, None, None, None, None, None, self.largest, 0, 0)):
                 column.append(value)
         return pa.RecordBatch.from_arrays([pa.array(values, field.type) for values, field in
                                            zip(columns, PARTIAL_SCHEMA)], schema=PARTIAL_SCHEMA)
@@ -276,17 +247,34 @@ def partial_inputs(batch: pa.RecordBatch, codec: StateCodec) -> PartialInputs:
     last_times = column_values(rows.column(LAST_TIME))
     starts = column_values(rows.column(WINDOW_START))
     ends = column_values(rows.column(WINDOW_END))
+    counts = column_values(rows.column(RECORDS))
+    deads = column_values(rows.column(DEAD))
     grouped: dict[str, list[int]] = {}
     inputs: list[dict] = []
     for position, text in enumerate(texts):
         decoded = codec.loads(bodies[position], False)
         inputs.append({"key": decoded["key"], "acc": decoded["acc"], "last_seq": last_seqs[position],
-                       "last_time": last_times[position], "start": starts[position], "end": ends[position]})
+                       "last_time": last_times[position], "start": starts[position], "end": ends[position],
+                       "records": counts[position], "dead": deads[position]})
         grouped.setdefault(text, []).append(position)
     return PartialInputs(grouped, inputs, first_seqs, largest)
 
 
-class CombinedAggregateKeys(TimedKeyFunction):
+class CombinedKeys(TimedKeyFunction):
+    """The base of the per-key functions over partials: what a profile counts of a call."""
+
+    @staticmethod
+    def records_of(partials: list[dict]) -> int:
+        """The records the partials stand for (the operator's records in)."""
+        return sum(partial["records"] for partial in partials)
+
+    @staticmethod
+    def dead_of(partials: list[dict]) -> int:
+        """The dead letters the tasks made of those records."""
+        return sum(partial["dead"] for partial in partials)
+
+
+class CombinedAggregateKeys(CombinedKeys):
     """An `aggregate`'s per-key function over partials: the state and output of
     fissure.worker.timed.AggregateKeys (no expiry) from merged accumulators."""
 
@@ -327,7 +315,7 @@ class CombinedAggregateKeys(TimedKeyFunction):
         return KeyEmitted(out, out_seqs, dead, {"key": key, "acc": acc, "last": state.get("last"), "seq": last_seq})
 
 
-class CombinedWindowKeys(TimedKeyFunction):
+class CombinedWindowKeys(CombinedKeys):
     """A tumbling or sliding window's per-key function over partials: the state and output of
     fissure.worker.timed.WindowKeys from merged accumulators (the tasks judged lateness)."""
 
@@ -366,7 +354,7 @@ class CombinedWindowKeys(TimedKeyFunction):
                           min(entry[1] for entry in remaining))
 
 
-def combined_key_function(operator: typing.Any, time_field: str | None) -> TimedKeyFunction:
+def combined_key_function(operator: typing.Any, time_field: str | None) -> CombinedKeys:
     """The per-key function that merges a combined operator's partials."""
     role = operator.time
     if isinstance(role, WindowRole):

@@ -1,0 +1,59 @@
+"""Aggregates combined before the exchange on Spark: the outputs and dead letters of the
+in-process runner, with far fewer bytes through the exchange than when every record travels."""
+
+from __future__ import annotations
+
+import pytest
+
+import fissure
+from fissure import Count, Pipeline, Sum
+from fissure.spark.config import RunnerConfig
+from fissure.spark.stage_log import STAGE_LOG_CONF, StageLog
+from fissure.testing import TestingSink, run_batches, text_files
+
+pytestmark = pytest.mark.spark
+
+
+def words_program(aggregate) -> Pipeline:
+    return (Pipeline("combined")
+            .flat_map("words", lambda record: [{"word": word, "n": None if word == "bad" else len(word)}
+                                               for word in record["value"].split()],
+                      schema={"word": str, "n": int}, reads=["value"])
+            .aggregate("counts", key="word", aggregate=aggregate))
+
+
+def run_on_spark(spark, tmp_path, name: str, aggregate, combine: bool):
+    lines = [" ".join(f"w{(line * 7 + position) % 30}" for position in range(10)) for line in range(300)]
+    lines[0] += " bad"
+    source = text_files(str(tmp_path / f"in-{name}"), lines, lines_per_file=150, max_files_per_trigger=1)
+    sink, dead = fissure.MemorySink(), []
+    before = {stage["stageId"] for stage in StageLog(spark).get("/stages")}
+    config = RunnerConfig(combine_aggregates=combine, spark_conf=STAGE_LOG_CONF)
+    fissure.run(words_program(aggregate), source, sink, spark=spark, checkpoint=str(tmp_path / f"ckpt-{name}"),
+                dead_letters=TestingSink(dead), progress=False, config=config)
+    shuffled = sum(stage.get("shuffleWriteBytes", 0) for stage in StageLog(spark).get("/stages")
+                   if stage["stageId"] not in before)
+    return sink, dead, shuffled, lines
+
+
+def per_batch(sink) -> list[list[tuple]]:
+    return [sorted(tuple(sorted(row.asDict().items())) for row in sink._rows_by_batch.get(batch, []))
+            for batch in range(max(sink._rows_by_batch) + 1)]
+
+
+@pytest.mark.slow
+def test_a_combined_aggregate_gives_the_in_process_outputs_through_a_smaller_exchange(spark, tmp_path):
+    combined, combined_dead, combined_bytes, lines = run_on_spark(spark, tmp_path, "on", Sum("n"), True)
+    whole, whole_dead, whole_bytes, _ = run_on_spark(spark, tmp_path, "off", Sum("n"), False)
+    steps = run_batches(words_program(Sum("n")), [[{"value": line} for line in lines[:150]],
+                                                  [{"value": line} for line in lines[150:]]],
+                        schema={"value": str})
+    expected = [sorted(tuple(sorted(record.items())) for record in step.results["sink"]) for step in steps
+                if step.results.get("sink")]
+    assert per_batch(combined) == expected == per_batch(whole)
+    # "bad" has no n: a dead letter of the aggregate, as in process
+    in_process = sorted((letter.node, letter.error, letter.record) for step in steps for letter in step.dead_letters)
+    assert sorted((d["operator"], d["error"], d["record"]) for d in combined_dead) == in_process
+    assert sorted((d["operator"], d["error"], d["record"]) for d in whole_dead) == in_process
+    assert len(in_process) == 1 and in_process[0][0] == "counts"
+    assert combined_bytes < whole_bytes / 2
