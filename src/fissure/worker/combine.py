@@ -121,6 +121,11 @@ class Combiner:
         records = batch_records(ordered.select(plan.input_schema.names))
         seqs = column_values(ordered.column(ordered.schema.get_field_index(SEQ)))
         self.records_in += len(records)
+        if plan.window is not None:  # every usable event time counts for the watermark, a null key's too
+            for record in records:
+                t = event_seconds(record.get(plan.time_field))
+                if t is not None and (self.largest is None or t > self.largest):
+                    self.largest = t
         dead: list[DeadLetter] = []
         grouped = group_by_key(records, plan.key)
         for position in grouped.pop(None, []):
@@ -175,8 +180,6 @@ class Combiner:
             if t is None:
                 dead.append(DeadLetter(plan.name, no_event_time(field, record), record_text(record), seq))
                 continue
-            if self.largest is None or t > self.largest:
-                self.largest = t
             items.append((t, seq, record))
         items.sort(key=lambda item: (item[0], item[1]))
         for t, seq, record in items:

@@ -139,7 +139,7 @@ def pack_partials(partials: pa.RecordBatch, text_column: str, spec: PackSpec) ->
     bucket of its key's text, the bucket `pack` gives the key's records (a partial without key,
     which only carries an event time, in bucket 0)."""
     if not partials.num_rows:
-        return EMPTY_PACKED
+        return EMPTY_PACKED if not spec.every_group else empty_groups(partials.schema, spec)
     texts = column_values(partials.column(partials.schema.get_field_index(text_column)))
     cache: dict[str, int] = {}
     keys = np.empty(len(texts), dtype=np.int32)
@@ -154,6 +154,11 @@ def pack_partials(partials: pa.RecordBatch, text_column: str, spec: PackSpec) ->
     starts = np.concatenate(([0], np.flatnonzero(np.diff(sorted_keys)) + 1, [len(sorted_keys)]))
     packed_keys = [int(sorted_keys[start]) for start in starts[:-1]]
     payloads = [_ipc_bytes(ordered.slice(int(start), int(end - start))) for start, end in zip(starts[:-1], starts[1:])]
+    if spec.every_group:  # as `pack`: the keyed stage then runs every bucket, with partials or not
+        empty, present = _ipc_bytes(partials.slice(0, 0)), set(packed_keys)
+        missing = [group for group in range(spec.buckets) if group not in present]
+        packed_keys += missing
+        payloads += [empty] * len(missing)
     return pa.RecordBatch.from_arrays([pa.array(packed_keys, pa.int32()), pa.array(payloads, pa.binary())],
                                       schema=PACKED_SCHEMA)
 
