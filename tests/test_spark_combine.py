@@ -57,3 +57,33 @@ def test_a_combined_aggregate_gives_the_in_process_outputs_through_a_smaller_exc
     assert sorted((d["operator"], d["error"], d["record"]) for d in whole_dead) == in_process
     assert len(in_process) == 1 and in_process[0][0] == "counts"
     assert combined_bytes < whole_bytes / 2
+
+
+@pytest.mark.slow
+def test_a_combined_window_gives_the_in_process_windows_and_late_records(spark, tmp_path):
+    from fissure import Tumbling
+    from fissure.testing import TestingSource
+
+    batches = [[{"k": "abcde"[i % 5], "ts": float(base + i % 17), "v": i % 4} for i in range(300)]
+               for base in (0, 20, 40)]
+    batches[2] += [{"k": "a", "ts": 1.0, "v": 9}, {"k": "b", "ts": 2.0, "v": 9}]  # late: [0, 10) closed
+    program = (Pipeline("windows").event_time("ts", lateness=2.0)
+               .window("sums", key="k", window=Tumbling(10.0), aggregate=Sum("v")))
+    results = {}
+    for combine in (True, False):
+        sink, dead = fissure.MemorySink(), []
+        before = {stage["stageId"] for stage in StageLog(spark).get("/stages")}
+        fissure.run(program, TestingSource(batches=batches), sink, spark=spark, dead_letters=TestingSink(dead),
+                    checkpoint=str(tmp_path / f"ckpt-{combine}"), progress=False,
+                    config=RunnerConfig(combine_aggregates=combine, spark_conf=STAGE_LOG_CONF))
+        shuffled = sum(stage.get("shuffleWriteBytes", 0) for stage in StageLog(spark).get("/stages")
+                       if stage["stageId"] not in before)
+        results[combine] = (sorted(tuple(sorted(row.items())) for row in sink.records()),
+                            sorted((d["operator"], d["error"], d["record"]) for d in dead), shuffled)
+    steps = run_batches(program, batches)
+    expected = sorted(tuple(sorted(record.items())) for step in steps for record in step.results["sink"])
+    in_process_dead = sorted((letter.node, letter.error, letter.record) for step in steps
+                             for letter in step.dead_letters)
+    assert results[True][:2] == (expected, in_process_dead) == results[False][:2]
+    assert len(in_process_dead) == 2 and all(error.startswith("Late") for _, error, _ in in_process_dead)
+    assert results[True][2] < results[False][2] / 2
