@@ -4,17 +4,14 @@ functions; and which operators combine."""
 
 from __future__ import annotations
 
-import math
 import random
 
 import pyarrow as pa
 import pytest
 
 from fissure import Aggregate, Count, Max, Mean, Min, Pipeline, Sliding, Sum, Tumbling
-from fissure.eventtime import AggregateRole, WindowRole
-from fissure.graph import output_schemas
+from fissure.eventtime import WindowRole
 from fissure.windows import Session
-from fissure.worker.columns import SEQ
 from fissure.combine_policy import combinable_aggregate, combine_decision
 from fissure.worker.combine import PARTIAL_SCHEMA, CombinePlan, Combiner, combined_key_function, partial_inputs
 from fissure.worker.fused import live_batch
@@ -213,9 +210,8 @@ def test_which_operators_combine():
 
 
 def test_partials_go_to_their_keys_buckets_and_every_bucket_gets_a_group_when_asked():
-    from fissure.worker.combine import PARTIAL_KEY
+    from fissure.worker.combine import PARTIAL_KEY, is_partial_schema
     from fissure.worker.packing import PackSpec, key_bucket, pack_partials, unpack_apart
-    from fissure.worker.combine import is_partial_schema
 
     operator = operator_of("aggregate", Count())
     combiner = Combiner(CombinePlan.of(operator, SCHEMA, None))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 import fissure
-from fissure import Count, Pipeline, Sum
+from fissure import Pipeline, Sum
 from fissure.spark.config import RunnerConfig
 from fissure.spark.stage_log import STAGE_LOG_CONF, StageLog
 from fissure.testing import TestingSink, run_batches, text_files
