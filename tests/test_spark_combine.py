@@ -87,3 +87,25 @@ def test_a_combined_window_gives_the_in_process_windows_and_late_records(spark, 
     assert results[True][:2] == (expected, in_process_dead) == results[False][:2]
     assert len(in_process_dead) == 2 and all(error.startswith("Late") for _, error, _ in in_process_dead)
     assert results[True][2] < results[False][2] / 2
+
+
+@pytest.mark.slow
+def test_an_aggregate_reading_the_source_is_combined_where_the_source_becomes_envelopes(spark, tmp_path):
+    from fissure.testing import TestingSource
+
+    batches = [[{"user": "abc"[i % 3], "v": i} for i in range(600)], [{"user": "cd"[i % 2], "v": i} for i in range(50)]]
+    program = Pipeline("direct").aggregate("totals", key="user", aggregate=Sum("v"))
+    expected = sorted(tuple(sorted(record.items())) for step in run_batches(program, batches)
+                      for record in step.results["sink"])
+    shuffled = {}
+    for combine in (True, False):
+        sink = fissure.MemorySink()
+        before = {stage["stageId"] for stage in StageLog(spark).get("/stages")}
+        fissure.run(program, TestingSource(batches=batches), sink, spark=spark, progress=False,
+                    checkpoint=str(tmp_path / f"ckpt-{combine}"),
+                    config=RunnerConfig(combine_aggregates=combine, spark_conf=STAGE_LOG_CONF))
+        shuffled[combine] = sum(stage.get("shuffleWriteBytes", 0) for stage in StageLog(spark).get("/stages")
+                                if stage["stageId"] not in before)
+        assert sorted(tuple(sorted(row.items())) for row in sink.records()) == expected
+    assert len(expected) == 3 + 2
+    assert shuffled[True] < shuffled[False] / 2

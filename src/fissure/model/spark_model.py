@@ -333,11 +333,11 @@ def combine_selectivity(operator: OperatorStats, workload: SparkWorkload, record
 def _combined_inputs(shapes: Sequence[StageShape], operators: Sequence[OperatorStats], chain: _Chain,
                      workload: SparkWorkload) -> dict[int, float]:
     """Per combined operator (index): the partials its exchange and keyed stage get. Combined where
-    fissure.spark.compile_graph combines: a keyed stage right after a pe stage."""
+    fissure.spark.compile_graph combines: a keyed stage right after a pe stage or the source's envelopes."""
     partials = {}
     for number, shape in enumerate(shapes):
         before = shapes[number - 1] if number else None
-        if before is None or not before.nodes or before.nodes[-1].kind != "pe" or not shape.nodes:
+        if before is None or not before.nodes or before.nodes[-1].kind not in ("pe", "sequence") or not shape.nodes:
             continue
         first = shape.nodes[0]
         if first.kind != "state":

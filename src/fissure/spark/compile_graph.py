@@ -89,8 +89,10 @@ class CompiledGraph:
 
 
 def _source_envelopes(name: str, index: int, frame: DataFrame, layout: EnvelopeLayout,
-                      pack_for: PackSpec | None, line_format: LineFormat | None) -> DataFrame:
-    function = SourceEnvelopeFunction(name, index, layout, layout.stream_schema(name), pack_for, line_format)
+                      pack_for: PackSpec | None, line_format: LineFormat | None,
+                      combine: CombinePlan | None = None) -> DataFrame:
+    function = SourceEnvelopeFunction(name, index, layout, layout.stream_schema(name), pack_for, line_format,
+                                      combine if combine is not None and combine.stream == name else None)
     return frame.mapInArrow(function, spark_schema_of(layout.schema if pack_for is None else PACKED_SCHEMA))
 
 
@@ -221,7 +223,9 @@ def compile_graph(graph: StreamGraph, source_frames: Mapping[str, DataFrame], *,
         source_envelopes = SourceEnvelopeFunction(source, 0, layouts[0], layouts[0].stream_schema(source),
                                                   line_format=line_formats.get(source))
     else:
-        frames = [_source_envelopes(name, index, source_frames[name], layouts[0], packs[0], line_formats.get(name))
+        first_combine = combined.get(stages[0].nodes[0]) if stages[0].kind != "pe" else None
+        frames = [_source_envelopes(name, index, source_frames[name], layouts[0], packs[0], line_formats.get(name),
+                                    first_combine)
                   for index, name in enumerate(graph.sources)]
         if control_frame is not None:
             frames.append(control_frame.mapInArrow(TickEnvelopeFunction(layouts[0], packs[0]),
@@ -284,8 +288,10 @@ def compile_graph(graph: StreamGraph, source_frames: Mapping[str, DataFrame], *,
         partitioned = node.kind is not NodeKind.OPERATOR or node.operator.kind is Kind.PARTITIONED
         steps.append(CompiledStep("state", ((node.name,),), "hash" if partitioned else "single", state_partitions,
                                   tuple(node.key) if partitioned else None,
-                                  combined=node.name in combined and stages[stage.position - 1].kind == "pe"
-                                  if stage.position else False))
+                                  combined=node.name in combined and (
+                                      stages[stage.position - 1].kind == "pe" if stage.position
+                                      else combined[node.name].stream in graph.sources
+                                      and not combined[node.name].needs_clock)))
     return CompiledGraph(frame, layouts[-1], stages, schemas, checked.order, plan, state_partitions, tuple(steps),
                          checked.time)
 

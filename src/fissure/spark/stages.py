@@ -144,6 +144,22 @@ def task_boundaries(graph_name: str) -> list[str] | None:
         return None
 
 
+def fold_envelopes(combiner: Combiner, layout: EnvelopeLayout, batch: pa.RecordBatch) -> pa.RecordBatch:
+    """`batch`'s envelopes without the combined operator's live input rows, which go into
+    `combiner` (fissure.worker.combine); the dead letters it makes of them (late, failed, no key)
+    take their place."""
+    plan = combiner.plan
+    mine = pc.and_(pc.equal(batch.column(0), pa.scalar(layout.route_of(plan.stream), pa.int32())),
+                   batch.column(batch.schema.get_field_index(DEAD_OPERATOR)).is_null())
+    if not pc.any(mine).as_py():
+        return batch
+    dead = combiner.add(layout.extract(batch, plan.stream))
+    rest = batch.filter(pc.invert(mine))
+    if not dead:
+        return rest
+    return assemble([rest, layout.wrap_dead(dead_letter_batch(dead, plan.input_schema), plan.name)], layout.schema)
+
+
 class GraphRegionFunction:
     """A pe stage's mapInArrow function: its pieces in one processing element."""
 
@@ -228,19 +244,7 @@ class GraphRegionFunction:
         return Combiner(plan, clock.time_of(plan.time_field))
 
     def fold(self, combiner: Combiner, batch: pa.RecordBatch) -> pa.RecordBatch:
-        """`batch`'s envelopes without the combined operator's live input rows, which go into
-        `combiner`; the dead letters it makes of them (late, failed, no key) take their place."""
-        layout, stream = self.output_layout, self.combine.stream
-        mine = pc.and_(pc.equal(batch.column(0), pa.scalar(layout.route_of(stream), pa.int32())),
-                       batch.column(batch.schema.get_field_index(DEAD_OPERATOR)).is_null())
-        if not pc.any(mine).as_py():
-            return batch
-        dead = combiner.add(layout.extract(batch, stream))
-        rest = batch.filter(pc.invert(mine))
-        if not dead:
-            return rest
-        letters = dead_letter_batch(dead, self.combine.input_schema)
-        return assemble([rest, layout.wrap_dead(letters, self.combine.name)], layout.schema)
+        return fold_envelopes(combiner, self.output_layout, batch)
 
     def report_batch(self, operators: Mapping[str, Sequence[float]] | None) -> pa.RecordBatch | None:
         """This task's report row: the operators' counts of the call, the published text in the
@@ -527,9 +531,12 @@ class SourceEnvelopeFunction:
     dead letter of the source (fissure.worker.source_rows)."""
 
     def __init__(self, name: str, index: int, layout: EnvelopeLayout, source_schema: pa.Schema,
-                 pack_for: PackSpec | None = None, line_format: LineFormat | None = None) -> None:
+                 pack_for: PackSpec | None = None, line_format: LineFormat | None = None,
+                 combine: CombinePlan | None = None) -> None:
         self.name, self.index, self.layout, self.source_schema = name, index, layout, source_schema
         self.pack_for = pack_for  # set: the envelopes are packed for the keyed stage that follows
+        # set: that stage's aggregate reads this source; its records are folded here (no clock: no window)
+        self.combine = combine if pack_for is not None and combine is not None and not combine.needs_clock else None
         self.line_format = line_format  # the source's JSON or CSV lines: what is wrong with an unreadable one
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -537,12 +544,22 @@ class SourceEnvelopeFunction:
 
         first_seq = (self.index << SOURCE_SHIFT) + (TaskContext.get().partitionId() << SEQ_PARTITION_SHIFT)
         packed_any = False
+        combiner = Combiner(self.combine) if self.combine is not None else None
         for batch in batches:
             carried = carried_source_batch(batch, self.source_schema, first_seq, self.name, self.line_format)
             first_seq += batch.num_rows
             envelopes = self.layout.wrap(carried, self.name)
+            if combiner is not None:
+                envelopes = fold_envelopes(combiner, self.layout, envelopes)
+                if not envelopes.num_rows:
+                    continue
             packed_any = packed_any or envelopes.num_rows > 0
             yield envelopes if self.pack_for is None else pack(envelopes, self.pack_for)
+        if combiner is not None:
+            partials = combiner.partials()
+            if partials.num_rows:
+                packed_any = True
+                yield pack_partials(partials, PARTIAL_KEY, self.pack_for)
         if not packed_any and self.pack_for is not None and self.pack_for.every_group:
             yield empty_groups(self.layout.schema, self.pack_for)
 
