@@ -176,6 +176,8 @@ def test_one_partial_per_key_per_task():
     decoded = partial_inputs(partials, StateCodec("agg"))
     assert sorted((item["key"], item["acc"]) for item in decoded.inputs) == [(["a"], 500), (["b"], 500)]
     assert sorted(item["last_seq"] for item in decoded.inputs) == [998, 999]
+    assert sorted(item["records"] for item in decoded.inputs) == [500, 500]
+    assert all(item["fold_cpu_s"] >= 0 for item in decoded.inputs)
 
 
 class Last(Aggregate):

@@ -32,6 +32,7 @@ clock, so they make the same partials.
 
 from __future__ import annotations
 
+import time as clock
 import typing
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -57,11 +58,14 @@ LARGEST = "_fissure_largest"  # the largest usable event time the task saw (the 
 # The key's records in the task and the dead letters made of them (on the key's first partial,
 # 0 on its others): the operator's counts, as if its records had travelled.
 RECORDS, DEAD = "_fissure_records", "_fissure_dead"
+# The task's thread-CPU seconds folding the key's records (its share of each `add` call, by its
+# records; on the key's first partial): what a profile adds to the operator's timed merges.
+FOLD_CPU_S = "_fissure_fold_cpu_s"
 PARTIAL_SCHEMA = pa.schema([
     pa.field(PARTIAL_KEY, pa.string()), pa.field(PARTIAL, pa.binary()), pa.field(FIRST_SEQ, pa.int64()),
     pa.field(LAST_SEQ, pa.int64()), pa.field(LAST_TIME, pa.float64()), pa.field(WINDOW_START, pa.float64()),
     pa.field(WINDOW_END, pa.float64()), pa.field(LARGEST, pa.float64()), pa.field(RECORDS, pa.int64()),
-    pa.field(DEAD, pa.int64()),
+    pa.field(DEAD, pa.int64()), pa.field(FOLD_CPU_S, pa.float64()),
 ])
 
 
@@ -108,7 +112,7 @@ class Combiner:
         self.plan, self.time = plan, time
         self.codec = StateCodec(plan.name)
         # key text -> [key values, first seq, {window start or None: [acc, last seq, last time, end]},
-        #              records, dead letters]
+        #              records, dead letters, fold CPU seconds]
         self.entries: dict[str, list] = {}
         self.largest: float | None = None
         self.records_in = 0
@@ -128,6 +132,7 @@ class Combiner:
                     self.largest = t
         dead: list[DeadLetter] = []
         grouped = group_by_key(records, plan.key)
+        started_s = clock.thread_time()  # the fold, not the conversion to dicts nor the grouping
         for position in grouped.pop(None, []):
             record = records[position]
             dead.append(DeadLetter(plan.name, null_key_error(record, plan.key), record_text(record), seqs[position]))
@@ -135,7 +140,7 @@ class Combiner:
             entry = self.entries.get(text)
             if entry is None:
                 entry = self.entries[text] = [[records[positions[0]][name] for name in plan.key], seqs[positions[0]],
-                                              {}, 0, 0]
+                                              {}, 0, 0, 0.0]
             else:
                 entry[1] = min(entry[1], seqs[positions[0]])
             dead_before = len(dead)
@@ -145,6 +150,9 @@ class Combiner:
                 self._fold_windows(entry[2], records, seqs, positions, dead)
             entry[3] += len(positions)
             entry[4] += len(dead) - dead_before
+        per_record_s = (clock.thread_time() - started_s) / max(1, sum(len(places) for places in grouped.values()))
+        for text, positions in grouped.items():
+            self.entries[text][5] += per_record_s * len(positions)
         return dead
 
     def _failed(self, error: BaseException, record: dict, seq: int) -> DeadLetter:
@@ -206,17 +214,18 @@ class Combiner:
         """The task's partials: a row per key (and window); a row without key when the task saw an
         event time but made no partial (its records all failed), so the watermark still learns it."""
         columns: list[list] = [[] for _ in PARTIAL_SCHEMA]
-        for text, (values, first_seq, windows, records, dead) in self.entries.items():
+        for text, (values, first_seq, windows, records, dead, fold_s) in self.entries.items():
             for number, (start, (acc, last_seq, last_time, end)) in enumerate(windows.items()):
                 try:
                     body = self.codec.dumps({"key": values, "acc": acc}, f"of key {text!r}")
                 except StateCodecError as error:
                     raise OperatorFailedError(str(error)) from error
                 for column, value in zip(columns, (text, body, first_seq, last_seq, last_time, start, end,
-                                                   self.largest, 0 if number else records, 0 if number else dead)):
+                                                   self.largest, 0 if number else records, 0 if number else dead,
+                                                   0.0 if number else fold_s)):
                     column.append(value)
         if not columns[0] and self.largest is not None:
-            for column, value in zip(columns, (None, None, None, None, None, None, None, self.largest, 0, 0)):
+            for column, value in zip(columns, (None, None, None, None, None, None, None, self.largest, 0, 0, 0.0)):
                 column.append(value)
         return pa.RecordBatch.from_arrays([pa.array(values, field.type) for values, field in
                                            zip(columns, PARTIAL_SCHEMA)], schema=PARTIAL_SCHEMA)
@@ -252,13 +261,14 @@ def partial_inputs(batch: pa.RecordBatch, codec: StateCodec) -> PartialInputs:
     ends = column_values(rows.column(WINDOW_END))
     counts = column_values(rows.column(RECORDS))
     deads = column_values(rows.column(DEAD))
+    fold_seconds = column_values(rows.column(FOLD_CPU_S))
     grouped: dict[str, list[int]] = {}
     inputs: list[dict] = []
     for position, text in enumerate(texts):
         decoded = codec.loads(bodies[position], False)
         inputs.append({"key": decoded["key"], "acc": decoded["acc"], "last_seq": last_seqs[position],
                        "last_time": last_times[position], "start": starts[position], "end": ends[position],
-                       "records": counts[position], "dead": deads[position]})
+                       "records": counts[position], "dead": deads[position], "fold_cpu_s": fold_seconds[position]})
         grouped.setdefault(text, []).append(position)
     return PartialInputs(grouped, inputs, first_seqs, largest)
 
@@ -275,6 +285,11 @@ class CombinedKeys(TimedKeyFunction):
     def dead_of(partials: list[dict]) -> int:
         """The dead letters the tasks made of those records."""
         return sum(partial["dead"] for partial in partials)
+
+    @staticmethod
+    def fold_cpu_of(partials: list[dict]) -> float:
+        """The tasks' thread-CPU seconds folding those records."""
+        return sum(partial["fold_cpu_s"] for partial in partials)
 
 
 class CombinedAggregateKeys(CombinedKeys):
