@@ -160,9 +160,13 @@ def test_a_task_whose_records_all_failed_still_reports_its_largest_event_time():
     combiner = Combiner(CombinePlan.of(operator, SCHEMA, "ts"), Watermark(3.0).begin_batch())
     dead = combiner.add(carried([({"user": "a", "ts": 50.0, "v": None}, 1)]))
     assert [letter.error.split(":")[0] for letter in dead] == ["NullValue"]
-    partials = combiner.partials()
-    assert partials.num_rows == 1 and partials.column("_fissure_partial_key").null_count == 1
-    assert partial_inputs(partials, StateCodec("agg")).largest == 50.0
+    partials = combiner.partials()  # no accumulator: a row with the key's counts and the event time
+    assert partials.num_rows == 1 and partials.column("_fissure_partial").null_count == 1
+    decoded = partial_inputs(partials, StateCodec("agg"))
+    assert decoded.largest == 50.0
+    assert [(item["has_acc"], item["records"], item["dead"]) for item in decoded.inputs] == [(False, 1, 1)]
+    emitted = combined_key_function(operator, "ts")({}, decoded.inputs, decoded.seqs, Watermark(3.0).begin_batch())
+    assert (emitted.records, emitted.state) == ([], None)
 
 
 def test_one_partial_per_key_per_task():

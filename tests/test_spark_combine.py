@@ -29,11 +29,11 @@ def run_on_spark(spark, tmp_path, name: str, aggregate, combine: bool):
     sink, dead = fissure.MemorySink(), []
     before = {stage["stageId"] for stage in StageLog(spark).get("/stages")}
     config = RunnerConfig(combine_aggregates=combine, spark_conf=STAGE_LOG_CONF)
-    fissure.run(words_program(aggregate), source, sink, spark=spark, checkpoint=str(tmp_path / f"ckpt-{name}"),
-                dead_letters=TestingSink(dead), progress=False, config=config)
+    report = fissure.run(words_program(aggregate), source, sink, spark=spark, checkpoint=str(tmp_path / f"ckpt-{name}"),
+                         dead_letters=TestingSink(dead), progress=False, config=config)
     shuffled = sum(stage.get("shuffleWriteBytes", 0) for stage in StageLog(spark).get("/stages")
                    if stage["stageId"] not in before)
-    return sink, dead, shuffled, lines
+    return sink, dead, shuffled, lines, report.profile.operator("counts")
 
 
 def per_batch(sink) -> list[list[tuple]]:
@@ -43,8 +43,9 @@ def per_batch(sink) -> list[list[tuple]]:
 
 @pytest.mark.slow
 def test_a_combined_aggregate_gives_the_in_process_outputs_through_a_smaller_exchange(spark, tmp_path):
-    combined, combined_dead, combined_bytes, lines = run_on_spark(spark, tmp_path, "on", Sum("n"), True)
-    whole, whole_dead, whole_bytes, _ = run_on_spark(spark, tmp_path, "off", Sum("n"), False)
+    combined, combined_dead, combined_bytes, lines, combined_profile = run_on_spark(spark, tmp_path, "on", Sum("n"),
+                                                                                  True)
+    whole, whole_dead, whole_bytes, _, whole_profile = run_on_spark(spark, tmp_path, "off", Sum("n"), False)
     steps = run_batches(words_program(Sum("n")), [[{"value": line} for line in lines[:150]],
                                                   [{"value": line} for line in lines[150:]]],
                         schema={"value": str})
@@ -57,6 +58,10 @@ def test_a_combined_aggregate_gives_the_in_process_outputs_through_a_smaller_exc
     assert sorted((d["operator"], d["error"], d["record"]) for d in whole_dead) == in_process
     assert len(in_process) == 1 and in_process[0][0] == "counts"
     assert combined_bytes < whole_bytes / 2
+    # the profile counts the aggregate's records, not its partials: the same statistics either way
+    assert (combined_profile.records_in, combined_profile.records_out, combined_profile.dead_letters) == (
+        whole_profile.records_in, whole_profile.records_out, whole_profile.dead_letters)
+    assert combined_profile.records_in > 30 * 2 * 2  # more than two tasks' partials of 30 words in 2 batches
 
 
 @pytest.mark.slow

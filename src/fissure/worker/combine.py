@@ -49,7 +49,9 @@ from fissure.worker.state_codec import StateCodec, StateCodecError
 from fissure.worker.timed import TimedKeyFunction, emit_window, late_reason
 
 PARTIAL_KEY = "_fissure_partial_key"  # the key's text (fissure.worker.keyed.key_text); null: a task's largest only
-PARTIAL = "_fissure_partial"  # {"key": [values], "acc": accumulator} under the operator's state codec
+# {"key": [values], "acc": accumulator} under the operator's state codec; null: the key's records
+# all failed, the row only carries their counts
+PARTIAL = "_fissure_partial"
 FIRST_SEQ = "_fissure_first_seq"  # the smallest sequence number of the key's records in the task
 LAST_SEQ = "_fissure_last_seq"  # the sequence number of the last record added
 LAST_TIME = "_fissure_last_time"  # that record's event time (windows)
@@ -215,6 +217,11 @@ class Combiner:
         event time but made no partial (its records all failed), so the watermark still learns it."""
         columns: list[list] = [[] for _ in PARTIAL_SCHEMA]
         for text, (values, first_seq, windows, records, dead, fold_s) in self.entries.items():
+            if not windows:  # every record of the key failed: its counts still reach the profile
+                for column, value in zip(columns, (text, None, first_seq, None, None, None, None, self.largest,
+                                                   records, dead, fold_s)):
+                    column.append(value)
+                continue
             for number, (start, (acc, last_seq, last_time, end)) in enumerate(windows.items()):
                 try:
                     body = self.codec.dumps({"key": values, "acc": acc}, f"of key {text!r}")
@@ -265,8 +272,9 @@ def partial_inputs(batch: pa.RecordBatch, codec: StateCodec) -> PartialInputs:
     grouped: dict[str, list[int]] = {}
     inputs: list[dict] = []
     for position, text in enumerate(texts):
-        decoded = codec.loads(bodies[position], False)
-        inputs.append({"key": decoded["key"], "acc": decoded["acc"], "last_seq": last_seqs[position],
+        decoded = codec.loads(bodies[position], False) if bodies[position] is not None else None
+        inputs.append({"key": decoded["key"] if decoded else None, "acc": decoded["acc"] if decoded else None,
+                       "has_acc": decoded is not None, "last_seq": last_seqs[position],
                        "last_time": last_times[position], "start": starts[position], "end": ends[position],
                        "records": counts[position], "dead": deads[position], "fold_cpu_s": fold_seconds[position]})
         grouped.setdefault(text, []).append(position)
@@ -302,6 +310,9 @@ class CombinedAggregateKeys(CombinedKeys):
 
     def __call__(self, state, records, seqs, time):
         dead: list[DeadLetter] = []
+        records = [partial for partial in records if partial["has_acc"]]
+        if not records and "key" not in state:
+            return KeyEmitted([], [], [], None)
         key = state["key"] if "key" in state else records[0]["key"]
         aggregate = self.aggregate
         has_state = "acc" in state
@@ -343,6 +354,7 @@ class CombinedWindowKeys(CombinedKeys):
 
     def __call__(self, state, records, seqs, time):
         dead: list[DeadLetter] = []
+        records = [partial for partial in records if partial["has_acc"]]
         key = state["key"] if "key" in state else (records[0]["key"] if records else [])
         windows = {entry[0]: list(entry) for entry in state.get("windows", ())}
         aggregate = self.aggregate
