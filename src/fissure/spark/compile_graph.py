@@ -19,6 +19,9 @@
   without key, and ships each group as one row of Arrow IPC. A join's rows get their key text in
   SQL just before it. Every other row gets one of `spread` spread keys (`-1 - seq mod spread`
   packed, `~seq mod spread` for a join), which the handler passes through without touching state;
+- an `aggregate` or tumbling or sliding `window` that can merge (fissure.combine_policy) gets, from
+  the stage before it (a pe stage, or the source's envelopes for an aggregate reading a source),
+  one partial per key (and window) per task instead of its records (fissure.worker.combine);
 - the runner's foreachBatch persists each micro-batch once and writes each sink from it.
 A stream used by several nodes is computed once: its rows travel once and each consumer reads
 them where it runs, so nothing upstream is recomputed.
