@@ -35,6 +35,7 @@ Results: cost.md/.json (cost_1m.* with --goal) under --out.
     ./dev python benchmarks/cost.py --goal          # 1,000,000 records in 20 files, 5 files a batch,
                                                     # direct loop, planner and peers (cost_1m.md)
     ./dev python benchmarks/cost.py --without bytewax --without spark-tws
+    ./dev python benchmarks/cost.py --only wordcount-10k --variant aggregate   # the combined word count only
 
 bytewax is the optional extra `bench` (`.venv/bin/python -m pip install -e ".[bench]"`).
 """
@@ -245,6 +246,9 @@ def main(argv: list[str] | None = None) -> int:
     method.add_arguments(parser, repeats=None)
     parser.add_argument("--only", action="append", default=[], choices=tuple(SIZES),
                         help="measure only this workload (repeatable; results: cost_<names>.md)")
+    parser.add_argument("--variant", action="append", default=[], choices=("plain", "aggregate"),
+                        help="measure only this fissure program of each workload (repeatable): plain, or the word "
+                             "count's aggregate(..., Count()), combined before the exchange")
     parser.add_argument("--goal", action="store_true",
                         help="the large shape: 1,000,000 records in 20 files, 5 files (250,000 records) "
                              "a micro-batch, LogWatch and the word counts, the direct loop, the planner and the peers")
@@ -268,6 +272,10 @@ def main(argv: list[str] | None = None) -> int:
     spark = create_session(RunnerConfig(master="local[2]"))
     work = Path(tempfile.mkdtemp(prefix="fissure-cost-"))
     prepared = [prepare(name, work, records[name], files, files_per_batch) for name in names]
+    if args.variant:
+        for workload in prepared:
+            workload.programs = {variant: program for variant, program in workload.programs.items()
+                                 if (variant or "plain") in args.variant}
     warm_pipeline = cpu_pipeline(4)  # small: starts the Python workers, whatever the workloads' size
     measure_fissure(spark, warm_pipeline, cpu_source(work / "warm-up", 2_000, 2), sequential_plan(warm_pipeline),
                     tempfile.mkdtemp())

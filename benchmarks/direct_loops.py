@@ -156,7 +156,8 @@ def wordcount_running_program() -> Pipeline:
 
 
 def wordcount_aggregate_program() -> Pipeline:
-    """An aggregate: one count per word that a micro-batch changed."""
+    """An aggregate: one count per word that a micro-batch changed (on Spark combined before the
+    exchange: each task sends one partial count per word)."""
     return (Pipeline("wordcount_aggregate")
             .flat_map("words", words, schema={"word": str}, reads=["value"], cost_us=3.0, selectivity=12.0)
             .aggregate("count", key="word", aggregate=Count(), cost_us=2.0))

@@ -458,6 +458,8 @@ class Pipeline(TimeMethods):
         unknown = sorted(set(estimates) - set(self.names))
         if unknown:
             raise PipelineError(f"estimates name operators the pipeline does not have: {', '.join(unknown)}")
+        from fissure.combine_policy import combine_decision  # it imports aggregates, which import this module
+
         stats = []
         for operator in self._operators:
             estimate = estimates.get(operator.name)
@@ -468,7 +470,8 @@ class Pipeline(TimeMethods):
                 cost_us = DEFAULT_COST_US if hints.cost_us is None else hints.cost_us
                 selectivity = DEFAULT_SELECTIVITY if hints.selectivity is None else hints.selectivity
             stats.append(OperatorStats(name=operator.name, kind=operator.kind, cost_us=cost_us,
-                                       selectivity=selectivity, key=operator.key, max_scale=hints.max_scale))
+                                       selectivity=selectivity, key=operator.key, max_scale=hints.max_scale,
+                                       combined=combine_decision(operator, sole_reader=True).combine))
         return stats
 
     # --- building ----------------------------------------------------------------------------

@@ -509,6 +509,8 @@ class StreamGraph:
         unknown = sorted(set(estimates) - set(self.names))
         if unknown:
             raise PipelineError(f"estimates name operators graph {self.name!r} does not have: {', '.join(unknown)}")
+        from fissure.combine_policy import combine_decision  # it imports aggregates, which import fissure.graph
+
         names = self.names
         rates = self.input_rates(estimates)
         stats = []
@@ -519,9 +521,12 @@ class StreamGraph:
             else:
                 selectivity = self._selectivity(node, estimates)
             max_scale = node.operator.hints.max_scale if node.operator is not None else None
+            combined = node.operator is not None and combine_decision(
+                node.operator, sole_reader=self.consumers(node.inputs[0]) == (name,)
+                and not self.sinks_of(node.inputs[0])).combine
             stats.append(OperatorStats(name=name, kind=node.state_kind, cost_us=self._cost_us(node, estimates),
                                        selectivity=selectivity, key=node.key if node.state_kind is Kind.PARTITIONED
-                                       else None, max_scale=max_scale))
+                                       else None, max_scale=max_scale, combined=combined))
         return stats
 
     @staticmethod

@@ -216,7 +216,8 @@ class SimulatedSystem:
             if samples > 0:
                 cost = operator.cost_us * max(0.0, 1 + noise * self._random.gauss(0, 1))
                 selectivity = operator.selectivity * max(0.0, 1 + noise * self._random.gauss(0, 1))
-                stats = OperatorStats(operator.name, operator.kind, cost, selectivity, operator.key, operator.max_scale)
+                stats = OperatorStats(operator.name, operator.kind, cost, selectivity, operator.key, operator.max_scale,
+                                      combined=operator.combined)
                 profiles.append(OperatorProfile(stats, samples))
             reaching *= operator.selectivity
         return tuple(profiles)

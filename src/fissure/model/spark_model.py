@@ -311,9 +311,49 @@ class _Chain:
         return self.weighted[end] - self.weighted[first]
 
 
+def combined_partials(records: float, keys: float, tasks: int) -> float:
+    """The partials a combine before an exchange sends (fissure.worker.combine): per task, the
+    distinct keys among its share of the records, with the batch's `keys` drawn uniformly
+    (occupancy: keys x (1 - e^(-records per task / keys))), never more than the records. Skewed
+    keys (Zipf word counts) repeat more, so they give fewer partials than this."""
+    if records <= 0 or keys <= 0:
+        return 0.0
+    tasks = max(1, tasks)
+    distinct = keys * -math.expm1(-(records / tasks) / keys)
+    return min(records, tasks * distinct)
+
+
+def combine_selectivity(operator: OperatorStats, workload: SparkWorkload, records_in: float, tasks: int) -> float:
+    """Partials out per record in of `operator`'s combine (1.0: not combined)."""
+    if not operator.combined or records_in <= 0:
+        return 1.0
+    return combined_partials(records_in, _keys_per_batch(operator, workload, records_in), tasks) / records_in
+
+
+def _combined_inputs(shapes: Sequence[StageShape], operators: Sequence[OperatorStats], chain: _Chain,
+                     workload: SparkWorkload) -> dict[int, float]:
+    """Per combined operator (index): the partials its exchange and keyed stage get. Combined where
+    fissure.spark.compile_graph combines: a keyed stage right after a pe stage or the source's envelopes."""
+    partials = {}
+    for number, shape in enumerate(shapes):
+        before = shapes[number - 1] if number else None
+        if before is None or not before.nodes or before.nodes[-1].kind not in ("pe", "sequence") or not shape.nodes:
+            continue
+        first = shape.nodes[0]
+        if first.kind != "state":
+            continue
+        (index,), = first.pipelines
+        records_in = chain.records[index]
+        selectivity = combine_selectivity(operators[index], workload, records_in, before.partitions)
+        if selectivity < 1.0:
+            partials[index] = records_in * selectivity
+    return partials
+
+
 def _node_work(node: NodeShape, chain: _Chain, operators: Sequence[OperatorStats], constants: SparkConstants,
-               workload: SparkWorkload) -> tuple[float, float]:
-    """(critical, total) record-microseconds of one node over the whole batch."""
+               workload: SparkWorkload, combined: Mapping[int, float] | None = None) -> tuple[float, float]:
+    """(critical, total) record-microseconds of one node over the whole batch; `combined`: the
+    partials a combined operator's keyed stage gets instead of its records."""
     records = chain.records
     if node.kind == "sequence":
         work = 2 * constants.python_record_us * records[node.entry]
@@ -324,9 +364,12 @@ def _node_work(node: NodeShape, chain: _Chain, operators: Sequence[OperatorStats
         records_in, records_out = records[index], records[index + 1]
         keys = _keys_per_batch(operator, workload, records_in)
         groups = min(keys, STATE_BUCKETS) if operator.kind is Kind.PARTITIONED else 1.0
-        work = (chain.work(index, index + 1) + constants.state_record_us * records_in
+        arriving = (combined or {}).get(index, records_in)
+        # combined: the fold's add ran in the stage before; here merge, about one add per partial
+        operator_work = chain.work(index, index + 1) * arriving / records_in if records_in else 0.0
+        work = (operator_work + constants.state_record_us * arriving
                 + constants.state_key_us * keys + constants.state_group_us * groups
-                + (constants.python_record_us + constants.conversion_record_us) * (records_in + records_out))
+                + (constants.python_record_us + constants.conversion_record_us) * (arriving + records_out))
         return work, work
     delta = constants.boundary_record_us
     count = len(node.pipelines)
@@ -357,8 +400,16 @@ def evaluate_spark(operators: Sequence[OperatorStats], plan: Plan, cores: int,
     shapes = spark_stages(operators, plan, workload.source_partitions, workload.default_state_partitions)
     critical = [0.0] * len(shapes)
     total = [0.0] * len(shapes)
+    combined = _combined_inputs(shapes, operators, chain, workload)
     for number, shape in enumerate(shapes):
         records_in = chain.records[shape.entry]
+        if shape.nodes and shape.nodes[0].kind == "state" and shape.nodes[0].pipelines[0][0] in combined:
+            index = shape.nodes[0].pipelines[0][0]
+            # the stage before folds the records: the operator's add and a conversion per record
+            fold_us = chain.work(index, index + 1) + constants.conversion_record_us * records_in
+            critical[number - 1] += fold_us
+            total[number - 1] += fold_us
+            records_in = combined[index]
         if shape.exchange == "source":
             entry_us = constants.io_record_us * workload.batch_records
         else:
@@ -368,7 +419,7 @@ def evaluate_spark(operators: Sequence[OperatorStats], plan: Plan, cores: int,
         critical[number] += entry_us
         total[number] += entry_us
         for node in shape.nodes:
-            node_critical, node_total = _node_work(node, chain, operators, constants, workload)
+            node_critical, node_total = _node_work(node, chain, operators, constants, workload, combined)
             critical[number] += node_critical
             total[number] += node_total
     figures = []
@@ -400,7 +451,8 @@ def evaluate_spark(operators: Sequence[OperatorStats], plan: Plan, cores: int,
         stage_variable_s = max(path_us, shared_us) / 1e6
         fixed_s += stage_fixed_s + store_path_us / 1e6
         variable_s += stage_variable_s - store_path_us / 1e6
-        figures.append(SparkStageFigures(shape, chain.records[shape.entry], total[number], critical[number],
+        figures.append(SparkStageFigures(shape, combined.get(shape.entry, chain.records[shape.entry]), total[number],
+                                         critical[number],
                                          parallelism, stage_fixed_s + stage_variable_s))
     batch_time_s = fixed_s + variable_s
     return SparkEvaluation(

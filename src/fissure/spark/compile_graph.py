@@ -19,6 +19,9 @@
   without key, and ships each group as one row of Arrow IPC. A join's rows get their key text in
   SQL just before it. Every other row gets one of `spread` spread keys (`-1 - seq mod spread`
   packed, `~seq mod spread` for a join), which the handler passes through without touching state;
+- an `aggregate` or tumbling or sliding `window` that can merge (fissure.combine_policy) gets, from
+  the stage before it (a pe stage, or the source's envelopes for an aggregate reading a source),
+  one partial per key (and window) per task instead of its records (fissure.worker.combine);
 - the runner's foreachBatch persists each micro-batch once and writes each sink from it.
 A stream used by several nodes is computed once: its rows travel once and each consumer reads
 them where it runs, so nothing upstream is recomputed.
@@ -55,6 +58,8 @@ from fissure.worker.graph_pe import (
     state_partitions_of, stream_lifetimes,
 )
 from fissure.worker.packing import PACKED_SCHEMA, PackSpec
+from fissure.combine_policy import combine_decision
+from fissure.worker.combine import CombinePlan
 
 
 @dataclass(frozen=True)
@@ -66,6 +71,7 @@ class CompiledStep:
     exchange: str  # "none", "round-robin", "hash" or "single" before this step
     partitions: int | None  # partitions after the exchange; None: the input's
     key: tuple[str, ...] | None = None
+    combined: bool = False  # a state step whose input is partials folded before the exchange
 
     @property
     def processes(self) -> int:
@@ -86,8 +92,10 @@ class CompiledGraph:
 
 
 def _source_envelopes(name: str, index: int, frame: DataFrame, layout: EnvelopeLayout,
-                      pack_for: PackSpec | None, line_format: LineFormat | None) -> DataFrame:
-    function = SourceEnvelopeFunction(name, index, layout, layout.stream_schema(name), pack_for, line_format)
+                      pack_for: PackSpec | None, line_format: LineFormat | None,
+                      combine: CombinePlan | None = None) -> DataFrame:
+    function = SourceEnvelopeFunction(name, index, layout, layout.stream_schema(name), pack_for, line_format,
+                                      combine if combine is not None and combine.stream == name else None)
     return frame.mapInArrow(function, spark_schema_of(layout.schema if pack_for is None else PACKED_SCHEMA))
 
 
@@ -106,6 +114,24 @@ def _pack_spec(graph: StreamGraph, stage: GraphStage, layout: EnvelopeLayout, sp
     key_columns = (tuple(layout.column(layout.index[stream], field) for field in node.key)
                    if node.operator.kind is Kind.PARTITIONED else None)
     return PackSpec(layout.route_of(stream), key_columns, STATE_BUCKETS, max(1, spread), every_group)
+
+
+def combine_plans(graph: StreamGraph, stages, schemas: Mapping[str, pa.Schema],
+                  time_fields: Mapping[str, str | None]) -> dict[str, CombinePlan]:
+    """The keyed nodes whose records are combined before their exchange, by name
+    (fissure.combine_policy decides which)."""
+    plans = {}
+    for stage in stages:
+        if stage.kind == "pe":
+            continue
+        node = graph.node(stage.nodes[0])
+        if node.kind is not NodeKind.OPERATOR:
+            continue
+        (stream,) = node.inputs
+        sole_reader = graph.consumers(stream) == (node.name,) and not graph.sinks_of(stream)
+        if combine_decision(node.operator, sole_reader).combine:
+            plans[node.name] = CombinePlan.of(node.operator, schemas[stream], time_fields.get(node.name), stream)
+    return plans
 
 
 def _join_key_column(node, layout: EnvelopeLayout, spread: int):
@@ -128,7 +154,7 @@ def compile_graph(graph: StreamGraph, source_frames: Mapping[str, DataFrame], *,
                   resource_profile_for=lambda processes: None,
                   line_formats: Mapping[str, LineFormat] | None = None,
                   state_access: StateAccess = StateAccess(), control_frame: DataFrame | None = None,
-                  time_tally=None) -> CompiledGraph:
+                  time_tally=None, combine: bool = True) -> CompiledGraph:
     """The query of `graph` under `plan` (default: sequential) over the streaming DataFrames of its
     sources (by source name).
 
@@ -145,7 +171,8 @@ def compile_graph(graph: StreamGraph, source_frames: Mapping[str, DataFrame], *,
     (fissure.worker.state_codec). `control_frame`: the end-of-input control source of a program
     with time-aware operators (fissure.spark.time_log), unioned with the sources; `time_tally`:
     the accumulator the keyed stages report event times and key counts into
-    (fissure.worker.time_tally)."""
+    (fissure.worker.time_tally). `combine`: fold the records of aggregates and windows that can
+    merge into partials before their exchange (fissure.worker.combine); False ships every record."""
     line_formats = line_formats or {}
     threads = threads or WorkerThreads()
     for operator in graph.operators:
@@ -183,6 +210,13 @@ def compile_graph(graph: StreamGraph, source_frames: Mapping[str, DataFrame], *,
     # A keyed stage's input comes packed by the stage before it (fissure.worker.packing).
     # A time-aware stage runs every bucket in every batch: its keys due without records fire.
     time_aware = checked.time.fields
+    combined = combine_plans(graph, stages, schemas, time_aware) if combine else {}
+
+    def combine_before(stage) -> CombinePlan | None:
+        """The combine a pe stage does for the keyed stage right after it."""
+        after = stages[stage.position + 1] if stage.position + 1 < len(stages) else None
+        return combined.get(after.nodes[0]) if after is not None and after.kind != "pe" else None
+
     packs = [_pack_spec(graph, stage, layouts[stage.position], state_partitions,
                         state_access.trust_legacy_pickle or (stage.kind != "pe" and stage.nodes[0] in time_aware))
              for stage in stages] + [None]
@@ -192,7 +226,9 @@ def compile_graph(graph: StreamGraph, source_frames: Mapping[str, DataFrame], *,
         source_envelopes = SourceEnvelopeFunction(source, 0, layouts[0], layouts[0].stream_schema(source),
                                                   line_format=line_formats.get(source))
     else:
-        frames = [_source_envelopes(name, index, source_frames[name], layouts[0], packs[0], line_formats.get(name))
+        first_combine = combined.get(stages[0].nodes[0]) if stages[0].kind != "pe" else None
+        frames = [_source_envelopes(name, index, source_frames[name], layouts[0], packs[0], line_formats.get(name),
+                                    first_combine)
                   for index, name in enumerate(graph.sources)]
         if control_frame is not None:
             frames.append(control_frame.mapInArrow(TickEnvelopeFunction(layouts[0], packs[0]),
@@ -223,7 +259,7 @@ def compile_graph(graph: StreamGraph, source_frames: Mapping[str, DataFrame], *,
                                            source_envelopes if stage.position == 0 else None,
                                            StageProfiling(operator_profiling.token, operator_profiling.timed_every_batches)
                                            if operator_profiling is not None else None, packs[stage.position + 1],
-                                           publishes=stage is stages[-1])
+                                           publishes=stage is stages[-1], combine=combine_before(stage))
             if profiling is not None:
                 function = ProfiledGraphRegion(function, profiling.accumulator, stage.label,
                                                operators=profiling.operators, pieces=profiling.pieces)
@@ -243,7 +279,8 @@ def compile_graph(graph: StreamGraph, source_frames: Mapping[str, DataFrame], *,
         processor = GraphStateProcessor(graph, schemas, entering, node.name, forward, leaving, operator_profiling,
                                         packed_input=packed, pack_for=pack_next, stage_position=stage.position,
                                         publishes=stage is stages[-1], state_access=state_access,
-                                        time=StageTime(time_tally, node.name in time_aware, time_aware.get(node.name)))
+                                        time=StageTime(time_tally, node.name in time_aware, time_aware.get(node.name)),
+                                        combine=combined.get(node.name))
         if not packed:
             frame = frame.withColumn(KEY, _join_key_column(node, entering, state_partitions))
         output_schema = spark_schema_of(leaving.schema if pack_next is None else PACKED_SCHEMA)
@@ -253,7 +290,11 @@ def compile_graph(graph: StreamGraph, source_frames: Mapping[str, DataFrame], *,
         partitions = state_partitions
         partitioned = node.kind is not NodeKind.OPERATOR or node.operator.kind is Kind.PARTITIONED
         steps.append(CompiledStep("state", ((node.name,),), "hash" if partitioned else "single", state_partitions,
-                                  tuple(node.key) if partitioned else None))
+                                  tuple(node.key) if partitioned else None,
+                                  combined=node.name in combined and (
+                                      stages[stage.position - 1].kind == "pe" if stage.position
+                                      else combined[node.name].stream in graph.sources
+                                      and not combined[node.name].needs_clock)))
     return CompiledGraph(frame, layouts[-1], stages, schemas, checked.order, plan, state_partitions, tuple(steps),
                          checked.time)
 

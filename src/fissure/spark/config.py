@@ -87,6 +87,10 @@ class RunnerConfig:
     # State partitions when a plan has no keyed region of its own to size them (a sequential plan
     # keeps everything on one partition).
     default_state_partitions: int = 1
+    # Fold the records of an `aggregate` or a tumbling or sliding `window` whose aggregate can
+    # merge into one partial per key (and window) in the stage before its exchange
+    # (fissure.worker.combine); False ships every record to the keyed stage, as before.
+    combine_aggregates: bool = True
     # A run holds its checkpoint's lock (fissure.spark.checkpoint_lock) and renews its lease every
     # quarter of this; a run on another machine takes the checkpoint over once the lease went this
     # long without a renewal (one on the same machine as soon as the holder's process is gone).

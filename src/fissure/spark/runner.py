@@ -501,7 +501,7 @@ class Runner:
                                       state_partitions=state_partitions, threads=self.threads.worker, profiling=profiling,
                                       resource_profile_for=_resource_profiles(self.spark), line_formats=line_formats,
                                       state_access=self.config.state_access(), control_frame=control_frame,
-                                      time_tally=self.time_tally)
+                                      time_tally=self.time_tally, combine=self.config.combine_aggregates)
         guard.check_program(program_fingerprint(self.graph, self.compiled.schemas))
         self.recovery = recover_unfinished_repartition(self.spark, self.checkpoint)
         frame = observe_run(self.compiled.frame, [operator.name for operator in self.graph.operators],

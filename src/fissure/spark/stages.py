@@ -24,14 +24,16 @@ from fissure.spark.state_requests import BatchedMapState
 from fissure.streamgraph import NodeKind, StreamGraph
 from fissure.worker.columns import DEAD_COLUMNS, DEAD_OPERATOR, SEQ, SEQ_PARTITION_SHIFT, carried_schema
 from fissure.worker.elastic_stage import WaitingOperator
-from fissure.worker.fused import assemble
+from fissure.worker.fused import assemble, dead_letter_batch, reshape_dead, split_dead
 from fissure.worker.graph_join import LEFT, RIGHT, JoinStep, arrivals_of, joined_batch, run_join_group
 from fissure.worker.graph_local import SOURCE_SHIFT
 from fissure.worker.graph_pe import EnvelopeLayout, GraphStage, StageProfiling, build_pieces
 from fissure.worker.key_buckets import SubBucketStore
-from fissure.worker.keyed import StatefulStep, run_group, run_keys
+from fissure.worker.keyed import StatefulStep, run_group, run_grouped_keys, run_keys
 from fissure.worker.state_codec import StateAccess, StateCodec
-from fissure.worker.packing import PACKED_KEY, PackSpec, empty_groups, pack, unpack
+from fissure.worker.combine import (PARTIAL_KEY, PARTIAL_SCHEMA, CombinePlan, Combiner, combined_key_function,
+                                    is_partial_schema, partial_inputs)
+from fissure.worker.packing import PACKED_KEY, PackSpec, empty_groups, pack, pack_partials, unpack, unpack_apart
 from fissure.worker.timed import max_event_time, per_key_step
 from fissure.worker.time_tally import TimeTally
 from fissure.worker.watermark import BatchClock, Deadlines
@@ -142,6 +144,22 @@ def task_boundaries(graph_name: str) -> list[str] | None:
         return None
 
 
+def fold_envelopes(combiner: Combiner, layout: EnvelopeLayout, batch: pa.RecordBatch) -> pa.RecordBatch:
+    """`batch`'s envelopes without the combined operator's live input rows, which go into
+    `combiner` (fissure.worker.combine); the dead letters it makes of them (late, failed, no key)
+    take their place."""
+    plan = combiner.plan
+    mine = pc.and_(pc.equal(batch.column(0), pa.scalar(layout.route_of(plan.stream), pa.int32())),
+                   batch.column(batch.schema.get_field_index(DEAD_OPERATOR)).is_null())
+    if not pc.any(mine).as_py():
+        return batch
+    dead = combiner.add(layout.extract(batch, plan.stream))
+    rest = batch.filter(pc.invert(mine))
+    if not dead:
+        return rest
+    return assemble([rest, layout.wrap_dead(dead_letter_batch(dead, plan.input_schema), plan.name)], layout.schema)
+
+
 class GraphRegionFunction:
     """A pe stage's mapInArrow function: its pieces in one processing element."""
 
@@ -150,8 +168,10 @@ class GraphRegionFunction:
                  waiting: Mapping[str, WaitingOperator] | None = None,
                  output_layout: EnvelopeLayout | None = None, source_envelopes=None,
                  stage_profiling: StageProfiling | None = None, pack_for: PackSpec | None = None,
-                 publishes: bool = False) -> None:
+                 publishes: bool = False, combine: CombinePlan | None = None) -> None:
         self.graph, self.schemas, self.layout, self.stages, self.stage = graph, schemas, layout, stages, stage
+        # set: the keyed stage after folds partials (fissure.worker.combine); made here per task call
+        self.combine = combine if pack_for is not None else None
         # The query's last stage carries the driver's published text into the report rows: its
         # tasks read their own batch's local properties, while (measured on Spark 4.3) a
         # mapInArrow before the query's round-robin repartition read the previous batch's.
@@ -185,11 +205,21 @@ class GraphRegionFunction:
         if self.source_envelopes is not None:
             batches = self.source_envelopes(batches)
         packed_any = False
+        combiner = self.combiner()
         for batch in element.process(batches):
             if batch.num_rows:
                 batch = self.output_layout.conform(batch)
+                if combiner is not None:
+                    batch = self.fold(combiner, batch)
+                    if not batch.num_rows:
+                        continue
                 packed_any = True
                 yield batch if self.pack_for is None else pack(batch, self.pack_for)
+        if combiner is not None:
+            partials = combiner.partials()
+            if partials.num_rows:
+                packed_any = True
+                yield pack_partials(partials, PARTIAL_KEY, self.pack_for)
         if report:
             row = self.report_batch(None)
             if row is not None:
@@ -197,6 +227,24 @@ class GraphRegionFunction:
                 yield row
         if not packed_any and self.pack_for is not None and self.pack_for.every_group:
             yield empty_groups(self.output_layout.schema, self.pack_for)
+
+    def combiner(self) -> Combiner | None:
+        """This call's combiner of the keyed operator after the stage (None: not combined). A
+        window's needs its batch's watermarks: read from the batch's clock when the clock is this
+        batch's; otherwise the records travel whole and the keyed stage judges them."""
+        plan = self.combine
+        if plan is None:
+            return None
+        if not plan.needs_clock:
+            return Combiner(plan)
+        text = task_property(BATCH_CLOCK_PROPERTY)
+        clock = BatchClock.from_json(text) if text else None
+        if clock is None or clock.batch != task_batch():
+            return None
+        return Combiner(plan, clock.time_of(plan.time_field))
+
+    def fold(self, combiner: Combiner, batch: pa.RecordBatch) -> pa.RecordBatch:
+        return fold_envelopes(combiner, self.output_layout, batch)
 
     def report_batch(self, operators: Mapping[str, Sequence[float]] | None) -> pa.RecordBatch | None:
         """This task's report row: the operators' counts of the call, the published text in the
@@ -233,8 +281,10 @@ class GraphStateProcessor(StatefulProcessor):
                  forward_inputs: Sequence[str], output_layout: EnvelopeLayout | None = None,
                  profiling: WorkerProfiling | None = None, packed_input: bool = False,
                  pack_for: PackSpec | None = None, stage_position: int = 0, publishes: bool = False,
-                 state_access: StateAccess = StateAccess(), time: StageTime = StageTime()) -> None:
+                 state_access: StateAccess = StateAccess(), time: StageTime = StageTime(),
+                 combine: CombinePlan | None = None) -> None:
         self.graph, self.schemas, self.layout = graph, schemas, layout
+        self.combine = combine  # set: the stage before sends partials (fissure.worker.combine)
         self.state_access = state_access
         self.time = time
         self._grouped_task = None  # the task attempt that already sent every group on (see handleInputRows)
@@ -258,6 +308,7 @@ class GraphStateProcessor(StatefulProcessor):
         self._direct_columns = (*layout.columns_of(stream), SEQ, *DEAD_COLUMNS)
         self._direct_schema = carried_schema(schemas[stream])
         self._step = self._stateful_step() if self.node.kind is not NodeKind.JOIN else None
+        self._combined_step = self._stateful_step(combined=True) if combine is not None else None
 
     def state_variables(self) -> tuple[StateVariable, ...]:
         """The state variables this handler registers with Spark (fissure.spark.state_handler)."""
@@ -282,9 +333,14 @@ class GraphStateProcessor(StatefulProcessor):
             self._state = states[self.STATE_NAME]
 
     def handleInputRows(self, key, rows, timerValues) -> Iterator[pd.DataFrame]:  # noqa: N802 - Spark's name
+        partials: list[pa.RecordBatch] = []
         if self.packed_input:  # a few rows, each a part of the group's envelopes (fissure.worker.packing)
-            batch = unpack([payload for frame in rows for payload in frame.iloc[:, self._payload]], self.layout.schema)
+            payloads = [payload for frame in rows for payload in frame.iloc[:, self._payload]]
             spread = key[0] < 0
+            if self.combine is not None and not spread:  # partials come apart from envelopes
+                batch, partials = unpack_apart(payloads, self.layout.schema, is_partial_schema)
+            else:
+                batch = unpack(payloads, self.layout.schema)
         else:  # a join's group: its envelopes as rows, the key text last
             frames = list(rows)
             frame = frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)
@@ -299,7 +355,7 @@ class GraphStateProcessor(StatefulProcessor):
         elif self._direct:
             columns = [batch.column(batch.schema.get_field_index(name)) for name in self._direct_columns]
             carried = pa.RecordBatch.from_arrays(columns, schema=self._direct_schema)
-            result = self.output_layout.wrap(self._run_operator(carried), self.node.name)
+            result = self.output_layout.wrap(self._run_operator(carried, partials), self.node.name)
         else:
             parts = [self.output_layout.wrap(self._run(batch), self.node.name)]
             parts += [self.output_layout.conform(self._rows_of(batch, stream)) for stream in self.forward_inputs]
@@ -344,13 +400,16 @@ class GraphStateProcessor(StatefulProcessor):
             self._state.update((result.state,))
         return joined_batch(step, result.records, result.seqs, result.dead)
 
-    def _run_operator(self, carried: pa.RecordBatch) -> pa.RecordBatch:
-        """A stateful operator over a group's carried input rows: a bucket's keys or the one state."""
+    def _run_operator(self, carried: pa.RecordBatch, partials: Sequence[pa.RecordBatch] = ()) -> pa.RecordBatch:
+        """A stateful operator over a group's carried input rows (and a combined operator's
+        partials): a bucket's keys or the one state."""
         codec = self._step.state_codec
         if self.bucketed:
             state = self._batched_state
             keys = SubBucketStore(state.read, state.write, codec, remove=state.remove, entries=state.entries)
-            if self._step.per_key:
+            if partials:
+                result = self._run_partials(carried, partials, keys)
+            elif self._step.per_key:
                 result = self._run_per_key(carried, keys)
             else:
                 result = run_keys(self._step, carried, keys.load, keys.store, keys.prefetch)
@@ -395,6 +454,42 @@ class GraphStateProcessor(StatefulProcessor):
                 self.time.tally.add(tally)
         return result
 
+    def _run_partials(self, carried: pa.RecordBatch, partials: Sequence[pa.RecordBatch],
+                      keys: SubBucketStore) -> pa.RecordBatch:
+        """A combined operator over a bucket's partials (fissure.worker.combine): merged into its
+        keys' states, then the keys due at the batch's clock. Records that came whole (a task
+        that could not combine them) are folded here first, under the same clock."""
+        step, time, deadlines, stored = self._combined_step, None, None, None
+        if self.time.time_aware:
+            clock = task_clock()
+            time = clock.time_of(self.time.field)
+            stored = self._deadlines.get()
+            deadlines = Deadlines(json.loads(stored[0]) if stored is not None else None)
+        live, upstream_dead = split_dead(carried)
+        parts, folded_dead = list(partials), []
+        if live.num_rows:
+            combiner = Combiner(self.combine, time if self.combine.needs_clock else None)
+            folded_dead = combiner.add(live)
+            parts.append(combiner.partials())
+        merged = pa.Table.from_batches(parts, schema=PARTIAL_SCHEMA).combine_chunks()
+        decoded = partial_inputs(merged.to_batches()[0] if merged.num_rows else
+                                 pa.RecordBatch.from_pylist([], schema=PARTIAL_SCHEMA), step.state_codec)
+        result = run_grouped_keys(step, decoded.grouped, decoded.inputs, decoded.seqs, keys.load, keys.store,
+                                  keys.prefetch, time=time, due=deadlines.due(time.current) if deadlines else (),
+                                  deadline=deadlines.set if deadlines is not None else None)
+        if deadlines is not None:
+            if len(deadlines):
+                self._deadlines.update((json.dumps(deadlines.deadlines).encode(),))
+            elif stored is not None:
+                self._deadlines.clear()
+        if self.time.field is not None and self.time.tally is not None and decoded.largest is not None:
+            tally = TimeTally()
+            tally.saw(task_clock().batch, decoded.largest)
+            self.time.tally.add(tally)
+        output_schema = self._step.output_schema
+        return assemble([result, reshape_dead(upstream_dead, output_schema) if upstream_dead is not None else None,
+                         dead_letter_batch(folded_dead, output_schema) if folded_dead else None], result.schema)
+
     def _report_keys(self, count: int) -> None:
         """The keys this call's bucket (or the unkeyed state) holds now: the run's state_keys."""
         batch = task_batch()
@@ -404,13 +499,18 @@ class GraphStateProcessor(StatefulProcessor):
         tally.held(batch, self.node.name, self._bucket, count)
         self.time.tally.add(tally)
 
-    def _stateful_step(self) -> StatefulStep:
+    def _stateful_step(self, combined: bool = False) -> StatefulStep:
         node, operator = self.node, self.node.operator
         if operator.per_key:
             wrap = None if self.profiling is None else (lambda function: ProfiledKeyFunction(
                 function, operator.name, self.profiling.accumulator, self.profiling.timed_every_records))
-            return per_key_step(operator, self.schemas[node.inputs[0]], self.schemas[node.name],
-                                self.time.field if self.time.time_aware else None, wrap)
+            time_field = self.time.field if self.time.time_aware else None
+            if combined:
+                function = combined_key_function(operator, time_field)
+                return StatefulStep(name=operator.name, fn=wrap(function) if wrap is not None else function,
+                                    state_factory=dict, input_schema=self.schemas[node.inputs[0]],
+                                    output_schema=self.schemas[node.name], key=operator.key, per_key=True)
+            return per_key_step(operator, self.schemas[node.inputs[0]], self.schemas[node.name], time_field, wrap)
         fn = operator.fn if self.profiling is None else ProfiledUpdate(
             operator.fn, operator.name, self.profiling.accumulator, self.profiling.timed_every_records)
         access = self.state_access
@@ -431,9 +531,12 @@ class SourceEnvelopeFunction:
     dead letter of the source (fissure.worker.source_rows)."""
 
     def __init__(self, name: str, index: int, layout: EnvelopeLayout, source_schema: pa.Schema,
-                 pack_for: PackSpec | None = None, line_format: LineFormat | None = None) -> None:
+                 pack_for: PackSpec | None = None, line_format: LineFormat | None = None,
+                 combine: CombinePlan | None = None) -> None:
         self.name, self.index, self.layout, self.source_schema = name, index, layout, source_schema
         self.pack_for = pack_for  # set: the envelopes are packed for the keyed stage that follows
+        # set: that stage's aggregate reads this source; its records are folded here (no clock: no window)
+        self.combine = combine if pack_for is not None and combine is not None and not combine.needs_clock else None
         self.line_format = line_format  # the source's JSON or CSV lines: what is wrong with an unreadable one
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -441,12 +544,22 @@ class SourceEnvelopeFunction:
 
         first_seq = (self.index << SOURCE_SHIFT) + (TaskContext.get().partitionId() << SEQ_PARTITION_SHIFT)
         packed_any = False
+        combiner = Combiner(self.combine) if self.combine is not None else None
         for batch in batches:
             carried = carried_source_batch(batch, self.source_schema, first_seq, self.name, self.line_format)
             first_seq += batch.num_rows
             envelopes = self.layout.wrap(carried, self.name)
+            if combiner is not None:
+                envelopes = fold_envelopes(combiner, self.layout, envelopes)
+                if not envelopes.num_rows:
+                    continue
             packed_any = packed_any or envelopes.num_rows > 0
             yield envelopes if self.pack_for is None else pack(envelopes, self.pack_for)
+        if combiner is not None:
+            partials = combiner.partials()
+            if partials.num_rows:
+                packed_any = True
+                yield pack_partials(partials, PARTIAL_KEY, self.pack_for)
         if not packed_any and self.pack_for is not None and self.pack_for.every_group:
             yield empty_groups(self.layout.schema, self.pack_for)
 

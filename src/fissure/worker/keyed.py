@@ -140,6 +140,42 @@ def null_key_error(record: Mapping, fields: Sequence[str]) -> str:
             f"without one is not processed (give it a key upstream, or filter it out)")
 
 
+def group_by_key(records: list[dict], fields: Sequence[str]) -> dict[str | None, list[int]]:
+    """The positions of `records` per key text (`key_text`), in order of first appearance; the
+    records whose key field is null or missing under None. Grouped on the key's values, its text
+    made once per key, not per record; the value's type is part of the group: 1, 1.0 and True are
+    equal in Python, not as text."""
+    positions: dict[tuple, list[int]] = {}
+    try:
+        if len(fields) == 1:  # the common case, without a tuple of values per record
+            (field,) = fields
+            for position, record in enumerate(records):
+                value = record[field]
+                positions.setdefault((type(value), value), []).append(position)
+        else:
+            for position, record in enumerate(records):
+                values = tuple(record[name] for name in fields)
+                positions.setdefault((tuple(map(type, values)), values), []).append(position)
+    except TypeError:  # an unhashable key value (a list): group on the text itself
+        positions = {}
+        for position, record in enumerate(records):
+            values = tuple(record[name] for name in fields)
+            positions.setdefault(None if None in values else key_values_text(values), []).append(position)
+    grouped: dict[str | None, list[int]] = {}
+    nulls = positions.pop((_NONE_TYPE, None), []) + positions.pop(None, [])
+    if len(fields) > 1:
+        for group_key in [group_key for group_key in positions if isinstance(group_key, tuple)
+                          and None in group_key[1]]:
+            nulls += positions.pop(group_key)
+    if nulls:
+        grouped[None] = sorted(nulls)  # no key: dead letters (NULL_KEY)
+    for places in positions.values():
+        text = key_text(records[places[0]], fields)
+        # values unequal to themselves (NaN) make several groups of one text: merged, in order
+        grouped[text] = sorted(grouped[text] + places) if text in grouped else places
+    return grouped
+
+
 def run_group(step: StatefulStep, batch: pa.RecordBatch, stored_state: Stored | None) -> GroupResult:
     """Run `step` over one key's carried rows in sequence order; dead letters pass through."""
     stored = {}
@@ -165,41 +201,30 @@ def run_keys(step: StatefulStep, batch: pa.RecordBatch, load: Callable[[str], St
     `load`. A record whose key field is null (or missing) is a dead letter (`null_key_error`): no
     state is kept for it. Dead letters pass through. Returns the carried output."""
     fields = step.key
+    return _run(step, batch, lambda records: group_by_key(records, fields), load, store, prefetch, time, due,
+                deadline)
 
-    def by_key(records: list[dict]) -> dict[str, list[int]]:
-        # Grouped on the key's values, its text (json.dumps) made once per key, not per record.
-        # The value's type is part of the group: 1, 1.0 and True are equal in Python, not as text.
-        positions: dict[tuple, list[int]] = {}
-        try:
-            if len(fields) == 1:  # the common case, without a tuple of values per record
-                (field,) = fields
-                for position, record in enumerate(records):
-                    value = record[field]
-                    positions.setdefault((type(value), value), []).append(position)
-            else:
-                for position, record in enumerate(records):
-                    values = tuple(record[name] for name in fields)
-                    positions.setdefault((tuple(map(type, values)), values), []).append(position)
-        except TypeError:  # an unhashable key value (a list): group on the text itself
-            positions = {}
-            for position, record in enumerate(records):
-                values = tuple(record[name] for name in fields)
-                positions.setdefault(None if None in values else key_values_text(values), []).append(position)
-        grouped: dict[str | None, list[int]] = {}
-        nulls = positions.pop((_NONE_TYPE, None), []) + positions.pop(None, [])
-        if len(fields) > 1:
-            for group_key in [group_key for group_key in positions if isinstance(group_key, tuple)
-                              and None in group_key[1]]:
-                nulls += positions.pop(group_key)
-        if nulls:
-            grouped[None] = sorted(nulls)  # no key: dead letters (NULL_KEY)
-        for places in positions.values():
-            text = key_text(records[places[0]], fields)
-            # values unequal to themselves (NaN) make several groups of one text: merged, in order
-            grouped[text] = sorted(grouped[text] + places) if text in grouped else places
-        return grouped
 
-    return _run(step, batch, by_key, load, store, prefetch, time, due, deadline)
+def run_grouped_keys(step: StatefulStep, grouped: Mapping[str, list[int]], inputs: list, input_seqs: list[int],
+                     load: Callable[[str], Stored | None], store: Callable[[str, bytes | None], None],
+                     prefetch: Callable[[list[str]], None] | None = None, *, time: BatchTime | None = None,
+                     due: Sequence[str] = (), deadline: Callable[[str, float | None], None] | None = None
+                     ) -> pa.RecordBatch:
+    """Run the per-key `step` over inputs already grouped by key text (a combined aggregate's
+    partials, fissure.worker.combine: `inputs[i]` is one partial, `input_seqs[i]` its first
+    sequence number), then over the keys `due`, as `run_keys` does. Returns the carried output."""
+    records: list = []
+    seqs: list[int] = []
+    dead: list[DeadLetter] = []
+    if inputs or due:
+        mark_running(step.name)
+        _run_per_key(step, {key: list(places) for key, places in grouped.items()}, inputs, input_seqs, load, store,
+                     prefetch, time, due, deadline, records, seqs, dead)
+    mark_idle()
+    data, seqs = records_to_batch(records, seqs, step.output_schema, step.name, dead)
+    emitted_batch = live_batch(data, seqs)
+    return assemble([emitted_batch, dead_letter_batch(dead, step.output_schema) if dead else None],
+                    emitted_batch.schema)
 
 
 def _run(step: StatefulStep, batch: pa.RecordBatch, group: Callable[[list[dict]], dict[str, list[int]]],

@@ -22,7 +22,7 @@ Grouping keys (int32):
 from __future__ import annotations
 
 import zlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -134,6 +134,35 @@ def pack(batch: pa.RecordBatch, spec: PackSpec) -> pa.RecordBatch:
                                       schema=PACKED_SCHEMA)
 
 
+def pack_partials(partials: pa.RecordBatch, text_column: str, spec: PackSpec) -> pa.RecordBatch:
+    """A combined operator's partials (fissure.worker.combine) as packed rows: each partial in the
+    bucket of its key's text, the bucket `pack` gives the key's records (a partial without key,
+    which only carries an event time, in bucket 0)."""
+    if not partials.num_rows:
+        return EMPTY_PACKED if not spec.every_group else empty_groups(partials.schema, spec)
+    texts = column_values(partials.column(partials.schema.get_field_index(text_column)))
+    cache: dict[str, int] = {}
+    keys = np.empty(len(texts), dtype=np.int32)
+    for row, text in enumerate(texts):
+        bucket = cache.get(text) if text is not None else 0
+        if bucket is None:
+            bucket = cache[text] = zlib.crc32(text.encode("utf-8", "surrogatepass")) % spec.buckets
+        keys[row] = bucket
+    order = np.argsort(keys, kind="stable")
+    ordered = partials.take(pa.array(order))
+    sorted_keys = keys[order]
+    starts = np.concatenate(([0], np.flatnonzero(np.diff(sorted_keys)) + 1, [len(sorted_keys)]))
+    packed_keys = [int(sorted_keys[start]) for start in starts[:-1]]
+    payloads = [_ipc_bytes(ordered.slice(int(start), int(end - start))) for start, end in zip(starts[:-1], starts[1:])]
+    if spec.every_group:  # as `pack`: the keyed stage then runs every bucket, with partials or not
+        empty, present = _ipc_bytes(partials.slice(0, 0)), set(packed_keys)
+        missing = [group for group in range(spec.buckets) if group not in present]
+        packed_keys += missing
+        payloads += [empty] * len(missing)
+    return pa.RecordBatch.from_arrays([pa.array(packed_keys, pa.int32()), pa.array(payloads, pa.binary())],
+                                      schema=PACKED_SCHEMA)
+
+
 def empty_groups(schema: pa.Schema, spec: PackSpec) -> pa.RecordBatch:
     """A packed row without records for every group of `spec`: what makes a keyed stage call
     every bucket in a batch (a time-aware operator's keys that are due fire there)."""
@@ -141,6 +170,22 @@ def empty_groups(schema: pa.Schema, spec: PackSpec) -> pa.RecordBatch:
     empty = _ipc_bytes(pa.RecordBatch.from_pylist([], schema=schema))
     return pa.RecordBatch.from_arrays([pa.array(groups, pa.int32()), pa.array([empty] * len(groups), pa.binary())],
                                       schema=PACKED_SCHEMA)
+
+
+def unpack_apart(payloads: Iterable[bytes], schema: pa.Schema,
+                 apart: Callable[[pa.Schema], bool]) -> tuple[pa.RecordBatch, list[pa.RecordBatch]]:
+    """The envelopes of packed rows' payloads as one batch of `schema` (as `unpack`), and apart
+    from them the batches of the payloads whose schema `apart` picks (a combined operator's
+    partials)."""
+    envelopes: list[bytes] = []
+    others: list[pa.RecordBatch] = []
+    for payload in payloads:
+        reader = pa.ipc.open_stream(pa.py_buffer(payload))
+        if apart(reader.schema):
+            others += [batch for batch in reader.read_all().to_batches() if batch.num_rows]
+        else:
+            envelopes.append(payload)
+    return unpack(envelopes, schema), others
 
 
 def unpack(payloads: Iterable[bytes], schema: pa.Schema) -> pa.RecordBatch:
