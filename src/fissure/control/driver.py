@@ -264,7 +264,8 @@ def plot_timeline(timeline: Timeline, path: str | os.PathLike, references: Seque
         top.axvline(entry.time_s, color=color, linestyle=style, linewidth=1, label=label)
     top.set_ylabel("records/s")
     top.set_title(timeline.title)
-    top.legend(loc="best", fontsize=7)
+    if top.get_legend_handles_labels()[0]:  # a timeline with no labelled line draws no empty legend
+        top.legend(loc="best", fontsize=7)
     bottom.step([entry.time_s for entry in batches], [entry.threads for entry in batches], where="pre",
                 color="tab:brown", label="plan")
     operators = sorted({name for entry in batches for name in entry.thread_levels or {}})
