@@ -90,6 +90,7 @@ def assert_same_as_local(sinks):
     return local
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("boundaries, partitions", [((), 1), (("big", "both"), 2)],
                          ids=["no-boundary", "boundaries-2-partitions"])
 def test_graph_matches_run_local_and_runs_shared_work_once(spark, tmp_path, boundaries, partitions):
@@ -129,6 +130,7 @@ def test_a_plan_replicates_stateless_and_keyed_stages_of_a_graph(spark, tmp_path
     assert report.plan == plan and report.dead_letters == 2
 
 
+@pytest.mark.slow
 def test_the_planner_plans_a_graph_as_the_chain_of_its_stages(spark, tmp_path):
     sinks = {name: MemorySink() for name in ("all", "counts", "enriched")}
     report = run_graph(build_graph(), sources(tmp_path), sinks, spark=spark, plan="planner")
@@ -136,6 +138,7 @@ def test_the_planner_plans_a_graph_as_the_chain_of_its_stages(spark, tmp_path):
     assert_same_as_local(sinks)
 
 
+@pytest.mark.slow
 def test_fissure_run_runs_every_program(spark, tmp_path):
     """One entry point: a graph by its named sources and sinks; a chain-shaped graph; a Pipeline
     under the autopipelining loop."""
@@ -195,6 +198,7 @@ def test_binding_and_boundary_errors_name_the_fix(spark, tmp_path):
                   boundaries=["nowhere"])
 
 
+@pytest.mark.slow
 def test_boundaries_change_live_and_pieces_are_profiled(spark, tmp_path):
     sinks = {name: MemorySink() for name in ("all", "counts", "enriched")}
     runner = Runner(build_graph(), sources(tmp_path), sinks, spark=spark, profile_pieces=True)
@@ -227,6 +231,7 @@ def test_boundaries_change_live_and_pieces_are_profiled(spark, tmp_path):
     assert load_profile(profile_file).threads == profile.threads  # the CLI reads what the runner measured
 
 
+@pytest.mark.slow
 def test_autopipelining_loop_inserts_boundaries_while_running(spark, tmp_path):
     sinks = {name: MemorySink() for name in ("all", "counts", "enriched")}
     config = GraphAutopipelineConfig(profile_batches=1, beta=0.0)  # every process is a bottleneck

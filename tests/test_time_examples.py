@@ -84,6 +84,7 @@ def test_the_examples_in_micro_batches_give_the_same_answer():
 
 
 @pytest.mark.spark
+@pytest.mark.slow
 def test_the_examples_on_spark_under_the_planners_plan_give_the_references_answers(spark, tmp_path):
     from fissure.testing import text_files
 
