@@ -78,13 +78,12 @@ def test_a_failed_run_notes_its_cause_and_spark_log(spark, tmp_path):
     assert spark_log_path() is not None and spark_log_path() in notes
 
 
-def _parent_command(records):
-    with open(f"/proc/{os.getppid()}/cmdline", "rb") as handle:
-        yield handle.read().replace(b"\0", b" ").decode()
-
-
 @pytest.mark.spark
 def test_python_workers_fork_from_the_daemon_that_preloads_fissure(spark):
+    def _parent_command(records):  # nested: shipped by value, as the workers cannot import this test module
+        with open(f"/proc/{os.getppid()}/cmdline", "rb") as handle:
+            yield handle.read().replace(b"\0", b" ").decode()
+
     (command,) = set(spark.sparkContext.parallelize([0, 1], 2).mapPartitions(_parent_command).collect())
     assert "-m fissure.spark.worker_daemon" in command
 
