@@ -46,7 +46,7 @@ from fissure.worker.columns import SEQ
 from fissure.worker.keyed import BatchTime, KeyEmitted, group_by_key, null_key_error
 from fissure.worker.records import DeadLetter, OperatorFailedError, operator_stopped, record_failed, record_text
 from fissure.worker.state_codec import StateCodec, StateCodecError
-from fissure.worker.timed import TimedKeyFunction, emit_window, late_reason
+from fissure.worker.timed import TimedKeyFunction, emit_window, open_windows
 
 PARTIAL_KEY = "_fissure_partial_key"  # the key's text (fissure.worker.keyed.key_text); null: a task's largest only
 # {"key": [values], "acc": accumulator} under the operator's state codec; null: the key's records
@@ -193,11 +193,9 @@ class Combiner:
             items.append((t, seq, record))
         items.sort(key=lambda item: (item[0], item[1]))
         for t, seq, record in items:
-            spans = plan.window.windows_of(t)
-            open_spans = [span for span in spans if span[1] > time.previous]
-            if not open_spans:
-                start, end = spans[-1]
-                dead.append(DeadLetter(plan.name, late_reason(t, start, end, time.previous), record_text(record), seq))
+            open_spans, late = open_windows(plan.window, t, time.previous)
+            if late:
+                dead.append(DeadLetter(plan.name, late, record_text(record), seq))
                 continue
             try:
                 added = [(start, end, aggregate.add(windows[start][0] if start in windows else aggregate.create(),

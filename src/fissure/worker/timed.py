@@ -46,6 +46,17 @@ def late_reason(t: float, start: float, end: float, watermark: float, what: str 
             f"closed at watermark {seconds_text(watermark)}")
 
 
+def open_windows(window, t: float, watermark: float) -> tuple[list[tuple[float, float]], str | None]:
+    """The windows of event time `t` still open at `watermark`, and the late reason when none is
+    (the record is then a `Late` dead letter)."""
+    spans = window.windows_of(t)
+    open_spans = [span for span in spans if span[1] > watermark]
+    if open_spans:
+        return open_spans, None
+    start, end = spans[-1]
+    return [], late_reason(t, start, end, watermark)
+
+
 class TimedKeyFunction:
     """The base of the per-key functions: the operator's name, key fields and event-time field
     (None: processing time, or no time at all), and the records of a key in order."""
@@ -99,11 +110,9 @@ class WindowKeys(TimedKeyFunction):
         windows = {entry[0]: list(entry) for entry in state.get("windows", ())}
         aggregate = self.aggregate
         for t, seq, record in self.ordered(records, seqs, time, dead):
-            spans = self.window.windows_of(t)
-            open_spans = [span for span in spans if span[1] > time.previous]
-            if not open_spans:
-                start, end = spans[-1]
-                dead.append(DeadLetter(self.name, late_reason(t, start, end, time.previous), record_text(record), seq))
+            open_spans, late = open_windows(self.window, t, time.previous)
+            if late:
+                dead.append(DeadLetter(self.name, late, record_text(record), seq))
                 continue
             try:
                 added = [(start, end, aggregate.add(windows[start][2] if start in windows else aggregate.create(),
