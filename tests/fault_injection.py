@@ -37,6 +37,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -52,10 +53,12 @@ DRIVER = textwrap.dedent("""
     from fissure.spark.sinks import FileSink
     from fissure.spark.sources import FileSource
 
-    inputs, sink, checkpoint, plan_name, program = sys.argv[1:6]
-    follow = "follow" in sys.argv[6:]  # runs until killed
-    fault = next((name for name in sys.argv[6:] if name in ("memory-error", "crashes")), None)
-    letters = "letters" in sys.argv[6:]  # dead letters to a sink of their own
+    # A script of its own, or run in a test's process on its SparkSession (run_in_process).
+    argv, spark = (sys.argv[1:], None) if __name__ == "__main__" else (ARGV, SPARK)
+    inputs, sink, checkpoint, plan_name, program = argv[:5]
+    follow = "follow" in argv[5:]  # runs until killed
+    fault = next((name for name in argv[5:] if name in ("memory-error", "crashes")), None)
+    letters = "letters" in argv[5:]  # dead letters to a sink of their own
     FAULT_AT = (5, 30, 55, 80)  # records of four different files, so of four batches
 
     def norm(record):
@@ -109,7 +112,7 @@ DRIVER = textwrap.dedent("""
         sinks = FileSink(sink + "/counts")
         source = FileSource(inputs, format="json", schema={"word": str, "i": int}, max_files_per_trigger=1)
     config = fissure.RunnerConfig(master="local[2]", query_restart_window_s=1.0 if fault else 600.0)
-    common = dict(checkpoint=checkpoint, config=config, available_now=not follow, progress=False)
+    common = dict(checkpoint=checkpoint, spark=spark, config=config, available_now=not follow, progress=False)
     if letters:
         common["dead_letters"] = FileSink(sink + "/dead")
     if plan_name == "adaptive":
@@ -125,12 +128,16 @@ DRIVER = textwrap.dedent("""
 """)
 
 
-def words_input(directory: Path) -> list[dict]:
+def words(first: int, last: int) -> list[dict]:
+    return [{"word": f"W{i % WORDS}" if i % 3 else f"w{i % WORDS}", "i": i} for i in range(first, last)]
+
+
+def words_input(directory: Path, files: int = FILES, per_file: int = PER_FILE) -> list[dict]:
     """The input files (one per micro-batch) and their records."""
     directory.mkdir(parents=True, exist_ok=True)
-    records = [{"word": f"W{i % WORDS}" if i % 3 else f"w{i % WORDS}", "i": i} for i in range(FILES * PER_FILE)]
-    for number in range(FILES):
-        chunk = records[number * PER_FILE:(number + 1) * PER_FILE]
+    records = words(0, files * per_file)
+    for number in range(files):
+        chunk = records[number * per_file:(number + 1) * per_file]
         temporary = directory / f".part-{number:04d}.json.tmp"
         temporary.write_text("".join(json.dumps(record) + "\n" for record in chunk))
         os.utime(temporary, (1_700_000_000 + number, 1_700_000_000 + number))
@@ -270,50 +277,83 @@ class KillOutcome:
     detail: str = ""
 
 
-def second_driver_refused(work: Path, plan: str, program: str, holder: subprocess.Popen, timeout_s: float,
-                          python: str, env: dict) -> list[str]:
-    """Start a second driver on the running driver's checkpoint: it must fail, refused by the
-    checkpoint's lock with the running driver named, and leave the first running; the problems
-    found (none: refused so)."""
-    process = subprocess.run([python, str(work / "driver.py"), str(work / "in"), str(work / "out"), str(work / "ckpt"),
-                              plan, program], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                             env=env, timeout=timeout_s)
-    with open(work / "second-driver.log", "w", encoding="utf-8") as log:
-        log.write(process.stderr)
+def second_driver_refused(program: str, holder: subprocess.Popen, second) -> list[str]:
+    """Start a second driver on the running driver's checkpoint (`second()`: its exit code and
+    error output): it must fail, refused by the checkpoint's lock with the running driver named,
+    and leave the first running; the problems found (none: refused so)."""
+    code, error = second()
     problems = []
-    if process.returncode == 0:
+    if code == 0:
         problems.append("a second driver ran on the checkpoint of a running one")
     else:
         name = "wordcount-graph" if program == "graph" else "wordcount"
         named = ("CheckpointLocked", f"'{name}'", f"pid {holder.pid}", f"host {socket.gethostname()}", "started ")
-        if not all(part in process.stderr for part in named):
+        if not all(part in error for part in named):
             problems.append(f"the second driver failed, but not refused naming the first ({', '.join(named)}): "
-                            f"{process.stderr[-300:]}")
+                            f"{error[-300:]}")
     if holder.poll() is not None:
         problems.append(f"the running driver ended ({holder.returncode}) when the second one started")
     return problems
 
 
+def run_in_process(spark, script: Path, argv: list[str], log: Path) -> tuple[int, str]:
+    """The driver script run to its end in this process on `spark`, as a restart (the same program
+    on the same checkpoint, without a JVM to start): 0 and "", or 1 and the traceback (also
+    appended to `log`)."""
+    namespace = {"__name__": "fault_injection_driver", "ARGV": argv, "SPARK": spark}
+    try:
+        exec(compile(script.read_text(), str(script), "exec"), namespace)  # noqa: S102 - our own driver
+    except Exception:
+        error = traceback.format_exc()
+        with open(log, "a", encoding="utf-8") as out:
+            out.write(error)
+        return 1, error
+    return 0, ""
+
+
 def run_case(work: Path, plan: str, program: str, moment: str, seed: int, *, max_delay_s: float = 6.0,
-             timeout_s: float = 300.0, python: str = sys.executable) -> KillOutcome:
+             timeout_s: float = 300.0, python: str = sys.executable, files: int = FILES, per_file: int = PER_FILE,
+             spark=None) -> KillOutcome:
     """One kill point: start a driver, SIGKILL it at the moment, restart until the input is
-    consumed (each restart runs to its end), compare the sinks with the reference."""
+    consumed (each restart runs to its end), compare the sinks with the reference. `files` input
+    files of `per_file` records, one a batch. With `spark` (a SparkSession), the drivers that are
+    not killed (the restarts, a second driver on a running one's checkpoint, the one driver of a
+    corrupt file) run in this process on it; the killed ones are always processes of their own."""
     work.mkdir(parents=True, exist_ok=True)
     script = work / "driver.py"
     script.write_text(DRIVER)
-    records = words_input(work / "in")
+    records = words_input(work / "in", files, per_file)
     sink, checkpoint = work / "out", work / "ckpt"
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
 
+    def arguments(*extra) -> list[str]:
+        return [str(work / "in"), str(sink), str(checkpoint), plan, program, *extra]
+
     def driver(*extra):
-        return subprocess.Popen([python, str(script), str(work / "in"), str(sink), str(checkpoint), plan, program,
-                                 *extra], stdout=subprocess.DEVNULL, stderr=open(work / "driver.log", "ab"), env=env)
+        return subprocess.Popen([python, str(script), *arguments(*extra)], stdout=subprocess.DEVNULL,
+                                stderr=open(work / "driver.log", "ab"), env=env)
+
+    def driver_to_end(*extra) -> tuple[int | None, str]:
+        """A driver that must end by itself: its exit code (None: not within timeout_s) and error output."""
+        if spark is not None:
+            return run_in_process(spark, script, arguments(*extra), work / "driver.log")
+        process = subprocess.Popen([python, str(script), *arguments(*extra)], stdout=subprocess.DEVNULL,
+                                   stderr=subprocess.PIPE, text=True, env=env)
+        try:
+            error = process.communicate(timeout=timeout_s)[1]
+            code = process.returncode
+        except subprocess.TimeoutExpired:
+            process.kill()
+            code, error = None, process.communicate()[1]
+        with open(work / "driver.log", "a", encoding="utf-8") as log:
+            log.write(error)
+        return code, error
 
     delay = random.Random(seed).uniform(0.0, max_delay_s)
     if moment in WORKER_FAULTS:
         return worker_fault_case(work, plan, program, moment, seed, records, driver, timeout_s)
     if moment in FILE_FAULTS:
-        return file_fault_case(work, plan, program, moment, seed, records, driver, timeout_s)
+        return file_fault_case(work, plan, program, moment, seed, records, driver, driver_to_end, timeout_s, per_file)
     first, killed = driver(*(["follow"] if moment == "concurrent" else [])), False
     deadline = time.monotonic() + timeout_s
     problems = []
@@ -323,7 +363,7 @@ def run_case(work: Path, plan: str, program: str, moment: str, seed: int, *, max
             if moment == "concurrent":
                 hit = committed_batches(sink / "counts") >= 1
                 if hit:
-                    problems += second_driver_refused(work, plan, program, first, timeout_s, python, env)
+                    problems += second_driver_refused(program, first, lambda: driver_to_end())
             elif moment == "random":
                 if reached_at is None and committed_batches(sink / "counts") >= 1:
                     reached_at = time.monotonic()
@@ -343,14 +383,20 @@ def run_case(work: Path, plan: str, program: str, moment: str, seed: int, *, max
         if first.poll() is None and not killed:
             first.kill()
         first.wait()
-    restarts, code = 0, None
-    while restarts < 3 and code != 0:
-        restarts += 1
-        code = exit_code_within(driver(), timeout_s)
+    restarts, code = restart_until_done(driver_to_end)
     if code != 0:
         problems.append(f"the restarted driver exited with {code}")
     problems += sink_problems(sink, program, records)
     return KillOutcome(plan, program, moment, seed, killed, restarts, not problems, "; ".join(problems))
+
+
+def restart_until_done(driver_to_end, attempts: int = 3) -> tuple[int, int | None]:
+    """Drivers started one after the other until one ends with 0: how many, and the last exit code."""
+    restarts, code = 0, None
+    while restarts < attempts and code != 0:
+        restarts += 1
+        code, _ = driver_to_end()
+    return restarts, code
 
 
 def exit_code_within(process: subprocess.Popen, timeout_s: float) -> int | None:
@@ -375,7 +421,7 @@ def worker_fault_case(work: Path, plan: str, program: str, moment: str, seed: in
 
 
 def file_fault_case(work: Path, plan: str, program: str, moment: str, seed: int, records: list[dict], driver,
-                    timeout_s: float) -> KillOutcome:
+                    driver_to_end, timeout_s: float, per_file: int = PER_FILE) -> KillOutcome:
     """A corrupt gzip among the good files, or a file written in place while a driver follows the
     directory (the module docstring); `killed` says the fault happened while a driver ran."""
     import gzip
@@ -387,7 +433,7 @@ def file_fault_case(work: Path, plan: str, program: str, moment: str, seed: int,
         whole = gzip.compress("".join(json.dumps({"word": "lost", "i": 10_000 + n}) + "\n" for n in range(200)).encode())
         bad.write_bytes(whole[: len(whole) // 2])
         os.utime(bad, (1_700_000_003, 1_700_000_003))
-        code = exit_code_within(driver("letters"), timeout_s)
+        code, _ = driver_to_end("letters")
         reached, restarts = True, 0
         if code != 0:
             problems.append(f"the driver exited with {code}")
@@ -395,8 +441,7 @@ def file_fault_case(work: Path, plan: str, program: str, moment: str, seed: int,
         if len(letters) != 1 or bad.name not in str(letters[0].get("error")):
             problems.append(f"{len(letters)} dead letter(s), not one naming {bad.name}: {letters[:2]}")
     else:
-        added = [{"word": f"W{i % WORDS}" if i % 3 else f"w{i % WORDS}", "i": i}
-                 for i in range(FILES * PER_FILE, (FILES + 1) * PER_FILE)]
+        added = words(len(records), len(records) + per_file)
         lines = [json.dumps(record) + "\n" for record in added]
         target = work / "in" / "part-in-place.json"
         first, reached = driver("follow"), False
@@ -418,10 +463,7 @@ def file_fault_case(work: Path, plan: str, program: str, moment: str, seed: int,
                 first.kill()
             first.wait()
         records = records + added
-        restarts, code = 0, None
-        while restarts < 3 and code != 0:
-            restarts += 1
-            code = exit_code_within(driver(), timeout_s)
+        restarts, code = restart_until_done(driver_to_end)
         if code != 0:
             problems.append(f"the restarted driver exited with {code}")
     problems += sink_problems(sink, program, records)

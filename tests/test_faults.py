@@ -6,8 +6,11 @@ point starts a second driver on the checkpoint of a running one: it must be refu
 first, which is then killed and its lock taken over by the restart. "corrupt-gzip" puts a
 truncated .gz among the input files (one dead letter naming it, the rest exact) and
 "written-in-place" writes a file in place while a following driver runs (read once, whole).
-benchmarks/reliability.py runs more kill points and writes the figure to
-benchmarks/results/reliability.md."""
+The killed drivers are processes of their own; the drivers that must end by themselves (the
+restarts, the second driver, the corrupt file's one driver) run in the test's process on its
+SparkSession: the same program on the same checkpoint, without a JVM to start. Four input files
+of 24 records (four batches) leave room for every kill point. benchmarks/reliability.py runs more
+kill points, every driver a process, and writes the figure to benchmarks/results/reliability.md."""
 
 from __future__ import annotations
 
@@ -30,8 +33,8 @@ pytestmark = [pytest.mark.spark, pytest.mark.slow]
     ("sequential", "chain", "corrupt-gzip", 19),
     ("sequential", "graph", "written-in-place", 20),
 ])
-def test_a_killed_driver_restarted_on_its_checkpoint_loses_and_duplicates_nothing(tmp_path, plan, program, moment,
-                                                                                 seed):
-    outcome = run_case(tmp_path, plan, program, moment, seed)
+def test_a_killed_driver_restarted_on_its_checkpoint_loses_and_duplicates_nothing(spark, tmp_path, plan, program,
+                                                                                 moment, seed):
+    outcome = run_case(tmp_path, plan, program, moment, seed, files=4, per_file=24, spark=spark)
     assert outcome.killed, "the driver ended before the kill point"
     assert outcome.passed, outcome.detail
