@@ -22,7 +22,7 @@ from fissure.profile.graph_profile import autopipeline_profile, piece_measuremen
 from fissure.spark.graph_autopipeline import GraphAutopipelineConfig
 from fissure.spark.run import run_graph
 from fissure.spark.runner import Runner
-from fissure.spark.sinks import MemorySink
+from fissure.spark.sinks import FileSink, MemorySink
 from fissure.testing import record_files
 
 pytestmark = pytest.mark.spark
@@ -30,8 +30,8 @@ pytestmark = pytest.mark.spark
 EVENT = {"host": str, "ts": int, "v": int}
 HOSTS = {"host": str, "ts": int, "owner": str}
 JOINED = {"host": str, "ts": int, "v": int, "owner": str}
-EVENTS = [{"host": f"h{i % 3}", "ts": i, "v": i % 5} for i in range(60)]  # 6 files of 10: ts [10k, 10k + 9]
-HOST_RECORDS = [{"host": f"h{i % 3}", "ts": 2 * i, "owner": f"o{i}"} for i in range(30)]  # 6 files of 5
+EVENTS = [{"host": f"h{i % 3}", "ts": i, "v": i % 5} for i in range(60)]
+HOST_RECORDS = [{"host": f"h{i % 3}", "ts": 2 * i, "owner": f"o{i}"} for i in range(30)]
 
 
 def count(state, record):
@@ -70,9 +70,13 @@ def build_graph(calls_path: str | None = None) -> StreamGraph:
     return g
 
 
-def sources(tmp_path):
-    return {"events": record_files(tmp_path / "events", EVENTS, EVENT, records_per_file=10, max_files_per_trigger=1),
-            "hosts": record_files(tmp_path / "hosts", HOST_RECORDS, HOSTS, records_per_file=5, max_files_per_trigger=1)}
+def sources(tmp_path, files=3):
+    """Both sources in `files` files each, one file of each a batch: batch k holds the events and
+    the host records of ts [k * 60 / files, (k + 1) * 60 / files), so no record is late for the join."""
+    return {"events": record_files(tmp_path / "events", EVENTS, EVENT, records_per_file=len(EVENTS) // files,
+                                   max_files_per_trigger=1),
+            "hosts": record_files(tmp_path / "hosts", HOST_RECORDS, HOSTS,
+                                  records_per_file=len(HOST_RECORDS) // files, max_files_per_trigger=1)}
 
 
 def canonical(records):
@@ -94,10 +98,15 @@ def assert_same_as_local(sinks):
 @pytest.mark.parametrize("boundaries, partitions", [((), 1), (("big", "both"), 2)],
                          ids=["no-boundary", "boundaries-2-partitions"])
 def test_graph_matches_run_local_and_runs_shared_work_once(spark, tmp_path, boundaries, partitions):
+    """fissure.run of a graph by its named sources and sinks (no boundary, one state partition: the
+    default plan) gives every sink as run_local does."""
+    import fissure
+
     calls = tmp_path / "parse-calls.txt"
     sinks = {name: MemorySink() for name in ("all", "counts", "enriched")}
-    report = run_graph(build_graph(str(calls)), sources(tmp_path), sinks, spark=spark, boundaries=boundaries,
-                       state_partitions=partitions)
+    report = fissure.run(build_graph(str(calls)), sources(tmp_path), sinks, spark=spark, progress=False,
+                         boundaries=boundaries, state_partitions=partitions)
+    assert report.batches == len(report.batch_log) >= 2 and report.input_records == len(EVENTS) + len(HOST_RECORDS)
     local = assert_same_as_local(sinks)
     assert len(local["enriched"]) > 0 and len(local["all"]) < len(EVENTS)  # the join and the dead letters matter
     # `parsed` feeds big, small (pe stage) and per_host (keyed stage), big feeds enrich: each
@@ -140,14 +149,9 @@ def test_the_planner_plans_a_graph_as_the_chain_of_its_stages(spark, tmp_path):
 
 @pytest.mark.slow
 def test_fissure_run_runs_every_program(spark, tmp_path):
-    """One entry point: a graph by its named sources and sinks; a chain-shaped graph; a Pipeline
-    under the autopipelining loop."""
+    """One entry point: a chain-shaped graph; a Pipeline under the autopipelining loop (a graph by
+    its named sources and sinks: test_graph_matches_run_local_and_runs_shared_work_once)."""
     import fissure
-
-    sinks = {name: MemorySink() for name in ("all", "counts", "enriched")}
-    report = fissure.run(build_graph(), sources(tmp_path), sinks, spark=spark, progress=False)
-    assert report.batches == len(report.batch_log) >= 2 and report.input_records == len(EVENTS) + len(HOST_RECORDS)
-    assert_same_as_local(sinks)
 
     chain = StreamGraph("chain_shaped")
     (chain.source("events", schema=EVENT).map("tenfold", lambda r: {**r, "v": r["v"] * 10})
@@ -160,7 +164,8 @@ def test_fissure_run_runs_every_program(spark, tmp_path):
 
     pipeline = chain.as_chain()
     piped = MemorySink()
-    report = fissure.run(pipeline, sources(tmp_path / "piped")["events"], piped, spark=spark, autopipeline=True)
+    report = fissure.run(pipeline, sources(tmp_path / "piped", files=6)["events"], piped, spark=spark,
+                         autopipeline=True)
     assert len(report.batch_log) >= 2 and report.decisions
     assert canonical(piped.records()) == canonical(run_local(pipeline, EVENTS)["sink"])
 
@@ -235,7 +240,7 @@ def test_boundaries_change_live_and_pieces_are_profiled(spark, tmp_path):
 def test_autopipelining_loop_inserts_boundaries_while_running(spark, tmp_path):
     sinks = {name: MemorySink() for name in ("all", "counts", "enriched")}
     config = GraphAutopipelineConfig(profile_batches=1, beta=0.0)  # every process is a bottleneck
-    report = run_graph(build_graph(), sources(tmp_path), sinks, spark=spark, autopipeline=True,
+    report = run_graph(build_graph(), sources(tmp_path, files=6), sinks, spark=spark, autopipeline=True,
                        autopipeline_config=config)
     assert_same_as_local(sinks)
     first = report.decisions[0]
@@ -279,18 +284,16 @@ def committed(path):
 
 @pytest.mark.slow
 def test_sigkill_then_restart_keeps_every_sink_exactly_once(spark, tmp_path):
-    sources(tmp_path)  # writes the input files
+    """A driver process killed with SIGKILL after its second batch; the restart on its checkpoint
+    runs here, on the test's session (the same program, without a JVM to start)."""
+    sources(tmp_path, files=6)  # writes the input files
     script = tmp_path / "driver.py"
     script.write_text(RESTART_DRIVER)
     out, checkpoint = tmp_path / "out", tmp_path / "ckpt"
     tests_dir = os.path.dirname(os.path.abspath(__file__))
 
-    def start(available_now):
-        return subprocess.Popen([sys.executable, str(script), str(tmp_path), str(out), str(checkpoint),
-                                 "1" if available_now else "0", tests_dir],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-
-    first = start(False)
+    first = subprocess.Popen([sys.executable, str(script), str(tmp_path), str(out), str(checkpoint), "0", tests_dir],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 240
     while committed(out / "enriched") < 2 and time.monotonic() < deadline and first.poll() is None:
         time.sleep(0.2)
@@ -298,8 +301,9 @@ def test_sigkill_then_restart_keeps_every_sink_exactly_once(spark, tmp_path):
     os.kill(first.pid, signal.SIGKILL)
     first.wait()
     assert 2 <= committed(out / "enriched") < 6
-    second = start(True)
-    assert second.wait(timeout=300) == 0
+    graph = build_graph()
+    run_graph(graph, sources_for_restart(str(tmp_path)), {name: FileSink(f"{out}/{name}") for name in graph.sinks},
+              checkpoint=str(checkpoint), boundaries=["big"], spark=spark, available_now=True, progress=False)
     local = expected()
     for name in ("all", "counts", "enriched"):
         rows = [row.asDict() for row in spark.read.parquet(str(out / name)).drop("batch_id").collect()]
