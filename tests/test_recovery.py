@@ -155,49 +155,66 @@ CRASHING_DRIVER = textwrap.dedent("""
     from fissure.spark.sources import FileSource
     from fissure.spark.session import describe_failure
 
-    inputs, out, marker, mode = sys.argv[1:5]
+    inputs, work = sys.argv[1:3]
 
-    def tag(record):
-        if record["i"] == 3 and (mode == "always" or not os.path.exists(marker)):
-            open(marker, "w").close()
-            os._exit(1)  # the Python worker process dies: no exception, no traceback
-        return record
+    def run(mode):
+        marker = os.path.join(work, f"crashed-{mode}")
 
-    def count(state, record):
-        state["n"] = state.get("n", 0) + 1
-        return {"user": record["user"], "i": record["i"], "n": state["n"]}
+        def tag(record):
+            if record["i"] == 3 and (mode == "always" or not os.path.exists(marker)):
+                open(marker, "w").close()
+                os._exit(1)  # the Python worker process dies: no exception, no traceback
+            return record
 
-    pipeline = (Pipeline("crashing").map("tag", tag)
-                .partitioned("count", count, key="user", schema={"user": str, "i": int, "n": int}))
-    try:  # the embedded default master: RunnerConfig() as it comes
-        fissure.run(pipeline, FileSource(inputs, format="json", schema={"user": str, "i": int}), FileSink(out),
-                    progress=False)
-    except Exception as error:
-        print(describe_failure(error), flush=True)
-        sys.exit(1)
+        def count(state, record):
+            state["n"] = state.get("n", 0) + 1
+            return {"user": record["user"], "i": record["i"], "n": state["n"]}
+
+        pipeline = (Pipeline(f"crashing-{mode}").map("tag", tag)
+                    .partitioned("count", count, key="user", schema={"user": str, "i": int, "n": int}))
+        try:  # the embedded default master: RunnerConfig() as it comes
+            fissure.run(pipeline, FileSource(inputs, format="json", schema={"user": str, "i": int}),
+                        FileSink(os.path.join(work, f"out-{mode}")), progress=False)
+        except Exception as error:
+            with open(os.path.join(work, f"failure-{mode}.txt"), "w") as failure:
+                failure.write(describe_failure(error))
+            return False
+        return True
+
+    # Both runs in one driver, one after the other: one JVM start for the two.
+    once, always = run("once"), run("always")
+    sys.exit(0 if once and always else 1)
 """)
+
+
+@pytest.fixture(scope="module")
+def crashed_runs(tmp_path_factory):
+    """One driver process under the default master: a worker that crashes once in the first run,
+    one that crashes every time in the second; the work directory (markers, sinks, failures)."""
+    work = tmp_path_factory.mktemp("crashes")
+    inputs = work / "in"
+    inputs.mkdir()
+    (inputs / "part-0.json").write_text("".join(f'{{"user": "u{i % 2}", "i": {i}}}\n' for i in range(8)))
+    script = work / "driver.py"
+    script.write_text(CRASHING_DRIVER)
+    finished = subprocess.run([sys.executable, str(script), str(inputs), str(work)], capture_output=True, text=True,
+                              timeout=600)
+    (work / "driver.log").write_text(finished.stdout + finished.stderr)
+    return work
 
 
 @pytest.mark.spark
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["once", "always"])
-def test_a_worker_crash_is_retried_under_the_default_master(tmp_path, mode):
+def test_a_worker_crash_is_retried_under_the_default_master(crashed_runs, mode):
     """A worker that crashes once (a marker file remembers it) costs a retry and the output is
     exactly once; one that always crashes ends the run with the crash as its cause."""
-    inputs = tmp_path / "in"
-    inputs.mkdir()
-    (inputs / "part-0.json").write_text("".join(f'{{"user": "u{i % 2}", "i": {i}}}\n' for i in range(8)))
-    script = tmp_path / "driver.py"
-    script.write_text(CRASHING_DRIVER)
-    out = tmp_path / "out"
-    finished = subprocess.run([sys.executable, str(script), str(inputs), str(out), str(tmp_path / "crashed"), mode],
-                              capture_output=True, text=True, timeout=600)
-    assert (tmp_path / "crashed").exists()  # the worker did crash
+    assert (crashed_runs / f"crashed-{mode}").exists()  # the worker did crash
+    failure = crashed_runs / f"failure-{mode}.txt"
     if mode == "once":
-        assert finished.returncode == 0, finished.stdout + finished.stderr[-2000:]
+        assert not failure.exists(), failure.read_text() + (crashed_runs / "driver.log").read_text()[-2000:]
         import pyarrow.parquet as pq
 
-        assert_exactly_once(pq.read_table(out).to_pylist(), 8)
+        assert_exactly_once(pq.read_table(crashed_runs / "out-once").to_pylist(), 8)
     else:
-        assert finished.returncode == 1
-        assert "caused by Python worker exited unexpectedly (crashed)" in finished.stdout
+        assert "caused by Python worker exited unexpectedly (crashed)" in failure.read_text()
