@@ -16,13 +16,15 @@ def pytest_sessionstart(session):
 
 
 def pytest_collection_modifyitems(config, items):
-    """With tests spread over processes (./dev test: pytest-xdist, --dist load, handed out two at a
-    time), the slow tests go first, then the other Spark tests: the longest start early and the
+    """With tests spread over processes (./dev test: pytest-xdist, --dist loadgroup, the next test
+    or xdist_group to the process that is free, in this order), the slow tests go first, then the
+    other Spark tests (marked, or taking the `spark` fixture): the longest start early and the
     short ones fill the end, so no process is left running one long test while the other has
     nothing to do. In one process the order stays the files' order."""
     if not hasattr(config, "workerinput"):  # collected by an xdist worker process
         return
-    items.sort(key=lambda item: 0 if item.get_closest_marker("slow") else 1 if item.get_closest_marker("spark") else 2)
+    items.sort(key=lambda item: 0 if item.get_closest_marker("slow")
+               else 1 if item.get_closest_marker("spark") or "spark" in item.fixturenames else 2)
 
 
 @pytest.fixture(scope="session")

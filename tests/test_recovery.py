@@ -205,6 +205,7 @@ def crashed_runs(tmp_path_factory):
 
 @pytest.mark.spark
 @pytest.mark.slow
+@pytest.mark.xdist_group("worker-crashes")  # one process runs crashed_runs for both
 @pytest.mark.parametrize("mode", ["once", "always"])
 def test_a_worker_crash_is_retried_under_the_default_master(crashed_runs, mode):
     """A worker that crashes once (a marker file remembers it) costs a retry and the output is
