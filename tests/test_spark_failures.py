@@ -89,7 +89,7 @@ def test_a_hung_operator_is_reported_by_name_and_the_timeout_says_what_is_left(s
                 .map("slow_lookup", hangs_on(3, marker), schema=EVENTS))
     config = fissure.RunnerConfig(stall_factor=2, stall_min_s=2, progress_interval_s=0.5)
     with pytest.raises(fissure.RunTimedOut) as raised:
-        fissure.run(pipeline, source, MemorySink(), spark=spark, progress=False, config=config, timeout_s=40,
+        fissure.run(pipeline, source, MemorySink(), spark=spark, progress=False, config=config, timeout_s=20,
                     checkpoint=str(tmp_path / "ckpt"))
     assert os.path.exists(marker)
     stalls = [stall for stall in raised.value.report.stalls if stall.batch_id == 1]  # batch 0 is file 0's
