@@ -33,13 +33,13 @@ from fissure.spark.state import checkpoint_status, offset_entry_state_partitions
 from fissure.testing import record_files
 
 EVENTS = {"user": str, "i": int}
-FILES, PER_FILE, USERS = 7, 12, 3
+FILES, PER_FILE, USERS = 5, 12, 3  # one file a batch; the forced switches come at batch 2
 # The loop observes but never plans by itself, and never ends a forced switch's evaluation.
 HANDS_OFF = AdaptiveConfig(profile_batches=2, profile_s=1e9, evaluation_s=1e9, min_operator_samples=1)
 
 
-def events():
-    return [{"user": f"u{i % USERS}", "i": i} for i in range(FILES * PER_FILE)]
+def events(files=FILES):
+    return [{"user": f"u{i % USERS}", "i": i} for i in range(files * PER_FILE)]
 
 
 def scale(record):
@@ -86,12 +86,12 @@ SEQUENTIAL = plan(([["scale", "not_seven", "count"]], 1))
 KEYED_X2 = plan(([["scale", "not_seven", "count"]], 2))
 
 
-def source(tmp_path):
-    return record_files(tmp_path / "in", events(), EVENTS, records_per_file=PER_FILE, max_files_per_trigger=1)
+def source(tmp_path, files=FILES):
+    return record_files(tmp_path / "in", events(files), EVENTS, records_per_file=PER_FILE, max_files_per_trigger=1)
 
 
-def assert_exactly_once_keyed(records):
-    assert canonical(records) == canonical(sequential(events()))
+def assert_exactly_once_keyed(records, files=FILES):
+    assert canonical(records) == canonical(sequential(events(files)))
     per_user = {}
     for record in records:
         per_user.setdefault(record["user"], []).append(record["n"])
@@ -167,10 +167,11 @@ def test_a_graph_with_a_fan_out_switches_plans_exactly_once(spark, tmp_path, tar
 @pytest.mark.spark
 @pytest.mark.slow
 def test_keyed_region_rescaled_up_and_down_repartitions_state_exactly_once(spark, tmp_path):
-    """Scripted realizer calls: x1 -> x2 (state 1 -> 2 partitions) -> x1 (2 -> 1)."""
+    """Scripted realizer calls: x1 -> x2 (state 1 -> 2 partitions) -> x1 (2 -> 1). Seven files: each
+    switch's state repartition takes a batch id of its own, and the stream must outlast both."""
     pipeline, sink = keyed_pipeline(), MemorySink()
     checkpoint = str(tmp_path / "ckpt")
-    queries = QueryManager(pipeline, source(tmp_path), sink, spark=spark, checkpoint=checkpoint, dead_letters=None,
+    queries = QueryManager(pipeline, source(tmp_path, files=7), sink, spark=spark, checkpoint=checkpoint, dead_letters=None,
                            config=RunnerConfig(), available_now=True, clock=time.monotonic)
     realizer = SparkPlanRealizer(queries)
     observations = SparkObservations(queries, OperatorProfiles(pipeline.operator_stats()), cores=2)
@@ -191,7 +192,7 @@ def test_keyed_region_rescaled_up_and_down_repartitions_state_exactly_once(spark
         ("restart-with-state", 1, 2, None), ("restart-with-state", 2, 1, None)]
     assert partitions_seen == [2, 1]
     assert all(s.repartition_s > 0 for s in realizer.switches)
-    assert_exactly_once_keyed(sink.records())
+    assert_exactly_once_keyed(sink.records(), files=7)
 
 
 @pytest.mark.spark
