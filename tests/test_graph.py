@@ -6,7 +6,7 @@ import pyarrow as pa
 import pytest
 
 from fissure import OperatorEstimate, Pipeline, PipelineError
-from fissure.graph import Action, BatchFormat, output_schemas
+from fissure.program.chain import Action, BatchFormat, output_schemas
 from fissure.model.types import Kind, OperatorStats
 
 

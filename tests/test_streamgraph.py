@@ -55,7 +55,7 @@ def test_builder_returns_streams_and_fan_out_is_reuse():
     assert layout.order.index("parsed") < layout.order.index("big") < layout.order.index("enrich")
     assert layout.schemas["per_host"].names == ["host", "n"]
     assert layout.schemas["both"].names == ["host", "ts", "v"]
-    assert isinstance(fissure.StreamGraph("x").source("s"), fissure.streamgraph.Stream)
+    assert isinstance(fissure.StreamGraph("x").source("s"), fissure.program.graph.Stream)
 
 
 # --- validation ---------------------------------------------------------------------------------

@@ -36,10 +36,10 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 
-from fissure.graph import Pipeline, PipelineError, SchemaSpec, to_arrow_schema
+from fissure.program.chain import Pipeline, PipelineError, SchemaSpec, to_arrow_schema
 from fissure.spark.sinks import MemorySink
 from fissure.spark.sources import FileSource
-from fissure.streamgraph import StreamGraph, as_graph
+from fissure.program.graph import StreamGraph, as_graph
 from fissure.worker.graph_local import LocalDeadLetter, LocalGraphRun
 from fissure.worker.unreadable_lines import LineFormat
 

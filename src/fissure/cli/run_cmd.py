@@ -149,10 +149,10 @@ def load_pipeline(reference: str):
         defined = sorted(name for name, value in vars(module).items() if callable(value) and not name.startswith("_"))
         raise UsageError(f"{location!r} has no {function_name!r}; "
                          f"it defines {', '.join(defined) or 'nothing callable'}")
-    from fissure.graph import Pipeline
-    from fissure.streamgraph import StreamGraph
+    from fissure.program.chain import Pipeline
+    from fissure.program.graph import StreamGraph
 
-    from fissure.graph import PipelineError
+    from fissure.program.chain import PipelineError
 
     programs = (Pipeline, StreamGraph)
     try:
@@ -166,14 +166,14 @@ def load_pipeline(reference: str):
 
 def handle(args) -> int:
     import fissure
-    from fissure.graph import PipelineError
+    from fissure.program.chain import PipelineError
     from fissure.spark.checkpoint_guard import CheckpointDamaged
     from fissure.spark.checkpoint_lock import CheckpointLocked
     from fissure.spark.plans import describe_plan
     from fissure.spark.run_end import RunTimedOut
     from fissure.spark.session import describe_failure
     from fissure.spark.sources import SourceUnavailable, check_before_spark
-    from fissure.streamgraph import as_graph
+    from fissure.program.graph import as_graph
 
     pipeline = load_pipeline(args.pipeline)
     if args.max_batches is not None and args.max_batches < 1:

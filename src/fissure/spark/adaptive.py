@@ -36,7 +36,7 @@ from fissure.control.driver import Timeline, TimelineEntry, plot_timeline, run_a
 from fissure.control.model_correction import Correction
 from fissure.control.plan_change import parse_fingerprint, plan_fingerprint
 from fissure.control.progress import ProgressState, requested_mode
-from fissure.graph import OperatorEstimate, Pipeline
+from fissure.program.chain import OperatorEstimate, Pipeline
 from fissure.model.types import Machine, Plan
 from fissure.profile.settings import ProfileSettings
 from fissure.spark.adaptive_observations import OperatorProfiles, SparkObservations
@@ -54,7 +54,7 @@ from fissure.spark.session import create_session, default_parallelism
 from fissure.spark.sources import RateSource, SourceLike, check_before_spark, default_file_system
 from fissure.spark.spark_model_search import SparkModelSearch
 from fissure.spark.state import Repartitioner, spark_repartitioner
-from fissure.streamgraph import StreamGraph, as_graph
+from fissure.program.graph import StreamGraph, as_graph
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from pyspark.sql import SparkSession
 
-from fissure.graph import Pipeline
+from fissure.program.chain import Pipeline
 from fissure.model.throughput import canonical_regions
 from fissure.model.types import Plan
 from fissure.spark.batch_gate import BatchGate
@@ -23,7 +23,7 @@ from fissure.spark.runner import Runner
 from fissure.spark.sinks import DeadLetterLog
 from fissure.spark.sources import SourceLike
 from fissure.spark.state import checkpoint_status
-from fissure.streamgraph import StreamGraph
+from fissure.program.graph import StreamGraph
 
 log = logging.getLogger(__name__)
 

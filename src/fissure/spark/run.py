@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping
 
 from pyspark.sql import SparkSession
 
-from fissure.graph import OperatorEstimate, Pipeline, PipelineError
+from fissure.program.chain import OperatorEstimate, Pipeline, PipelineError
 from fissure.profile.settings import ProfileSettings
 from fissure.spark.adaptive import run_adaptive_on_spark
 from fissure.spark.adaptive_queries import STOP_LOGGERS, quiet_spark_loggers
@@ -34,7 +34,7 @@ from fissure.profile.calibration import stored_spark_model
 from fissure.spark.runner import Runner, RunReport, bind_sources, input_records_once
 from fissure.spark.session import create_session, noted_failures
 from fissure.spark.sources import check_before_spark, default_file_system
-from fissure.streamgraph import StreamGraph, as_graph
+from fissure.program.graph import StreamGraph, as_graph
 
 
 class _FromConfig:

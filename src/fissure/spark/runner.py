@@ -32,7 +32,7 @@ from dataclasses import dataclass, field, replace
 from pyspark.sql import Observation, SparkSession
 from pyspark.sql import functions as F
 
-from fissure.graph import OperatorEstimate, Pipeline, PipelineError
+from fissure.program.chain import OperatorEstimate, Pipeline, PipelineError
 from fissure.control.progress import ProgressState, requested_mode, watermark_text
 from fissure.control.watchdog import Stall, judge_batch, report_due, stuck_operator
 from fissure.model.types import Plan
@@ -41,7 +41,7 @@ from fissure.profile.collector import ProfileCollector
 from fissure.profile.log import profile_log_path
 from fissure.profile.settings import ProfileSettings
 from fissure.profile.window import BatchProfile, ProfileSummary, render_table, waiting_advice
-from fissure.program_fingerprint import program_fingerprint
+from fissure.program.fingerprint import program_fingerprint
 from fissure.control.batch_size import BatchCost, SampleDecision, choose_batch_records, sample_needed
 from fissure.spark.batch_admission import (SAMPLE_RECORD, SourceAdmission, admit_file_sources, first_file,
                                            input_records, model_batch_cost, needs_size, recorded_sample,
@@ -67,7 +67,7 @@ from fissure.spark.time_log import (BATCH_CLOCK_PROPERTY, TimeLog, end_of_input_
 from fissure.worker.time_tally import TimeTally, TimeTallyParam
 from fissure.worker.timed import LATE
 from fissure.worker.watermark import BatchClock, next_clock
-from fissure.streamgraph import StreamGraph, as_graph
+from fissure.program.graph import StreamGraph, as_graph
 from fissure.worker.cost_sample import measure_sample_isolated
 from fissure.worker.elastic_stage import BatchThreadLevels
 from fissure.worker.columns import DEAD_ERROR, DEAD_OPERATOR, DEAD_RECORD, SEQ

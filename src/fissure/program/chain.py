@@ -46,7 +46,7 @@ from enum import Enum
 import pyarrow as pa
 
 from fissure.model.types import Kind, OperatorStats
-from fissure.time_methods import TimeMethods
+from fissure.program.builder_methods import TimeMethods
 
 # Planner inputs used until profiles exist: costs in microseconds per record.
 DEFAULT_COST_US = 10.0
@@ -163,7 +163,7 @@ class Operator:
     hints: Hints = field(default_factory=Hints)
     state_codec: str = "data"  # stateful kinds: "data" (MessagePack) or "pickle" (signed with the run's state key)
     state_version: int = 1  # stateful kinds: raised when the state's form changes (checkpoints record it)
-    time: typing.Any = None  # fissure.eventtime's role of an event-time or time-aware operator
+    time: typing.Any = None  # fissure.program.eventtime's role of an event-time or time-aware operator
 
     @property
     def functions(self) -> tuple[typing.Any, ...]:
@@ -392,7 +392,7 @@ class Pipeline(TimeMethods):
         `on_expire(state, key)` has emitted what it returns; a key's records then come in
         event-time order (docs/pipeline-api.md, Time).
         """
-        from fissure.time_program import expiry_role
+        from fissure.program.time_rules import expiry_role
 
         fields = _normalize_key(name, key)
         role = expiry_role(name, expire_after, on_expire)
@@ -458,7 +458,7 @@ class Pipeline(TimeMethods):
         unknown = sorted(set(estimates) - set(self.names))
         if unknown:
             raise PipelineError(f"estimates name operators the pipeline does not have: {', '.join(unknown)}")
-        from fissure.combine_policy import combine_decision  # it imports aggregates, which import this module
+        from fissure.program.combine_policy import combine_decision  # it imports aggregates, which import this module
 
         stats = []
         for operator in self._operators:
@@ -527,7 +527,7 @@ class Pipeline(TimeMethods):
 
     def _check_time(self, operator: Operator) -> None:
         """A chain knows what is upstream of the operator it adds: check its event time now."""
-        from fissure.time_program import check_chain_declarations
+        from fissure.program.time_rules import check_chain_declarations
 
         check_chain_declarations(self.name, self._operators, operator)
 
@@ -561,7 +561,7 @@ def output_schemas(pipeline: Pipeline, source_schema: pa.Schema) -> dict[str, pa
     for name in source_schema.names:
         if name.startswith(RESERVED_FIELD_PREFIX):
             raise PipelineError(f"the source has a field {name!r}; the prefix {RESERVED_FIELD_PREFIX!r} is reserved by fissure")
-    from fissure.time_program import chain_time, output_schema
+    from fissure.program.time_rules import chain_time, output_schema
 
     schemas: dict[str, pa.Schema] = {}
     upstream, upstream_label = source_schema, "the source"

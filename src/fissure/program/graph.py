@@ -42,7 +42,7 @@ from enum import Enum
 
 import pyarrow as pa
 
-from fissure.graph import (
+from fissure.program.chain import (
     _NAME_PATTERN,
     DEFAULT_COST_US,
     DEFAULT_SELECTIVITY,
@@ -57,11 +57,11 @@ from fissure.graph import (
     _normalize_key,
     to_arrow_schema,
 )
-from fissure.joins import JoinSpec, TumblingWindow, check_join_fn, check_join_inputs
+from fissure.program.joins import JoinSpec, TumblingWindow, check_join_fn, check_join_inputs
 from fissure.model.types import Kind, OperatorStats
-from fissure.time_program import (TimeLayout, check_time_operator, free_name, graph_time, join_window, output_schema,
+from fissure.program.time_rules import (TimeLayout, check_time_operator, free_name, graph_time, join_window, output_schema,
                                   upstream_declaration)
-from fissure.windows import Tumbling
+from fissure.program.windows import Tumbling
 
 # A union only concatenates its inputs' batches: the planner's cost for it until profiles exist.
 UNION_COST_US = 0.5
@@ -509,7 +509,7 @@ class StreamGraph:
         unknown = sorted(set(estimates) - set(self.names))
         if unknown:
             raise PipelineError(f"estimates name operators graph {self.name!r} does not have: {', '.join(unknown)}")
-        from fissure.combine_policy import combine_decision  # it imports aggregates, which import fissure.graph
+        from fissure.program.combine_policy import combine_decision  # it imports aggregates, which import fissure.program.chain
 
         names = self.names
         rates = self.input_rates(estimates)

@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, field, replace
 import pyarrow as pa
 
 from fissure.model.types import Kind
-from fissure.streamgraph import NodeKind, StreamGraph
+from fissure.program.graph import NodeKind, StreamGraph
 
 FINGERPRINT_FORMAT = 1
 NEW_CHECKPOINT = "new checkpoint"

@@ -1,6 +1,6 @@
 """The time builder methods of `fissure.Pipeline` (event_time, window, aggregate, deduplicate), the
 same on a StreamGraph's streams. Semantics: docs/pipeline-api.md, Time; checks:
-fissure.time_program. Imports of fissure.graph are inside the methods: graph.py builds Pipeline on
+fissure.program.time_rules. Imports of fissure.program.chain are inside the methods: graph.py builds Pipeline on
 this class."""
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ class TimeMethods:
         event time seen in the micro-batches before it, minus `lateness` seconds. A record without
         a usable event time is a dead letter (`NoEventTime`). Adds a stateless operator, `name`
         (default `event_time`, then `event_time_2`, ...)."""
-        from fissure.eventtime import EVENT_TIME_COST_US, EventTimeCheck
-        from fissure.graph import Action, Hints, Kind
-        from fissure.time_program import event_time_role, free_name
+        from fissure.program.eventtime import EVENT_TIME_COST_US, EventTimeCheck
+        from fissure.program.chain import Action, Hints, Kind
+        from fissure.program.time_rules import event_time_role, free_name
 
         role = event_time_role(field, lateness)
         name = free_name(self.names, "event_time") if name is None else name
@@ -33,8 +33,8 @@ class TimeMethods:
         """Per key, `aggregate` over event-time windows (`Tumbling(size)`, `Sliding(size, every)`,
         `Session(gap)`): one record per window and key (the key fields, `window_start`,
         `window_end`, the aggregate's fields) once the watermark passes the window's end."""
-        from fissure.graph import Action, Hints, Kind, _normalize_key
-        from fissure.time_program import window_role
+        from fissure.program.chain import Action, Hints, Kind, _normalize_key
+        from fissure.program.time_rules import window_role
 
         fields = _normalize_key(name, key)
         role = window_role(name, window, aggregate)
@@ -49,8 +49,8 @@ class TimeMethods:
         got records in it (the key fields and the aggregate's fields, its result so far).
         `expire_after=SECONDS` drops a key's accumulator once the watermark passes its last event
         time + SECONDS (processing time where the program declares no event time)."""
-        from fissure.graph import Action, Hints, Kind, _normalize_key
-        from fissure.time_program import aggregate_role
+        from fissure.program.chain import Action, Hints, Kind, _normalize_key
+        from fissure.program.time_rules import aggregate_role
 
         fields = _normalize_key(name, key)
         role = aggregate_role(name, aggregate, expire_after)
@@ -63,8 +63,8 @@ class TimeMethods:
         """Pass a record unless a record of the same key passed less than `within` seconds of
         event time from it; duplicates are dropped (they are the operator's selectivity), not dead
         letters."""
-        from fissure.graph import Action, Hints, Kind, _normalize_key
-        from fissure.time_program import deduplicate_role
+        from fissure.program.chain import Action, Hints, Kind, _normalize_key
+        from fissure.program.time_rules import deduplicate_role
 
         fields = _normalize_key(name, key)
         role = deduplicate_role(name, within)

@@ -15,8 +15,8 @@ import typing
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from fissure.graph import PipelineError
-from fissure.windows import Window
+from fissure.program.chain import PipelineError
+from fissure.program.windows import Window
 from fissure.worker.records import RecordRejected, shown_value
 
 _UTC = datetime.timezone.utc

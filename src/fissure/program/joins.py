@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from fissure.graph import PipelineError, _positional_capacity
-from fissure.windows import Tumbling, Window
+from fissure.program.chain import PipelineError, _positional_capacity
+from fissure.program.windows import Tumbling, Window
 
 
 @dataclass(frozen=True)
