@@ -184,7 +184,7 @@ def test_a_path_without_a_scheme_is_checked_early_only_where_it_is_known_to_be_l
 @pytest.mark.parametrize("make_source", ["text", "json", "testing"])
 def test_a_program_that_does_not_fit_its_source_fails_before_spark_starts(no_spark, tmp_path, make_source):
     import fissure
-    from fissure.program.chain import PipelineError
+    from fissure.program.operators import PipelineError
     from fissure.spark.sinks import MemorySink
     from fissure.spark.sources import FileSource
     from fissure.testing import TestingSource

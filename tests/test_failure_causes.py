@@ -11,7 +11,7 @@ import pytest
 
 import fissure
 from fissure import Pipeline
-from fissure.program.chain import PipelineError
+from fissure.program.operators import PipelineError
 from fissure.spark.session import describe_failure
 from fissure.spark.sinks import MemorySink
 from fissure.testing import record_files

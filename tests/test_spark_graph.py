@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from fissure import PipelineError, StreamGraph, TumblingWindow, run_local
+from fissure import Pipeline, PipelineError, StreamGraph, TumblingWindow, run_local
 from fissure.cli.autopipeline_cmd import load_profile
 from fissure.control.autopipeline_control import ControlAction
 from fissure.model.types import Plan, RegionPlan
@@ -158,7 +158,7 @@ def test_fissure_run_runs_every_program(spark, tmp_path):
     assert report.input_records == len(EVENTS) and len(report.batch_log) == report.batches >= 1
     assert canonical(chain_sink.records()) == canonical(run_local(chain, {"events": EVENTS})["counts"])
 
-    pipeline = chain.as_chain()
+    pipeline = Pipeline.from_graph(chain)
     piped = MemorySink()
     report = fissure.run(pipeline, sources(tmp_path / "piped")["events"], piped, spark=spark, autopipeline=True)
     assert len(report.batch_log) >= 2 and report.decisions

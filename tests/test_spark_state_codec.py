@@ -7,7 +7,7 @@ import pytest
 
 import fissure
 from fissure import MemorySink, Pipeline
-from fissure.program.chain import PipelineError
+from fissure.program.operators import PipelineError
 from fissure.spark.session import describe_failure
 from fissure.testing import record_files
 

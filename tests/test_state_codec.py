@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fissure import Pipeline
-from fissure.program.chain import PipelineError
+from fissure.program.operators import PipelineError
 from fissure.spark.config import RunnerConfig
 from fissure.worker.graph_local import LocalGraphRun
 from fissure.worker.keyed import StatefulStep, run_group

@@ -36,7 +36,8 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 
-from fissure.program.chain import Pipeline, PipelineError, SchemaSpec, to_arrow_schema
+from fissure.program.chain import Pipeline
+from fissure.program.operators import PipelineError, SchemaSpec, to_arrow_schema
 from fissure.spark.sinks import MemorySink
 from fissure.spark.sources import FileSource
 from fissure.program.graph import StreamGraph, as_graph

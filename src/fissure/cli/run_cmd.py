@@ -152,7 +152,7 @@ def load_pipeline(reference: str):
     from fissure.program.chain import Pipeline
     from fissure.program.graph import StreamGraph
 
-    from fissure.program.chain import PipelineError
+    from fissure.program.operators import PipelineError
 
     programs = (Pipeline, StreamGraph)
     try:
@@ -166,7 +166,7 @@ def load_pipeline(reference: str):
 
 def handle(args) -> int:
     import fissure
-    from fissure.program.chain import PipelineError
+    from fissure.program.operators import PipelineError
     from fissure.spark.checkpoint_guard import CheckpointDamaged
     from fissure.spark.checkpoint_lock import CheckpointLocked
     from fissure.spark.plans import describe_plan

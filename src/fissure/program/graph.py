@@ -10,11 +10,14 @@
                     fn=lambda left, right: {...}, schema=ENRICHED)
     failures.sink("alerts"); per_host.sink("per_host")
 
-A `Stream` has the builder methods of the chain API (`fissure.Pipeline`: map, filter, flat_map,
-map_batches, filter_batches, partitioned, stateful, and for time event_time, window, aggregate,
-deduplicate) with the same arguments and checks; each returns the new operator's output stream.
-Using one handle in several places is fan-out. Sources are bound to data by name at run time
-(`run_local`, `fissure.run_graph`).
+This graph is the one program model: a chain (`fissure.Pipeline`) is a face over a graph of one
+source, its operators one after the other and one sink, and every runner takes the graph
+(`as_graph`). A `Stream` has the same builder methods as the chain (fissure.program.builder_methods:
+map, filter, flat_map, map_batches, filter_batches, partitioned, stateful, and for time
+event_time, window, aggregate, deduplicate) with the same arguments and checks; each returns the
+new operator's output stream. Using one handle in several places is fan-out. Sources are bound to
+data by name at run time (`run_local`, `fissure.run`). How a graph is checked:
+fissure.program.graph_checks; how the planner sees it: fissure.program.planner_view.
 
 `StreamGraph.add(...)` is the low-level form: a node with its inputs named, possibly before they
 exist, so any graph (cycles included) can be written down; `check()` refuses what cannot run.
@@ -37,96 +40,30 @@ from __future__ import annotations
 
 import typing
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
-from enum import Enum
 
 import pyarrow as pa
 
-from fissure.program.chain import (
-    _NAME_PATTERN,
-    DEFAULT_COST_US,
-    DEFAULT_SELECTIVITY,
-    RESERVED_FIELD_PREFIX,
-    Operator,
-    OperatorEstimate,
-    check_operator_fields,
-    check_state_version,
-    Pipeline,
-    PipelineError,
-    SchemaSpec,
-    _normalize_key,
-    to_arrow_schema,
-)
-from fissure.program.joins import JoinSpec, TumblingWindow, check_join_fn, check_join_inputs
 from fissure.model.types import Kind, OperatorStats
-from fissure.program.time_rules import (TimeLayout, check_time_operator, free_name, graph_time, join_window, output_schema,
-                                  upstream_declaration)
+from fissure.program.builder_methods import OperatorMethods
+from fissure.program.graph_checks import GraphLayout, check_graph
+from fissure.program.joins import JoinSpec, TumblingWindow, check_join_fn
+from fissure.program.nodes import Node, NodeKind
+from fissure.program.operators import (NAME_PATTERN, RESERVED_FIELD_PREFIX, Operator, OperatorEstimate, PipelineError,
+                                       SchemaSpec, check_state_version, normalize_key, to_arrow_schema)
+from fissure.program.planner_view import execution_stages, input_rates, operator_stats
+from fissure.program.time_rules import check_time_operator, join_window, upstream_declaration
 from fissure.program.windows import Tumbling
 
-# A union only concatenates its inputs' batches: the planner's cost for it until profiles exist.
-UNION_COST_US = 0.5
-# The smallest input rate (records per record entering the graph) the planner gives an operator,
-# so that a branch that receives nothing keeps a finite selectivity in the chain the planner sees.
-MIN_PLANNED_RATE = 1e-6
-
-# The chain API's builder methods a Stream offers, with the same arguments.
+# The builder methods `StreamGraph.add` takes by name, with the same arguments.
 OPERATOR_METHODS = ("map", "filter", "flat_map", "map_batches", "filter_batches", "partitioned", "stateful",
                     "event_time", "window", "aggregate", "deduplicate")
 # Those of them that take no function: their arguments are all keywords (docs/pipeline-api.md, Time).
 FUNCTIONLESS_METHODS = ("event_time", "window", "aggregate", "deduplicate")
 
 
-class NodeKind(str, Enum):
-    SOURCE = "source"
-    OPERATOR = "operator"
-    UNION = "union"
-    JOIN = "join"
-    SINK = "sink"
-
-
-@dataclass(frozen=True)
-class Node:
-    """A source, an operator, a union, a join or a sink, and the names of the nodes it reads."""
-
-    name: str
-    kind: NodeKind
-    inputs: tuple[str, ...] = ()
-    operator: Operator | None = None  # NodeKind.OPERATOR
-    join: JoinSpec | None = None  # NodeKind.JOIN
-    schema: pa.Schema | None = None  # NodeKind.SOURCE: the declared schema, if any
-
-    @property
-    def keyed(self) -> bool:
-        """Runs behind a hash exchange with state: a partitioned or stateful operator, or a join."""
-        return self.kind is NodeKind.JOIN or (self.operator is not None and self.operator.kind is not Kind.STATELESS)
-
-    @property
-    def stateless(self) -> bool:
-        return self.kind is NodeKind.UNION or (self.kind is NodeKind.OPERATOR and not self.keyed)
-
-    @property
-    def state_kind(self) -> Kind:
-        """The paper's k(o) of an operator, union (stateless) or join (partitioned on its key)."""
-        if self.kind is NodeKind.JOIN:
-            return Kind.PARTITIONED
-        return self.operator.kind if self.operator is not None else Kind.STATELESS
-
-    @property
-    def key(self) -> tuple[str, ...] | None:
-        if self.join is not None:
-            return self.join.key
-        return self.operator.key if self.operator is not None else None
-
-    def describe(self) -> str:
-        if self.operator is not None:
-            return f"operator {self.operator.describe()}"
-        if self.join is not None:
-            return f"join {self.name!r} ({self.join.callable_name} key={','.join(self.join.key)})"
-        return f"{self.kind.value} {self.name!r}"
-
-
-class Stream:
-    """The output of a source, operator, union or join; use it as the input of what follows."""
+class Stream(OperatorMethods):
+    """The output of a source, operator, union or join; use it as the input of what follows. Its
+    builder methods (fissure.program.builder_methods) each return the new operator's stream."""
 
     def __init__(self, graph: StreamGraph, name: str) -> None:
         self.graph = graph
@@ -135,51 +72,14 @@ class Stream:
     def __repr__(self) -> str:
         return f"Stream({self.graph.name!r}.{self.name})"
 
-    def map(self, name: str, fn, **options) -> Stream:
-        """As `Pipeline.map`: one record in, one out."""
-        return self.graph.add("map", name, fn, inputs=[self], **options)
+    def _check_unique(self, name: str) -> None:
+        pass  # the graph refuses a taken name, in its namespace's words, as it registers the node
 
-    def filter(self, name: str, fn, **options) -> Stream:
-        """As `Pipeline.filter`."""
-        return self.graph.add("filter", name, fn, inputs=[self], **options)
+    def _names_taken(self) -> Iterable[str]:
+        return self.graph._nodes  # `event_time` picks its default name in the graph's namespace
 
-    def flat_map(self, name: str, fn, **options) -> Stream:
-        """As `Pipeline.flat_map`."""
-        return self.graph.add("flat_map", name, fn, inputs=[self], **options)
-
-    def map_batches(self, name: str, fn, **options) -> Stream:
-        """As `Pipeline.map_batches`."""
-        return self.graph.add("map_batches", name, fn, inputs=[self], **options)
-
-    def filter_batches(self, name: str, fn, **options) -> Stream:
-        """As `Pipeline.filter_batches`."""
-        return self.graph.add("filter_batches", name, fn, inputs=[self], **options)
-
-    def partitioned(self, name: str, fn, **options) -> Stream:
-        """As `Pipeline.partitioned`: fn(state, record), one state per value of `key`."""
-        return self.graph.add("partitioned", name, fn, inputs=[self], **options)
-
-    def stateful(self, name: str, fn, **options) -> Stream:
-        """As `Pipeline.stateful`: fn(state, record), one state for the stream."""
-        return self.graph.add("stateful", name, fn, inputs=[self], **options)
-
-    def event_time(self, field: str, *, lateness: float = 0.0, name: str | None = None) -> Stream:
-        """As `Pipeline.event_time`: the stream's event-time field from here on (an operator,
-        `name` or `event_time`, `event_time_2`, ... in the graph's namespace)."""
-        name = free_name(self.graph._nodes, "event_time") if name is None else name
-        return self.graph.add("event_time", name, inputs=[self], field=field, lateness=lateness)
-
-    def window(self, name: str, **options) -> Stream:
-        """As `Pipeline.window`: key=, window=, aggregate=."""
-        return self.graph.add("window", name, inputs=[self], **options)
-
-    def aggregate(self, name: str, **options) -> Stream:
-        """As `Pipeline.aggregate`: key=, aggregate=, expire_after=."""
-        return self.graph.add("aggregate", name, inputs=[self], **options)
-
-    def deduplicate(self, name: str, **options) -> Stream:
-        """As `Pipeline.deduplicate`: key=, within=."""
-        return self.graph.add("deduplicate", name, inputs=[self], **options)
+    def _place(self, operator: Operator) -> Stream:
+        return self.graph._add_built(operator, [self], operator.action.value)
 
     def sink(self, name: str) -> StreamGraph:
         """A named sink fed by this stream; bound to a real sink by name at run time."""
@@ -189,22 +89,11 @@ class Stream:
 StreamLike = typing.Union[Stream, str]
 
 
-@dataclass(frozen=True)
-class GraphLayout:
-    """A checked graph: its sources and operators (not its sinks) in topological order and the
-    schema of every stream they make (None where a source's schema is not known yet); a sink's
-    records are its stream's (`graph.sink_node(name).inputs[0]`)."""
-
-    order: tuple[str, ...]
-    schemas: Mapping[str, pa.Schema | None]
-    time: TimeLayout = TimeLayout()  # the time-aware operators' event-time fields, lateness, horizon
-
-
 class StreamGraph:
     """A stream program as a directed acyclic graph of named nodes. See the module docstring."""
 
     def __init__(self, name: str = "graph") -> None:
-        if not isinstance(name, str) or not _NAME_PATTERN.match(name):
+        if not isinstance(name, str) or not NAME_PATTERN.match(name):
             raise PipelineError(f"graph name {name!r} is not valid; use letters, digits, '_' or '-'")
         self.name = name
         self._nodes: dict[str, Node] = {}  # sources and operators (unions and joins too): one namespace
@@ -212,19 +101,16 @@ class StreamGraph:
         self._sinks: dict[str, Node] = {}
 
     @classmethod
-    def from_pipeline(cls, pipeline: Pipeline, source: str = "source", sink: str = "sink") -> StreamGraph:
-        """The chain `pipeline` as a graph: one source, its operators in order, one sink. An
-        operator named like an end gets that end's name followed by `_`."""
-        pipeline.check_not_empty()
-        graph = cls(pipeline.name if _NAME_PATTERN.match(pipeline.name) else "pipeline")
-        while source in pipeline.names:
-            source += "_"
-        while sink in pipeline.names or sink == source:
-            sink += "_"
-        stream = graph.source(source)
-        for operator in pipeline.operators:
-            stream = graph.add_operator(operator, inputs=[stream])
-        stream.sink(sink)
+    def from_pipeline(cls, pipeline) -> StreamGraph:
+        """The chain `pipeline` (a fissure.Pipeline) as a graph of its own: a copy of the graph it
+        builds, one source, its operators in order, one sink (named `source` and `sink`; an end
+        named like an operator gets `_` appended)."""
+        return pipeline.as_graph().copy()
+
+    def copy(self) -> StreamGraph:
+        """A graph of the same nodes (which are immutable) that grows apart from this one."""
+        graph = StreamGraph(self.name)
+        graph._nodes, graph._sinks = dict(self._nodes), dict(self._sinks)
         return graph
 
     # --- building ----------------------------------------------------------------------------
@@ -235,35 +121,24 @@ class StreamGraph:
         return Stream(self, name)
 
     def add(self, method: str, name: str, fn=None, *, inputs: Sequence[StreamLike], **options) -> Stream:
-        """Low level: an operator built as `Pipeline.<method>(name, fn, **options)` would build it
-        (`Pipeline.event_time(field=..., lateness=..., name=name)`; window, aggregate and
-        deduplicate take no fn), reading the named nodes `inputs` (exactly one; they may be added
-        later: then its event time is checked by `check()`)."""
+        """Low level: an operator built as `Stream.<method>(name, fn, **options)` would build it
+        (`event_time(field=..., lateness=..., name=name)`; window, aggregate and deduplicate take
+        no fn), reading the named nodes `inputs` (exactly one; they may be added later: then its
+        event time is checked by `check()`)."""
         if method not in OPERATOR_METHODS:
             raise PipelineError(f"operator {name!r}: unknown method {method!r}; use one of {', '.join(OPERATOR_METHODS)}")
-        scratch = _OperatorBuilder(self.name)
+        builder = _OperatorCapture(self)
         if method in FUNCTIONLESS_METHODS:
             if fn is not None:
                 raise PipelineError(f"operator {name!r} ({method}) takes no function; pass its keyword arguments "
                                     f"(docs/pipeline-api.md, Time)")
             if method == "event_time":
-                scratch.event_time(options.pop("field", None), name=name, **options)
+                operator = builder.event_time(options.pop("field", None), name=name, **options)
             else:
-                getattr(scratch, method)(name, **options)
+                operator = getattr(builder, method)(name, **options)
         else:
-            getattr(scratch, method)(name, fn, **options)  # every check of the chain API, same messages
-        inputs = self._input_names(name, inputs)
-        if len(inputs) != 1:
-            raise PipelineError(
-                f"operator {name!r} ({method}) reads {len(inputs)} streams ({', '.join(inputs) or 'none'}); an "
-                f"operator reads exactly one: merge streams first with graph.union(...) or graph.join(...)")
-        operator = scratch.operators[0]
-        if operator.time is not None:
-            upstream = upstream_declaration(self, inputs[0])
-            if upstream != "unknown":
-                check_time_operator(operator, upstream, None, f"its input {inputs[0]!r}")
-        self._register(Node(name, NodeKind.OPERATOR, inputs, operator=operator))
-        return Stream(self, name)
+            operator = getattr(builder, method)(name, fn, **options)  # every check of the builder methods
+        return self._add_built(operator, inputs, method)
 
     def add_operator(self, operator: Operator, *, inputs: Sequence[StreamLike]) -> Stream:
         """An operator already built (by a `Pipeline`), reading the one stream in `inputs`."""
@@ -272,6 +147,22 @@ class StreamGraph:
             raise PipelineError(f"operator {operator.name!r} reads {len(names)} streams; an operator reads exactly one")
         self._register(Node(operator.name, NodeKind.OPERATOR, names, operator=operator))
         return Stream(self, operator.name)
+
+    def _add_built(self, operator: Operator, inputs: Sequence[StreamLike], method: str) -> Stream:
+        """A checked operator reading the one stream in `inputs`, its event time checked against
+        what is upstream as far as the graph is built."""
+        name = operator.name
+        inputs = self._input_names(name, inputs)
+        if len(inputs) != 1:
+            raise PipelineError(
+                f"operator {name!r} ({method}) reads {len(inputs)} streams ({', '.join(inputs) or 'none'}); an "
+                f"operator reads exactly one: merge streams first with graph.union(...) or graph.join(...)")
+        if operator.time is not None:
+            upstream = upstream_declaration(self, inputs[0])
+            if upstream != "unknown":
+                check_time_operator(operator, upstream, None, f"its input {inputs[0]!r}")
+        self._register(Node(name, NodeKind.OPERATOR, inputs, operator=operator))
+        return Stream(self, name)
 
     def union(self, name: str, *streams: StreamLike) -> Stream:
         """The records of all `streams` as one stream (fan-in); their schemas must agree."""
@@ -293,7 +184,7 @@ class StreamGraph:
         (an iterable) or None; `key` names fields both sides have, with the same types.
         `state_version`: as for `Pipeline.partitioned`.
         """
-        fields = _normalize_key(name, key)
+        fields = normalize_key(name, key)
         if not isinstance(window, (TumblingWindow, Tumbling)):
             raise PipelineError(f"join {name!r}: window must be Tumbling(size) (with the event time declared "
                                 f"upstream) or TumblingWindow(time_field, size, lateness), got {window!r}")
@@ -333,7 +224,7 @@ class StreamGraph:
         return tuple(names)
 
     def _register(self, node: Node) -> None:
-        if not isinstance(node.name, str) or not _NAME_PATTERN.match(node.name):
+        if not isinstance(node.name, str) or not NAME_PATTERN.match(node.name):
             raise PipelineError(f"{node.kind.value} name {node.name!r} is not valid; use letters, digits, '_' or '-', "
                                 f"starting with a letter or '_'")
         if node.name.startswith(RESERVED_FIELD_PREFIX):
@@ -358,6 +249,29 @@ class StreamGraph:
         if sink is not None and sink.inputs and sink.inputs != (node.name,):
             raise _sink_namesake_error(self.name, sink, node)
         self._nodes[node.name] = node
+
+    def _rename_end(self, old: str, new: str) -> None:
+        """Rename a source or a sink, in place (the chain builder's ends, when an operator takes an
+        end's name); what reads or is fed by it follows."""
+        if old in self._sinks:
+            self._sinks = {(new if name == old else name): Node(new, NodeKind.SINK, node.inputs) if name == old
+                           else node for name, node in self._sinks.items()}
+            return
+        renamed = {}
+        for name, node in self._nodes.items():
+            if name == old:
+                node = Node(new, node.kind, node.inputs, schema=node.schema)
+            elif old in node.inputs:
+                node = Node(node.name, node.kind, tuple(new if item == old else item for item in node.inputs),
+                            operator=node.operator, join=node.join, schema=node.schema)
+            renamed[node.name] = node
+        self._nodes = renamed
+        self._sinks = {name: Node(name, NodeKind.SINK, tuple(new if item == old else item for item in node.inputs))
+                       for name, node in self._sinks.items()}
+
+    def _feed_sink(self, sink: str, stream: str) -> None:
+        """Let the sink `sink` read `stream` instead (the chain builder's sink follows its last operator)."""
+        self._sinks[sink] = Node(sink, NodeKind.SINK, (stream,))
 
     # --- reading -----------------------------------------------------------------------------
     @property
@@ -405,7 +319,7 @@ class StreamGraph:
     def __repr__(self) -> str:
         return f"StreamGraph({self.name!r}: {len(self.nodes)} nodes, sinks {', '.join(self.sinks) or 'none'})"
 
-    # --- the program as the planner sees it --------------------------------------------------
+    # --- the program as the planner sees it (fissure.program.planner_view) -----------------------
     @property
     def names(self) -> tuple[str, ...]:
         """The operators (operator, union and join nodes) in execution order: the order in which a
@@ -419,38 +333,16 @@ class StreamGraph:
         K_i is the i-th keyed node in topological order and S_i holds every stateless node whose
         inputs all exist once K_i has run (a source's records exist at once). Empty stages are left
         out. Raises PipelineError if the graph cannot run (`check`)."""
-        order = self.check().order
-        available: dict[str, int] = {}  # node -> the stateless stage after which its output exists
-        stateless: dict[int, list[str]] = {}
-        keyed: list[str] = []
-        for name in order:
-            node = self._nodes[name]
-            if node.kind is NodeKind.SOURCE:
-                available[name] = 0
-            elif node.kind is NodeKind.SINK:
-                continue
-            elif node.keyed:
-                keyed.append(name)
-                available[name] = len(keyed)
-            else:
-                available[name] = max(available[source] for source in node.inputs)
-                stateless.setdefault(available[name], []).append(name)
-        stages: list[tuple[str, ...]] = []
-        for index in range(len(keyed) + 1):
-            if index > 0:
-                stages.append((keyed[index - 1],))
-            if stateless.get(index):
-                stages.append(tuple(stateless[index]))
-        return tuple(stages)
+        return execution_stages(self, self.check().order)
 
     @property
     def operators(self) -> tuple[Operator, ...]:
-        """The user's operators (not unions or joins), in execution order, as a Pipeline lists its own."""
+        """The user's operators (not unions or joins), in execution order."""
         return tuple(self._nodes[name].operator for name in self.names if self._nodes[name].operator is not None)
 
-    def as_chain(self) -> Pipeline | None:
-        """The graph as a Pipeline when it is a chain (one source, one sink, operators one after
-        the other, no union or join), else None: what runs a chain runs it."""
+    def chain_operators(self) -> tuple[Operator, ...] | None:
+        """The operators in order when the graph is a chain (one source, one sink, operators one
+        after the other, no union or join), else None (`fissure.Pipeline.from_graph`)."""
         if len(self.sources) != 1 or len(self.sinks) != 1:
             return None
         operators, stream = [], self.sources[0]
@@ -465,9 +357,7 @@ class StreamGraph:
                 return None
             operators.append(node.operator)
             stream = node.name
-        if not operators:
-            return None
-        return Pipeline.of_operators(self.name, operators)
+        return tuple(operators) or None
 
     def operator(self, name: str) -> Node:
         """The operator, union or join node `name` (a source or sink is not an operator)."""
@@ -483,168 +373,23 @@ class StreamGraph:
         return self.operator(name).key
 
     def input_rates(self, estimates: Mapping[str, OperatorEstimate] | None = None) -> dict[str, float]:
-        """Records entering each operator per record entering the graph (the sources share the
-        input equally until profiles say otherwise): a node's output rate is its input rate times
-        its selectivity (a union passes all, a join's selectivity is per record of either side)."""
-        estimates = estimates or {}
-        output: dict[str, float] = {}
-        rates: dict[str, float] = {}
-        order = self.check().order
-        sources = self.sources
-        for name in order:
-            node = self._nodes[name]
-            if node.kind is NodeKind.SOURCE:
-                output[name] = 1.0 / len(sources)
-            elif node.kind is not NodeKind.SINK:
-                rates[name] = sum(output[source] for source in node.inputs)
-                output[name] = rates[name] * self._selectivity(node, estimates)
-        return rates
+        """Records entering each operator per record entering the graph (planner_view.input_rates)."""
+        return input_rates(self, estimates)
 
     def operator_stats(self, estimates: Mapping[str, OperatorEstimate] | None = None) -> list[OperatorStats]:
-        """The planner's input: the operators in execution order (`names`) as a chain whose
-        selectivities reproduce each operator's input rate in the graph, so that the chain model's
-        load of an operator, its cost times the records it receives, is the graph's. Costs and
-        selectivities come from `estimates`, else the operators' hints, else the defaults."""
-        estimates = estimates or {}
-        unknown = sorted(set(estimates) - set(self.names))
-        if unknown:
-            raise PipelineError(f"estimates name operators graph {self.name!r} does not have: {', '.join(unknown)}")
-        from fissure.program.combine_policy import combine_decision  # it imports aggregates, which import fissure.program.chain
+        """The planner's input: the operators in execution order as one chain of statistics whose
+        loads are the graph's (planner_view.operator_stats). Costs and selectivities come from
+        `estimates`, else the operators' hints, else the defaults."""
+        return operator_stats(self, estimates)
 
-        names = self.names
-        rates = self.input_rates(estimates)
-        stats = []
-        for position, name in enumerate(names):
-            node = self._nodes[name]
-            if position + 1 < len(names):
-                selectivity = max(rates[names[position + 1]], MIN_PLANNED_RATE) / max(rates[name], MIN_PLANNED_RATE)
-            else:
-                selectivity = self._selectivity(node, estimates)
-            max_scale = node.operator.hints.max_scale if node.operator is not None else None
-            combined = node.operator is not None and combine_decision(
-                node.operator, sole_reader=self.consumers(node.inputs[0]) == (name,)
-                and not self.sinks_of(node.inputs[0])).combine
-            stats.append(OperatorStats(name=name, kind=node.state_kind, cost_us=self._cost_us(node, estimates),
-                                       selectivity=selectivity, key=node.key if node.state_kind is Kind.PARTITIONED
-                                       else None, max_scale=max_scale, combined=combined))
-        return stats
-
-    @staticmethod
-    def _cost_us(node: Node, estimates: Mapping[str, OperatorEstimate]) -> float:
-        if node.name in estimates:
-            return estimates[node.name].cost_us
-        if node.operator is not None and node.operator.hints.cost_us is not None:
-            return node.operator.hints.cost_us
-        return UNION_COST_US if node.kind is NodeKind.UNION else DEFAULT_COST_US
-
-    @staticmethod
-    def _selectivity(node: Node, estimates: Mapping[str, OperatorEstimate]) -> float:
-        if node.name in estimates:
-            return estimates[node.name].selectivity
-        if node.operator is not None and node.operator.hints.selectivity is not None:
-            return node.operator.hints.selectivity
-        return DEFAULT_SELECTIVITY
-
-    # --- checking ----------------------------------------------------------------------------
+    # --- checking (fissure.program.graph_checks) -------------------------------------------------
     def check(self, source_schemas: Mapping[str, pa.Schema] | None = None) -> GraphLayout:
         """Check the graph (and, where source schemas are known, every field it uses); returns its
         topological order and stream schemas. Raises PipelineError naming the node and the fix.
 
         `source_schemas` gives (or overrides) source schemas, e.g. those of the bound data.
         """
-        self._check_structure()
-        order = self._topological_order()
-        self._check_connected(order)
-        known = {name: node.schema for name, node in self._nodes.items() if node.kind is NodeKind.SOURCE}
-        for name, schema in (source_schemas or {}).items():
-            if name not in known:
-                raise PipelineError(f"graph {self.name!r} has no source {name!r}; its sources are "
-                                    f"{', '.join(self.sources)}")
-            for field_name in schema.names:
-                if field_name.startswith(RESERVED_FIELD_PREFIX):
-                    raise PipelineError(f"source {name!r} has a field {field_name!r}; the prefix "
-                                        f"{RESERVED_FIELD_PREFIX!r} is reserved by fissure")
-            known[name] = schema
-        schemas = self._schemas(order, known)
-        return GraphLayout(tuple(order), schemas, graph_time(self, order, schemas))
-
-    def _check_structure(self) -> None:
-        if not self._nodes:
-            raise PipelineError(f"graph {self.name!r} is empty; add a source with graph.source(...)")
-        if not self._sinks:
-            raise PipelineError(f"graph {self.name!r} has no sink, so nothing it computes is kept; end each branch "
-                                f"with stream.sink('name')")
-        for node in self.nodes:
-            if node.kind is NodeKind.SINK and not node.inputs:
-                raise PipelineError(f"sink {node.name!r} is fed by nothing; give it a stream: graph.sink({node.name!r}, stream)")
-            for name in node.inputs:
-                if name in self._nodes:
-                    continue
-                if name in self._sinks:
-                    raise PipelineError(f"{node.describe()} reads sink {name!r}; a sink has no output: read the stream "
-                                        f"that feeds the sink instead ({', '.join(self._sinks[name].inputs)})")
-                raise PipelineError(f"{node.describe()} reads {name!r}, which graph {self.name!r} does not have; "
-                                    f"add it, or read one of {', '.join(n for n in self._nodes if n != node.name)}")
-
-    def _topological_order(self) -> list[str]:
-        remaining = {name: len(node.inputs) for name, node in self._nodes.items()}
-        ready = [name for name, count in remaining.items() if count == 0]
-        order = []
-        while ready:
-            name = ready.pop(0)
-            order.append(name)
-            for consumer in self.consumers(name):
-                remaining[consumer] -= self._nodes[consumer].inputs.count(name)
-                if remaining[consumer] == 0:
-                    ready.append(consumer)
-        if len(order) < len(self._nodes):
-            cycle = self._find_cycle(set(self._nodes) - set(order))
-            raise PipelineError(f"graph {self.name!r} has a cycle: {' -> '.join(cycle)}; a stream may not feed back "
-                                f"into its own upstream: keep what must flow back in a stateful operator's state")
-        return order
-
-    def _find_cycle(self, candidates: set[str]) -> list[str]:
-        start = min(candidates, key=list(self._nodes).index)
-        path, seen = [start], {start}
-        while True:  # every unordered node has an unordered input: walk inputs until one repeats
-            following = next(name for name in self._nodes[path[-1]].inputs if name in candidates)
-            if following in seen:
-                cycle = path[path.index(following):] + [following]
-                return list(reversed(cycle))
-            path.append(following)
-            seen.add(following)
-
-    def _check_connected(self, order: list[str]) -> None:
-        reaches_sink: set[str] = set()
-        for name in reversed(order):
-            if self.sinks_of(name) or any(consumer in reaches_sink for consumer in self.consumers(name)):
-                reaches_sink.add(name)
-        for name in order:
-            node = self._nodes[name]
-            if node.kind is NodeKind.SOURCE and not self.consumers(name) and not self.sinks_of(name):
-                raise PipelineError(f"source {name!r} is read by nothing; connect it (e.g. graph.source({name!r}).map(...)"
-                                    f" ... .sink(...)) or remove it")
-            if name not in reaches_sink:
-                raise PipelineError(f"{node.describe()} is unconnected: its output reaches no sink, so its work would "
-                                    f"be lost; end its branch with .sink('name') or remove it")
-
-    def _schemas(self, order: list[str], known: Mapping[str, pa.Schema | None]) -> dict[str, pa.Schema | None]:
-        schemas: dict[str, pa.Schema | None] = {}
-        for name in order:
-            node = self._nodes[name]
-            if node.kind is NodeKind.SOURCE:
-                schemas[name] = known[name]
-            elif node.kind is NodeKind.UNION:
-                schemas[name] = _union_schema(node, [(source, schemas[source]) for source in node.inputs])
-            elif node.kind is NodeKind.JOIN:
-                check_join_inputs(node.name, node.join, schemas[node.inputs[0]], schemas[node.inputs[1]], node.inputs)
-                schemas[name] = node.join.schema
-            else:
-                upstream = schemas[node.inputs[0]]
-                if upstream is not None:
-                    _check_operator_fields(node.operator, upstream, node.inputs[0])
-                schemas[name] = output_schema(node.operator, upstream)
-        return schemas
+        return check_graph(self, source_schemas)
 
 
 def _sink_namesake_error(graph: str, sink: Node, namesake: Node) -> PipelineError:
@@ -659,43 +404,31 @@ def _article(word: str) -> str:
     return f"{'an' if word[0] in 'aeiou' else 'a'} {word}"
 
 
-def _check_operator_fields(operator: Operator, upstream: pa.Schema, upstream_name: str) -> None:
-    check_operator_fields(operator, upstream, f"its input {upstream_name!r}")
+class _OperatorCapture(OperatorMethods):
+    """Builds one operator for `StreamGraph.add` with every check of the builder methods, and
+    returns it: the graph places it."""
 
+    def __init__(self, graph: StreamGraph) -> None:
+        self.graph = graph
 
-def _union_schema(node: Node, inputs: list[tuple[str, pa.Schema | None]]) -> pa.Schema | None:
-    known = [(name, schema) for name, schema in inputs if schema is not None]
-    if len(known) < len(inputs):
-        return None
-    first_name, first = known[0]
-    for name, schema in known[1:]:
-        if not _same_fields(first, schema):
-            raise PipelineError(
-                f"union {node.name!r}: stream {name!r} has fields ({_fields_text(schema)}) but {first_name!r} has "
-                f"({_fields_text(first)}); every stream of a union needs the same field names and types: map them "
-                f"to one schema before the union")
-    return first
-
-
-def _same_fields(first: pa.Schema, second: pa.Schema) -> bool:
-    return sorted((f.name, str(f.type)) for f in first) == sorted((f.name, str(f.type)) for f in second)
-
-
-def _fields_text(schema: pa.Schema) -> str:
-    return ", ".join(f"{field.name}: {field.type}" for field in schema)
-
-
-class _OperatorBuilder(Pipeline):
-    """A Pipeline that builds one operator for a graph: the graph checks its event time."""
-
-    def _check_time(self, operator: Operator) -> None:
+    def _check_unique(self, name: str) -> None:
         pass
 
+    def _names_taken(self) -> Iterable[str]:
+        return self.graph._nodes
 
-def as_graph(program: Pipeline | StreamGraph) -> StreamGraph:
-    """Any program as a graph: a StreamGraph as it is, a Pipeline through `from_pipeline`."""
+    def _place(self, operator: Operator) -> Operator:
+        return operator
+
+
+def as_graph(program) -> StreamGraph:
+    """Any program as its graph, the one model every runner takes: a StreamGraph as it is; a
+    chain (fissure.Pipeline: a face over a graph) the graph it built (`program.as_graph()`)."""
     if isinstance(program, StreamGraph):
         return program
-    if isinstance(program, Pipeline):
-        return StreamGraph.from_pipeline(program)
+    face = getattr(type(program), "as_graph", None)
+    if callable(face):
+        graph = program.as_graph()
+        if isinstance(graph, StreamGraph):
+            return graph
     raise PipelineError(f"a program is a fissure.Pipeline or a fissure.StreamGraph, got {type(program).__name__}")

@@ -22,8 +22,9 @@ import pyarrow as pa
 from fissure.program.aggregates import check_aggregate, result_schema
 from fissure.program.eventtime import (AggregateRole, DeduplicateRole, EventTimeRole, ExpiryRole, WindowRole,
                                seconds_option)
-from fissure.program.chain import Operator, PipelineError, _positional_capacity
 from fissure.program.joins import TumblingWindow
+from fissure.program.nodes import NodeKind
+from fissure.program.operators import Operator, PipelineError, positional_capacity
 from fissure.program.windows import Tumbling, Window
 
 WINDOW_START, WINDOW_END = "window_start", "window_end"
@@ -202,8 +203,6 @@ def chain_time(operators: typing.Sequence[Operator], schemas: Mapping[str, pa.Sc
 def graph_time(graph, order: typing.Sequence[str], schemas: Mapping[str, pa.Schema | None]) -> TimeLayout:
     """A graph's time layout (`StreamGraph.check`), checking each time-aware operator; a union or
     join passes event time on only where all its inputs carry the same field."""
-    from fissure.program.graph import NodeKind
-
     resolved: dict[str, Resolved] = {}
     paths: dict[str, float] = {}
     fields: dict[str, str | None] = {}
@@ -252,8 +251,6 @@ def _merged(node, inputs: list[Resolved]) -> Resolved:
 def upstream_declaration(graph, name: str) -> Resolved | typing.Literal["unknown"]:
     """The event time the stream `name` carries as far as the graph is built ("unknown" where a
     node on the way is not added yet), for the checks at the call that adds an operator."""
-    from fissure.program.graph import NodeKind
-
     try:
         node = graph.node(name)
     except PipelineError:
@@ -292,7 +289,7 @@ def expiry_role(name: str, expire_after: object, on_expire: object) -> ExpiryRol
         return None
     seconds = seconds_option(f"operator {name!r}", "expire_after", expire_after)
     if on_expire is not None:
-        capacity = _positional_capacity(on_expire) if callable(on_expire) else (99, 0)
+        capacity = positional_capacity(on_expire) if callable(on_expire) else (99, 0)
         if capacity is not None and not (capacity[0] <= 2 and (capacity[1] == -1 or capacity[1] >= 2)):
             raise PipelineError(f"operator {name!r}: on_expire={on_expire!r} must be a function of (state, key) "
                                 f"returning the records to emit (a dict, an iterable of dicts, or None)")

@@ -36,7 +36,8 @@ from fissure.control.driver import Timeline, TimelineEntry, plot_timeline, run_a
 from fissure.control.model_correction import Correction
 from fissure.control.plan_change import parse_fingerprint, plan_fingerprint
 from fissure.control.progress import ProgressState, requested_mode
-from fissure.program.chain import OperatorEstimate, Pipeline
+from fissure.program.chain import Pipeline
+from fissure.program.operators import OperatorEstimate
 from fissure.model.types import Machine, Plan
 from fissure.profile.settings import ProfileSettings
 from fissure.spark.adaptive_observations import OperatorProfiles, SparkObservations

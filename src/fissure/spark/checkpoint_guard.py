@@ -21,7 +21,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from fissure.control.checkpoint_logs import missing_log_files
-from fissure.program.chain import Pipeline, PipelineError
+from fissure.program.chain import Pipeline
+from fissure.program.operators import PipelineError
 from fissure.program.fingerprint import (
     NEW_CHECKPOINT, ProgramComparison, ProgramFingerprint, StateMigration, compare_programs, program_fingerprint,
     refusal_text,

@@ -37,7 +37,7 @@ import pyarrow as pa
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from fissure.program.chain import PipelineError
+from fissure.program.operators import PipelineError
 from fissure.model.types import STATE_BUCKETS, Kind, Plan
 from fissure.spark.elastic import WorkerThreads
 from fissure.spark.plans import check_plan, sequential_plan
@@ -48,7 +48,8 @@ from fissure.spark.stages import (
     TickEnvelopeFunction, WorkerProfiling,
 )
 from fissure.program.time_rules import TimeLayout
-from fissure.program.graph import NodeKind, StreamGraph
+from fissure.program.graph import StreamGraph
+from fissure.program.nodes import NodeKind
 from fissure.worker.columns import DEAD_OPERATOR, SEQ
 from fissure.worker.graph_profiling import ProfiledGraphRegion
 from fissure.worker.source_rows import LineFormat, without_corrupt_record

@@ -33,7 +33,8 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from fissure.control.thread_level.config import ElasticityConfig
-from fissure.program.chain import Operator, Pipeline
+from fissure.program.chain import Pipeline
+from fissure.program.operators import Operator
 from fissure.program.graph import StreamGraph
 from fissure.model.types import Kind
 from fissure.worker.elastic_stage import (

@@ -28,7 +28,7 @@ from fissure.control.autopipeline_control import (
 )
 from fissure.optimize.autopipeline import DEFAULT_BETA, plan_autopipelining
 from fissure.profile.graph_profile import autopipeline_profile, piece_measurements, port_throughput_per_s
-from fissure.program.graph import NodeKind
+from fissure.program.nodes import NodeKind
 from fissure.worker.profiling import ProfileTally
 
 

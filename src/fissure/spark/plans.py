@@ -13,7 +13,8 @@ import os
 import re
 from collections.abc import Mapping
 
-from fissure.program.chain import OperatorEstimate, Pipeline, PipelineError
+from fissure.program.chain import Pipeline
+from fissure.program.operators import OperatorEstimate, PipelineError
 from fissure.model.types import Kind, Machine, Plan, RegionPlan
 from fissure.program.graph import StreamGraph
 

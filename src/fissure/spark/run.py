@@ -19,7 +19,8 @@ from collections.abc import Iterable, Mapping
 
 from pyspark.sql import SparkSession
 
-from fissure.program.chain import OperatorEstimate, Pipeline, PipelineError
+from fissure.program.chain import Pipeline
+from fissure.program.operators import OperatorEstimate, PipelineError
 from fissure.profile.settings import ProfileSettings
 from fissure.spark.adaptive import run_adaptive_on_spark
 from fissure.spark.adaptive_queries import STOP_LOGGERS, quiet_spark_loggers
@@ -76,10 +77,10 @@ def run(program: Pipeline | StreamGraph, source=None, sink=None, *, plan: object
     autopipeline_config = autopipeline_config or config.autopipelining
     if adaptive and autopipeline:
         raise PipelineError("adaptive=True and autopipeline=True both re-cut the program while it runs; choose one")
+    graph = as_graph(program)  # the one model of the program every part of the run takes
     if adaptive:
-        chain = program if isinstance(program, Pipeline) else as_graph(program).as_chain()
         with noted_failures():
-            return run_adaptive_on_spark(chain if chain is not None else program, source, sink, plan=plan,
+            return run_adaptive_on_spark(graph, source, sink, plan=plan,
                                          checkpoint=checkpoint, spark=spark, dead_letters=dead_letters,
                                          estimates=estimates, config=config, available_now=available_now,
                                          timeout_s=timeout_s, max_batches=max_batches, progress=progress,
@@ -91,7 +92,6 @@ def run(program: Pipeline | StreamGraph, source=None, sink=None, *, plan: object
     lock = None
     try:
         with noted_failures():
-            graph = as_graph(program)
             # A missing path or field fails now, not after Spark's start.
             check_before_spark(graph, bind_sources(graph, source),
                                default_file_system(spark, config.master, config.spark_conf))
@@ -104,7 +104,7 @@ def run(program: Pipeline | StreamGraph, source=None, sink=None, *, plan: object
             # One lock for every query of the run: its restarts after a worker crash re-use it.
             lock = CheckpointLock.acquire(open_store(spark, checkpoint), graph.name, spark=spark,
                                           lease_s=config.checkpoint_lease_s)
-            return _run_to_end(program, source, sink, limit=limit, checkpoint=checkpoint, spark=spark,
+            return _run_to_end(graph, source, sink, limit=limit, checkpoint=checkpoint, spark=spark,
                                config=config, available_now=available_now, timeout_s=timeout_s,
                                runner_options=dict(plan=plan, dead_letters=dead_letters, estimates=estimates,
                                                    config=config, progress=progress, profile=profile,
@@ -120,7 +120,7 @@ def run(program: Pipeline | StreamGraph, source=None, sink=None, *, plan: object
             shutil.rmtree(checkpoint, ignore_errors=True)
 
 
-def _run_to_end(program, source, sink, *, limit: BatchLimit | None, checkpoint: str, spark, config: RunnerConfig,
+def _run_to_end(graph: StreamGraph, source, sink, *, limit: BatchLimit | None, checkpoint: str, spark, config: RunnerConfig,
                 available_now: bool, timeout_s: float | None, runner_options: dict, autopipeline: bool,
                 autopipeline_config, clock=time.monotonic) -> RunReport:
     """Run on the one Runner until the end, starting the query again on its checkpoint after a
@@ -129,7 +129,7 @@ def _run_to_end(program, source, sink, *, limit: BatchLimit | None, checkpoint: 
     restarts = QueryRestarts(config.restart_policy(), checkpoint, clock, runner_options.get("lock"))
     deadline = None if timeout_s is None else clock() + timeout_s
     while True:
-        runner = Runner(program, source, sink, checkpoint=checkpoint, spark=spark, **runner_options)
+        runner = Runner(graph, source, sink, checkpoint=checkpoint, spark=spark, **runner_options)
         spark = runner.spark
         loop = GraphAutopipeliner(runner, autopipeline_config).attach() if autopipeline else None
         if limit is not None:

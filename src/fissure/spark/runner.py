@@ -32,7 +32,8 @@ from dataclasses import dataclass, field, replace
 from pyspark.sql import Observation, SparkSession
 from pyspark.sql import functions as F
 
-from fissure.program.chain import OperatorEstimate, Pipeline, PipelineError
+from fissure.program.chain import Pipeline
+from fissure.program.operators import OperatorEstimate, PipelineError
 from fissure.control.progress import ProgressState, requested_mode, watermark_text
 from fissure.control.watchdog import Stall, judge_batch, report_due, stuck_operator
 from fissure.model.types import Plan
@@ -185,7 +186,7 @@ class RunReport:
         return f"{type(self).__name__}({self.describe()})"
 
 
-def ship_operator_modules(program: Pipeline | StreamGraph) -> None:
+def ship_operator_modules(graph: StreamGraph) -> None:
     """Pickle the operators' own modules by value, so workers need not import them.
 
     A function is pickled by reference to its module; a module that lives in a script's folder
@@ -193,9 +194,8 @@ def ship_operator_modules(program: Pipeline | StreamGraph) -> None:
     """
     from pyspark import cloudpickle
 
-    functions = [fn for operator in program.operators for fn in (operator.fn, operator.state_factory)]
-    if isinstance(program, StreamGraph):
-        functions += [node.join.fn for node in program.nodes if node.join is not None]
+    functions = [fn for operator in graph.operators for fn in (operator.fn, operator.state_factory)]
+    functions += [node.join.fn for node in graph.nodes if node.join is not None]
     for fn in functions:
         module = sys.modules.get(getattr(fn, "__module__", None) or "")
         path = getattr(module, "__file__", None) or ""
@@ -205,12 +205,12 @@ def ship_operator_modules(program: Pipeline | StreamGraph) -> None:
         cloudpickle.register_pickle_by_value(module)
 
 
-def check_serializable(program: Pipeline | StreamGraph) -> None:
+def check_serializable(graph: StreamGraph) -> None:
     """Every operator's function and state_factory pickle as Spark will send them to its workers;
     one that does not fails here, named, before any query starts."""
     from pyspark import cloudpickle
 
-    for operator in program.operators:
+    for operator in graph.operators:
         for role, fn in (("function", operator.fn), ("state_factory", operator.state_factory)):
             if fn is None:
                 continue
@@ -343,10 +343,7 @@ class Runner:
                  profile_log: str | None = None, boundaries: Iterable[str] | None = None,
                  state_partitions: int | None = None, profile_pieces: bool = False,
                  lock: CheckpointLock | None = None, input_records: float | None = None) -> None:
-        self.program = program
-        self.graph = as_graph(program)
-        chain = program if isinstance(program, Pipeline) else self.graph.as_chain()
-        self.pipeline = chain if chain is not None else self.graph  # what plans name
+        self.graph = as_graph(program)  # the one model of the program: what plans name, what compiles
         self.sources = _bound(self.graph, source, "source", self.graph.sources)
         self.sinks = _bound(self.graph, sink, "sink", self.graph.sinks)
         # A missing path or field fails now, not after Spark's start.
@@ -354,7 +351,7 @@ class Runner:
         self.config = config
         self.spark = spark if spark is not None else create_session(config)
         self.estimates = estimates
-        self.plan = resolve_plan(plan, self.pipeline, default_parallelism(self.spark), estimates, input_records)
+        self.plan = resolve_plan(plan, self.graph, default_parallelism(self.spark), estimates, input_records)
         self.admissions: tuple[SourceAdmission, ...] = ()  # batch sizes chosen at start()
         self.stagers: list[FileStager] = []  # file sources read through staging (fissure.spark.file_staging)
         self._staging: StagingThread | None = None
@@ -394,7 +391,7 @@ class Runner:
         self.profiler: ProfileCollector | None = None
         self.threads: ThreadLevels | None = None  # waiting operators' thread levels (start())
         # The plan and latest decision each batch publishes in observedMetrics["fissure"].
-        self.publication = Publication(plan=describe_plan(self.plan, self.pipeline))
+        self.publication = Publication(plan=describe_plan(self.plan, self.graph))
         self._table_drawn_at = 0.0
         self._advised_waiting: set[str] = set()  # operators told they wait undeclared
         # The watchdog: the batch running now (id, monotonic and wall-clock start), its reports.
@@ -463,8 +460,8 @@ class Runner:
             self.lock = None
 
     def _start(self, available_now: bool, guard: StartGuard):
-        ship_operator_modules(self.program)
-        check_serializable(self.program)
+        ship_operator_modules(self.graph)
+        check_serializable(self.graph)
         state_partitions = self.state_partitions
         for name, value in {**QUERY_DEFAULTS,
                             "spark.sql.streaming.stateStore.providerClass": self.config.state_store_provider,
@@ -478,9 +475,9 @@ class Runner:
             profiling = WorkerProfiling(self.accumulator, settings.timed_every_batches, settings.timed_every_records,
                                         operators=self.profile_settings is not None, pieces=self.profile_pieces)
         if self.profile_settings is not None:
-            self.profiler = ProfileCollector(self.accumulator, describe_plan(self.plan, self.pipeline),
+            self.profiler = ProfileCollector(self.accumulator, describe_plan(self.plan, self.graph),
                                              self.profile_settings, self.profile_log)
-        self.threads = ThreadLevels(self.spark, self.pipeline, policy=self.config.thread_policy,
+        self.threads = ThreadLevels(self.spark, self.graph, policy=self.config.thread_policy,
                                     config=self.config.thread_elasticity, profile_summary=self.profile_summary,
                                     detect=self.config.detect_waiting_operators and self.profiler is not None,
                                     run=self.checkpoint)
@@ -592,10 +589,10 @@ class Runner:
             return self.sources, ()  # no model to evaluate, no calibration file to read
         settings, _ = stored_spark_model()
         cores = default_parallelism(self.spark)
-        declared = model_batch_cost(self.pipeline.operator_stats(self.estimates), self.plan, cores, settings)
+        declared = model_batch_cost(self.graph.operator_stats(self.estimates), self.plan, cores, settings)
         estimates, costs = self._sampled_estimates(store, self._sample_decision(declared, available_now))
         cost = (declared if estimates is self.estimates else
-                model_batch_cost(self.pipeline.operator_stats(estimates), self.plan, cores, settings))
+                model_batch_cost(self.graph.operator_stats(estimates), self.plan, cores, settings))
         sources, admissions = admit_file_sources(self.sources, cost, fixed_share=self.config.batch_fixed_share,
                                                  latency_bound_s=self.config.batch_latency_bound_s, costs=costs)
         for admission in admissions:
@@ -711,7 +708,7 @@ class Runner:
                          batch_log=tuple(self.batch_log), boundaries=self.boundaries, decisions=self.decisions,
                          batch_times=self.batch_times(), admissions=self.admissions,
                          missing_files=tuple(self.missing_files),
-                         plan_text=describe_plan(self.plan, self.pipeline), stalls=tuple(self.stalls),
+                         plan_text=describe_plan(self.plan, self.graph), stalls=tuple(self.stalls),
                          state_keys=self.state_keys, state_keys_peak=self.state_keys_peak,
                          late_records=self.late_records, watermark=self.watermark)
 
@@ -920,7 +917,7 @@ class Runner:
                 records_per_s=float(newest.get("processedRowsPerSecond") or 0.0),
                 input_records=sum(self._seen_batches.values()),
                 dead_letters=self.dead_letter_log.count,
-                plan=describe_plan(self.plan, self.pipeline),
+                plan=describe_plan(self.plan, self.graph),
                 threads=self.threads.latest_text() if self.threads is not None else "",
                 time=watermark_text(self.watermark, time.time()),
             )
@@ -978,7 +975,7 @@ class Runner:
         if self._last_progress is not None:
             return replace(self._last_progress, stall=self._stall_text)
         return ProgressState(batch_id=None, records_per_s=None, input_records=0,
-                             dead_letters=self.dead_letter_log.count, plan=describe_plan(self.plan, self.pipeline),
+                             dead_letters=self.dead_letter_log.count, plan=describe_plan(self.plan, self.graph),
                              stall=self._stall_text)
 
     def due_table(self) -> str | None:
@@ -990,7 +987,7 @@ class Runner:
         if not summary.batches:
             return None
         self._table_drawn_at = now
-        kinds = {name: self.pipeline.kind_of(name).value for name in self.pipeline.names}
+        kinds = {name: self.graph.kind_of(name).value for name in self.graph.names}
         declared = [operator.name for operator in self.graph.operators if operator.hints.waits is not None]
         for advice in waiting_advice(summary, declared):
             operator = advice.split(" waits:")[0]

@@ -33,7 +33,8 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from fissure.program.chain import OperatorEstimate, Pipeline
+from fissure.program.chain import Pipeline
+from fissure.program.operators import OperatorEstimate
 from fissure.program.graph import StreamGraph, as_graph
 from fissure.worker.graph_local import LocalGraphRun
 

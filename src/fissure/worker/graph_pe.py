@@ -30,7 +30,8 @@ import pyarrow.compute as pc
 
 from fissure.program.chain import Pipeline
 from fissure.model.types import Kind, Plan, RegionPlan
-from fissure.program.graph import Node, NodeKind, StreamGraph
+from fissure.program.graph import StreamGraph
+from fissure.program.nodes import Node, NodeKind
 from fissure.worker.columns import DEAD_COLUMNS, DEAD_OPERATOR, INTERNAL_FIELDS, SEQ, carried_schema
 from fissure.worker.elastic_stage import WaitingOperator
 from fissure.worker.fused import FusedStage, Step, assemble, conform, split_dead
