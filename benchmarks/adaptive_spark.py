@@ -63,7 +63,7 @@ from fissure.spark.adaptive import run_adaptive_on_spark
 from fissure.spark.adaptive_observations import OperatorProfiles, SparkObservations
 from fissure.spark.adaptive_queries import QueryManager
 from fissure.spark.adaptive_realizer import SparkPlanRealizer
-from fissure.spark.config import RunnerConfig
+from fissure.config import RunnerConfig
 from fissure.spark.session import create_session
 from fissure.spark.sinks import NoopSink
 from fissure.testing import record_files

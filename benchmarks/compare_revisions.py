@@ -38,7 +38,7 @@ def point(tree: str, inputs: str) -> dict:
     """In a process importing fissure from `tree`: warm up, then every workload under every plan."""
     sys.path[:0] = [os.path.join(tree, "src"), os.path.join(tree, "examples"), os.path.join(tree, "benchmarks")]
     import fissure
-    from fissure.spark.config import RunnerConfig
+    from fissure.config import RunnerConfig
     from fissure.spark.plans import planner_plan, sequential_plan
     from fissure.spark.session import create_session
     from logwatch import build_pipeline

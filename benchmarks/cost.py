@@ -266,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.only:
         names = tuple(name for name in names if name in args.only) or tuple(args.only)
         records = {name: records.get(name, max(files, int(SIZES[name] * args.scale))) for name in names}
-    from fissure.spark.config import RunnerConfig
+    from fissure.config import RunnerConfig
     from fissure.spark.session import create_session
 
     spark = create_session(RunnerConfig(master="local[2]"))

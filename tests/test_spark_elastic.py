@@ -20,7 +20,7 @@ from fissure.control.driver import Timeline, plot_timeline
 from fissure.control.thread_level.config import ElasticityConfig
 from fissure.model.types import Plan, RegionPlan
 from fissure.spark import elastic as spark_elastic
-from fissure.spark.config import RunnerConfig
+from fissure.config import RunnerConfig
 from fissure.spark.elastic import ELASTIC_SWITCHED_PROPERTY, ThreadLevels, WorkerThreads
 from fissure.spark.sinks import MemorySink
 from fissure.testing import record_files

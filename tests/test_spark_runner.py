@@ -172,7 +172,7 @@ def test_a_file_source_without_a_size_is_admitted_in_batches_the_policy_sizes(sp
     records of 7 bytes: 7,000 bytes). Spark admits whole files up to that many bytes: 2,400 lines
     in six files of 400 (2,800 bytes each) arrive two files a batch, each line once."""
     from fissure.control.batch_size import MIN_RECORDS
-    from fissure.spark.config import RunnerConfig
+    from fissure.config import RunnerConfig
     from fissure.testing import text_files
 
     lines = [f"a{i:05d}" for i in range(2400)]
@@ -215,7 +215,7 @@ def test_the_operators_run_on_a_cost_sample_once_per_checkpoint_and_say_so(spark
     """The sample runs the user's operators (here: each call leaves a mark in a file); a second
     start on the checkpoint (a restart, a resumed run) reads the costs the first one kept."""
     from fissure.spark.checkpoint_files import open_store
-    from fissure.spark.config import RunnerConfig
+    from fissure.config import RunnerConfig
     from fissure.testing import text_files
 
     marks = tmp_path / "marks"

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from fissure import Pipeline
 from fissure.program.operators import PipelineError
-from fissure.spark.config import RunnerConfig
+from fissure.config import RunnerConfig
 from fissure.worker.graph_local import LocalGraphRun
 from fissure.worker.keyed import StatefulStep, run_group
 from fissure.worker.records import OperatorFailedError

@@ -39,7 +39,7 @@ _EXPORTS = {
     "run": "fissure.spark.run",
     "Runner": "fissure.spark.runner",
     "RunReport": "fissure.spark.runner",
-    "RunnerConfig": "fissure.spark.config",
+    "RunnerConfig": "fissure.config",
     "FileSource": "fissure.spark.sources",
     "RateSource": "fissure.spark.sources",
     "SocketSource": "fissure.spark.sources",

@@ -45,7 +45,7 @@ from fissure.spark.adaptive_queries import QueryManager, canonical_plan
 from fissure.spark.adaptive_realizer import SparkPlanRealizer, SwitchRecord
 from fissure.spark.checkpoint_files import open_store
 from fissure.spark.checkpoint_lock import CheckpointLock
-from fissure.spark.config import RunnerConfig
+from fissure.config import RunnerConfig
 from fissure.spark.observed_metrics import Publication
 from fissure.spark.plans import describe_plan, resolve_plan
 from fissure.spark.progress_output import ProgressOutput

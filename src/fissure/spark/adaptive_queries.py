@@ -16,7 +16,7 @@ from fissure.program.chain import Pipeline
 from fissure.model.throughput import canonical_regions
 from fissure.model.types import Plan
 from fissure.spark.batch_gate import BatchGate
-from fissure.spark.config import RunnerConfig
+from fissure.config import RunnerConfig
 from fissure.spark.observed_metrics import Publication
 from fissure.spark.run_end import QueryRestarts
 from fissure.spark.runner import Runner

@@ -27,7 +27,7 @@ from fissure.spark.adaptive_queries import STOP_LOGGERS, quiet_spark_loggers
 from fissure.spark.batch_gate import POLL_S, BatchLimit
 from fissure.spark.checkpoint_files import open_store
 from fissure.spark.checkpoint_lock import CheckpointLock
-from fissure.spark.config import RunnerConfig
+from fissure.config import RunnerConfig
 from fissure.spark.graph_autopipeline import GraphAutopipeliner
 from fissure.spark.run_end import RunTimedOut  # noqa: F401 - fissure.spark.run.RunTimedOut, as before it moved
 from fissure.spark.run_end import QueryRestarts, check_input_read

@@ -55,7 +55,7 @@ from fissure.spark.checkpoint_lock import CheckpointLock
 from fissure.spark.compile_graph import CompiledGraph, compile_graph, sink_frame
 from fissure.spark.observed_metrics import Publication, observe_run
 from fissure.spark.stages import BOUNDARIES_PROPERTY, PUBLISHED_PROPERTY, WorkerProfiling
-from fissure.spark.config import RunnerConfig
+from fissure.config import RunnerConfig
 from fissure.spark.elastic import ThreadLevels
 from fissure.spark.plans import describe_plan, resolve_plan
 from fissure.spark.progress_output import ProgressOutput
