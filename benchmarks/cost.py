@@ -133,8 +133,8 @@ def run_answer(spark, workload: Workload, label: str):
     if how[0] == "fissure":
         _, program, plan = how
         sink = fissure.MemorySink()
-        fissure.run(program, workload.check_source, sink, plan=plan, spark=spark, checkpoint=tempfile.mkdtemp(),
-                    progress=False)
+        fissure.run(program, workload.check_source, sink, plan=plan, checkpoint=tempfile.mkdtemp(),
+                    config=fissure.RunnerConfig(spark=spark, progress="off"))
         return answer(sink.records())
     peer = how[1]
     if peer == "bytewax":

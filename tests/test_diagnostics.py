@@ -156,7 +156,8 @@ def test_a_missing_local_source_directory_is_named_with_the_fix_before_spark_sta
     missing = tmp_path / "no" / "such-dir"
     for path in (str(missing), f"file://{missing}"):
         with pytest.raises(SourcePathNotFound) as raised:
-            fissure.run(Pipeline("p").map("up", lambda r: r), FileSource(path), MemorySink(), adaptive=adaptive)
+            fissure.run(Pipeline("p").map("up", lambda r: r), FileSource(path), MemorySink(),
+                        config=fissure.RunnerConfig(replanning="adaptive" if adaptive else "off"))
         message = str(raised.value)
         assert message.startswith(f"file source {path!r}: the directory {missing} does not exist; create it "
                                   f"(`mkdir -p {missing}`) before the run")
@@ -195,8 +196,9 @@ def test_a_program_that_does_not_fit_its_source_fails_before_spark_starts(no_spa
               "testing": TestingSource([{"name": "a", "n": 1}])}[make_source]
     fields = "value" if make_source == "text" else "name, n"
     expected = f"operator 'per_user' .* is keyed on field 'user', but its input .* has only {fields}"
-    for run in (lambda: fissure.run(keyed_on_user(), source, MemorySink(), progress=False),
-                lambda: fissure.run(keyed_on_user(), source, MemorySink(), progress=False, adaptive=True),
+    for run in (lambda: fissure.run(keyed_on_user(), source, MemorySink(), config=fissure.RunnerConfig(progress="off")),
+                lambda: fissure.run(keyed_on_user(), source, MemorySink(),
+                                    config=fissure.RunnerConfig(progress="off", replanning="adaptive")),
                 lambda: fissure.Runner(keyed_on_user(), source, MemorySink())):
         with pytest.raises(PipelineError, match=expected):
             run()

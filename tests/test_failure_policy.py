@@ -192,9 +192,8 @@ class FakeClock:
 def run_loop(monkeypatch, script, step_s, config=RunnerConfig()):
     monkeypatch.setattr(run_module, "Runner", FakeRunner)
     FakeRunner.script, FakeRunner.clock, FakeRunner.starts = list(script), FakeClock(step_s), 0
-    return run_module._run_to_end(None, None, None, limit=None, checkpoint="ckpt", spark=None, config=config,
-                                  available_now=True, timeout_s=None, runner_options={}, autopipeline=False,
-                                  autopipeline_config=None, clock=FakeRunner.clock)
+    return run_module._run_to_end(None, None, None, plan=None, checkpoint="ckpt", spark=None, config=config,
+                                  lock=None, clock=FakeRunner.clock)
 
 
 def test_the_run_recovers_from_four_crashes_twenty_minutes_apart(monkeypatch, caplog):

@@ -133,7 +133,8 @@ def test_a_listener_reads_operator_statistics_and_the_plan_from_progress_events(
     listener = ProgressListener()
     spark.streams.addListener(listener)
     try:
-        report = fissure.run(program, source(tmp_path), sinks_of(program), plan=plan, spark=spark, progress=False)
+        report = fissure.run(program, source(tmp_path), sinks_of(program), plan=plan,
+                             config=fissure.RunnerConfig(spark=spark, progress="off"))
         wait_for(listener, report.batches)
     finally:
         spark.streams.removeListener(listener)

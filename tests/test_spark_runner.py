@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import weakref
 
@@ -133,7 +134,7 @@ def test_order_by_field_orders_a_keys_records_within_a_batch(spark, tmp_path):
     source = record_files(tmp_path / "in", list(reversed(records)), EVENTS, records_per_file=2)
     pipeline = Pipeline("ordered").partitioned("order", remember_order, key="user", schema=ORDERED, order_by="i")
     sink = MemorySink()
-    fissure.run(pipeline, source, sink, spark=spark, progress=False)
+    fissure.run(pipeline, source, sink, config=fissure.RunnerConfig(spark=spark, progress="off"))
     assert [(r["i"], r["seen"]) for r in sorted(sink.records(), key=lambda r: r["seen"])] == [
         (i, i + 1) for i in range(20)]
 
@@ -180,8 +181,9 @@ def test_a_file_source_without_a_size_is_admitted_in_batches_the_policy_sizes(sp
     def run(config, name):
         source = text_files(tmp_path / name, lines, lines_per_file=400)
         sink = MemorySink()
-        report = fissure.run(Pipeline("admitted").map("shout", shout), source, sink, spark=spark, config=config,
-                             checkpoint=str(tmp_path / f"{name}-ckpt"), progress=False, profile=None)
+        report = fissure.run(Pipeline("admitted").map("shout", shout), source, sink,
+                             checkpoint=str(tmp_path / f"{name}-ckpt"),
+                             config=dataclasses.replace(config, spark=spark, progress="off", profiling=None))
         return report, sorted(record["value"] for record in sink.records())
 
     expected = sorted(line.upper() for line in lines)

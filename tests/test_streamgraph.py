@@ -373,7 +373,8 @@ def test_run_local_binding_errors():
 
 from fissure.control.autopipeline_control import ControlAction  # noqa: E402
 from fissure.profile.graph_profile import autopipeline_profile, piece_measurements  # noqa: E402
-from fissure.spark.graph_autopipeline import GraphAutopipelineConfig, GraphAutopipeliner  # noqa: E402
+from fissure.config import GraphAutopipelineConfig  # noqa: E402
+from fissure.spark.graph_autopipeline import GraphAutopipeliner  # noqa: E402
 from fissure.worker.profiling import ProfileTally  # noqa: E402
 
 ONE_PIECE = "example/pe0/parsed,big,small,both/p0"

@@ -126,9 +126,8 @@ def run_until_timeout(monkeypatch, tmp_path, available_now):
     (checkpoint / "sources" / "0" / "1").write_text(  # planned, not committed
         "v1\n" + json.dumps({"path": (logs / "part-1.json").as_uri(), "timestamp": 1, "batchId": 1}) + "\n")
     source = FileSource(str(logs), format="json", schema={"i": int})
-    return run_module._run_to_end(None, source, None, limit=None, checkpoint=str(checkpoint), spark=None,
-                                  config=RunnerConfig(), available_now=available_now, timeout_s=90,
-                                  runner_options={}, autopipeline=False, autopipeline_config=None)
+    return run_module._run_to_end(None, source, None, plan=None, checkpoint=str(checkpoint), spark=None,
+                                  config=RunnerConfig(available_now=available_now, timeout_s=90), lock=None)
 
 
 def test_a_bounded_run_ended_by_its_timeout_with_input_left_fails_saying_how_much(monkeypatch, tmp_path):

@@ -1,35 +1,70 @@
-"""Every setting of a run, in one typed tree with its defaults and what each is for.
+"""Every setting of a run, in one typed tree with its defaults and what each is for: the one
+place to configure fissure (no pyspark here), whose every field is documented below and checked
+when it is made (ValueError naming the field and what it takes).
 
-    RunnerConfig(master="local[2]",
-                 profiling=ProfileSettings(window_batches=10),
-                 thread_policy="elastic-operator",
-                 adaptation=AdaptiveConfig(min_gain=0.1),
-                 autopipelining=GraphAutopipelineConfig(profile_batches=5))
+    fissure.run(program, source, sink, plan="planner", checkpoint="ckpt/",
+                config=RunnerConfig(timeout_s=60, replanning="adaptive",
+                                    profiling=ProfileSettings(window_batches=10),
+                                    adaptation=AdaptiveConfig(min_gain=0.1)))
 
-`fissure.run(..., config=RunnerConfig(...))` reads all of it; its keyword arguments `profile=`,
-`adaptive_config=` and `autopipeline_config=`, when given, take precedence over the tree's.
+The same settings as Spark-style keys, as spark-submit's `--conf` sets Spark's own: a field is
+`spark.fissure.<field>`, a field of a nested tree `spark.fissure.<tree>.<field>`
+(`spark.fissure.profiling.window_batches`), values as text (`true`/`false`, numbers, `none` for an
+optional one, names separated by commas for a list):
+
+    RunnerConfig.from_conf({"spark.fissure.replanning": "adaptive", "spark.fissure.timeout_s": "60"})
+    fissure run app.py:build --source in/ --conf spark.fissure.replanning=off
+
+A key outside spark.fissure. is Spark's own setting: it goes to `spark_conf`, for the session
+fissure creates. A spark.fissure. key that names no setting is refused, naming the closest one.
+Objects (the session, a dead-letter sink, estimates) are fields, not keys. `RunnerConfig.keys()`
+lists every key with its default.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
+import enum
 import os
+import types
+import typing
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from fissure.control.adaptive.config import AdaptiveConfig
+from fissure.control.autopipeline_control import AutopipelineControlConfig
 from fissure.control.failures import RestartPolicy
 from fissure.control.progress import check_progress_mode
+from fissure.control.thread_level.config import POLICY_NAMES, ElasticityConfig
 from fissure.control.watchdog import StallPolicy
-from fissure.control.thread_level.config import ElasticityConfig, POLICY_NAMES
+from fissure.optimize.autopipeline import DEFAULT_BETA
 from fissure.profile.settings import ProfileSettings
-from fissure.spark.graph_autopipeline import GraphAutopipelineConfig
+from fissure.program.operators import OperatorEstimate
 from fissure.worker.state_codec import STATE_KEY_VARIABLE, StateAccess, state_key_from
 
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+REPLANNING = ("off", "adaptive", "autopipeline")  # RunnerConfig.replanning
+CONF_PREFIX = "spark.fissure."
+
+
+@dataclass(frozen=True)
+class GraphAutopipelineConfig:
+    """The autopipelining loop's parameters (fissure.spark.graph_autopipeline)."""
+
+    profile_batches: int = 3  # micro-batches per measurement window
+    beta: float = DEFAULT_BETA
+    # settle_s 0: the window after an insertion already ran entirely under the new boundaries.
+    control: AutopipelineControlConfig = field(default_factory=lambda: AutopipelineControlConfig(settle_s=0.0))
+
+    def __post_init__(self) -> None:
+        if self.profile_batches < 1:
+            raise ValueError(f"profile_batches must be >= 1, got {self.profile_batches}")
 
 
 @dataclass(frozen=True)
 class RunnerConfig:
-    """How fissure runs a pipeline on Spark. Every field has a default that works out of the box."""
+    """How fissure runs a program on Spark. Every field has a default that works out of the box."""
 
     # Master of the SparkSession fissure creates when the caller passes none (embedded default):
     # local mode on every core, each task tried up to 4 times (Spark's `local[N,F]` form; a plain
@@ -119,8 +154,11 @@ class RunnerConfig:
     # "trust-pickle": read state an earlier fissure stored as bare pickles, once, and rewrite it as
     # data (docs/pipeline-api.md, "Migrating old state"); None: such state stops the run.
     state_migration: str | None = None
-    # Extra Spark settings for the session fissure creates.
+    # Extra Spark settings for the session fissure creates (keys outside spark.fissure.* given to
+    # `from_conf` or `fissure run --conf` go here).
     spark_conf: dict[str, str] = field(default_factory=dict)
+    # The SparkSession to run on; None: fissure creates one (master, app_name, spark_conf, ...).
+    spark: typing.Any = field(default=None, repr=False)
     # File for everything Spark prints (JVM log lines, its Python workers' output) when fissure
     # creates the session and no JVM runs yet in this process. None: `spark.log` in a new
     # temporary directory, named when a run fails (fissure.spark.jvm.spark_log_path); "-": the
@@ -136,12 +174,41 @@ class RunnerConfig:
     # waiting (wall time >= 2 x CPU time). Off by default: its function never promised to be
     # thread-safe. Needs profiling (the runner's default).
     detect_waiting_operators: bool = False
-    # How operators are profiled on the live stream (docs/profiling.md); enabled=False: not at all.
-    profiling: ProfileSettings = field(default_factory=ProfileSettings)
-    # The adaptive loop's parameters, for a run that adapts (docs/adaptive.md).
+    # How operators are profiled on the live stream (docs/profiling.md); None or enabled=False:
+    # not at all. The statistics go to the profile log, `profile_log` (default
+    # `<checkpoint>/fissure/profile.jsonl` when the run has a checkpoint), that `fissure profile` reads.
+    profiling: ProfileSettings | None = field(default_factory=ProfileSettings)
+    profile_log: str | None = None
+    # Re-cutting the program while it runs: "off" (the plan stays as it starts), "adaptive" (the
+    # adaptive loop re-plans, keeps what helps and rolls back what does not; docs/adaptive.md) or
+    # "autopipeline" (the autopipelining loop places pipeline boundaries; docs/autopipelining.md).
+    # One at a time: both re-cut the same program.
+    replanning: str = "off"
+    # The adaptive loop's parameters (docs/adaptive.md), and where it writes its timeline (None: a
+    # new temporary directory).
     adaptation: AdaptiveConfig = field(default_factory=AdaptiveConfig)
-    # The autopipelining loop's parameters, for a run that autopipelines (docs/autopipelining.md).
+    run_dir: str | None = None
+    # The autopipelining loop's parameters (docs/autopipelining.md).
     autopipelining: GraphAutopipelineConfig = field(default_factory=GraphAutopipelineConfig)
+    # --- the run's extent -------------------------------------------------------------------------
+    # True: process what the sources hold now and end (file sources): a `timeout_s` that passes
+    # first, with input left unread, raises RunTimedOut saying what is left. False: run until
+    # `timeout_s` passes (its normal end) or forever without it.
+    available_now: bool = True
+    timeout_s: float | None = None
+    # The run ends after this many micro-batches (a later batch is left for a run on the checkpoint).
+    max_batches: int | None = None
+    # A sink for dead letters (e.g. FileSink(path, format="json")); they are counted and the
+    # latest `dead_letters_kept` kept in memory either way.
+    dead_letters: typing.Any = None
+    # Per operator name, its measured or assumed cost and selectivity (OperatorEstimate), over its
+    # hints, for the planner and for sizing batches.
+    estimates: Mapping[str, OperatorEstimate] | None = None
+    # A plain run's pipeline boundaries instead of the plan's (operators whose input starts a new
+    # process of their PE), and its state partitions instead of the plan's (the most replicas of a
+    # keyed region). An adaptive run re-cuts both itself.
+    boundaries: tuple[str, ...] | None = None
+    state_partitions: int | None = None
 
     def __post_init__(self) -> None:
         if self.thread_policy not in POLICY_NAMES:
@@ -165,6 +232,30 @@ class RunnerConfig:
             raise ValueError("dead_letters_kept must be >= 0 and default_state_partitions >= 1")
         if not self.checkpoint_lease_s > 0:
             raise ValueError(f"checkpoint_lease_s must be > 0, got {self.checkpoint_lease_s!r}")
+        self._check_run()
+
+    def _check_run(self) -> None:
+        if self.replanning not in REPLANNING:
+            raise ValueError(f"replanning must be one of {', '.join(map(repr, REPLANNING))} (the adaptive loop and "
+                             f"autopipelining both re-cut the program: one at a time), got {self.replanning!r}")
+        if self.profiling is not None and not isinstance(self.profiling, ProfileSettings):
+            raise ValueError(f"profiling must be a ProfileSettings or None (not profiled), got {self.profiling!r}")
+        if self.timeout_s is not None and not self.timeout_s > 0:
+            raise ValueError(f"timeout_s must be a number of seconds > 0 or None (no timeout), got {self.timeout_s!r}")
+        for name in ("max_batches", "state_partitions"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+                raise ValueError(f"{name} must be a whole number >= 1 or None, got {value!r}")
+        if self.boundaries is not None:
+            if isinstance(self.boundaries, str) or not all(isinstance(name, str) for name in self.boundaries):
+                raise ValueError(f"boundaries must be a list of operator names, got {self.boundaries!r}")
+            object.__setattr__(self, "boundaries", tuple(self.boundaries))
+        if self.replanning == "adaptive":
+            given = [name for name in ("boundaries", "state_partitions") if getattr(self, name) is not None]
+            if given:
+                raise ValueError(f"{' and '.join(given)} would be dropped: an adaptive run (replanning='adaptive') "
+                                 f"cuts its plan's boundaries and sizes its state partitions itself; leave "
+                                 f"{' and '.join(given)} out, or set replanning='off' or 'autopipeline'")
 
     def stall_policy(self) -> StallPolicy:
         return StallPolicy(factor=self.stall_factor, min_s=self.stall_min_s)
@@ -179,3 +270,156 @@ class RunnerConfig:
         """The state key (this setting, else FISSURE_STATE_KEY) and the migration setting, for the workers."""
         key = self.state_key if self.state_key is not None else os.environ.get(STATE_KEY_VARIABLE)
         return StateAccess(state_key_from(key), self.state_migration == "trust-pickle")
+
+    # --- the settings as keys ----------------------------------------------------------------
+    @classmethod
+    def from_conf(cls, conf: Mapping[str, object] | Iterable[tuple[str, object]],
+                  base: RunnerConfig | None = None) -> RunnerConfig:
+        """`base` (default: the defaults) with the settings `conf` gives as keys (see the module
+        docstring). ValueError naming the key: a spark.fissure. key that names no setting (and the
+        closest that does), a value of the wrong type, or one the setting refuses."""
+        base = base if base is not None else cls()
+        settings, spark_conf = {}, dict(base.spark_conf)
+        for key, value in (conf.items() if isinstance(conf, Mapping) else conf):
+            key = str(key).strip()
+            if key.startswith(CONF_PREFIX):
+                settings[key[len(CONF_PREFIX):]] = value
+            else:
+                spark_conf[key] = str(value)
+        known = _keys(cls)
+        for path in settings:
+            if path not in known:
+                raise ValueError(f"{CONF_PREFIX}{path} is no fissure setting{_closest(path, known)}")
+        config = _with_settings(base, settings, "")
+        return dataclasses.replace(config, spark_conf=spark_conf) if spark_conf != base.spark_conf else config
+
+    @classmethod
+    def keys(cls) -> dict[str, str]:
+        """Every spark.fissure. key, with its default as text."""
+        defaults = cls()
+        return {CONF_PREFIX + path: _text(_value_at(defaults, path)) for path in _keys(cls)}
+
+
+def _leaf_type(hint: typing.Any) -> tuple[typing.Any, bool]:
+    """(the type a field's hint allows besides None, whether it allows None)."""
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        members = [member for member in typing.get_args(hint) if member is not type(None)]
+        optional = len(members) < len(typing.get_args(hint))
+        kind = members[0] if len(members) == 1 else (str if str in members else None)  # str | bytes: text
+        return kind, optional
+    return hint, False
+
+
+def _settable(kind: typing.Any) -> bool:
+    return kind in (bool, int, float, str) or kind == tuple[str, ...] or (
+        isinstance(kind, type) and issubclass(kind, enum.Enum))
+
+
+def _fields(tree: type) -> dict[str, typing.Any]:
+    """A settings tree's fields that keys reach, with their hints: scalars and nested trees."""
+    hints = typing.get_type_hints(tree)
+    found = {}
+    for item in dataclasses.fields(tree):
+        kind, _ = _leaf_type(hints[item.name])
+        if _settable(kind) or dataclasses.is_dataclass(kind):
+            found[item.name] = hints[item.name]
+    return found
+
+
+def _keys(tree: type, prefix: str = "") -> list[str]:
+    """The dotted paths of every scalar setting of `tree` (nested trees walked)."""
+    paths = []
+    for name, hint in _fields(tree).items():
+        kind, _ = _leaf_type(hint)
+        paths += _keys(kind, f"{prefix}{name}.") if dataclasses.is_dataclass(kind) else [prefix + name]
+    return paths
+
+
+# Settings that were once arguments of fissure.run under another name, as keys.
+_RENAMED = {"adaptive": "replanning=adaptive", "autopipeline": "replanning=autopipeline",
+            "profile": "profiling.enabled", "adaptive_config": "adaptation.<field>",
+            "autopipeline_config": "autopipelining.<field>"}
+
+
+def _closest(path: str, known: list[str]) -> str:
+    if path in _RENAMED:
+        return f"; did you mean {CONF_PREFIX}{_RENAMED[path]}?"
+    squashed = {key.replace("_", "").lower(): key for key in known}
+    same = squashed.get(path.replace("_", "").replace("-", "").lower())  # spark.fissure.timeoutS: timeout_s
+    match = [same] if same else difflib.get_close_matches(path, known, n=1, cutoff=0.5)
+    return f"; did you mean {CONF_PREFIX}{match[0]}?" if match else f"; the settings: RunnerConfig.keys()"
+
+
+def _with_settings(tree: typing.Any, settings: Mapping[str, object], prefix: str) -> typing.Any:
+    """`tree` (a settings dataclass, or None for an optional nested tree not set yet) with the
+    `settings` under `prefix` applied, each value parsed to its field's type."""
+    kind = type(tree)
+    changes = {}
+    for name, hint in _fields(kind).items():
+        leaf, optional = _leaf_type(hint)
+        path = prefix + name
+        if dataclasses.is_dataclass(leaf):
+            nested = {key: value for key, value in settings.items() if key.startswith(path + ".")}
+            if nested:
+                current = getattr(tree, name)
+                changes[name] = _with_settings(current if current is not None else leaf(), nested, path + ".")
+        elif path in settings:
+            changes[name] = _parsed(CONF_PREFIX + path, settings[path], leaf, optional)
+    if not changes:
+        return tree
+    try:
+        return dataclasses.replace(tree, **changes)
+    except (ValueError, TypeError) as error:
+        given = ", ".join(f"{CONF_PREFIX}{prefix}{name}" for name in changes)
+        raise ValueError(f"{given}: {error}") from None
+
+
+def _parsed(key: str, value: object, kind: typing.Any, optional: bool) -> object:
+    """A key's value as its setting's type (text parsed; a value of that type taken as it is)."""
+    if not isinstance(value, str):
+        if value is None and optional or (isinstance(value, kind) and not (kind is int and isinstance(value, bool))):
+            return value
+        value = str(value)
+    text = value.strip()
+    if optional and text.lower() in ("none", "null"):
+        return None
+    try:
+        if kind is bool:
+            if text.lower() not in ("true", "false"):
+                raise ValueError
+            return text.lower() == "true"
+        if kind is int:
+            return int(text)
+        if kind is float:
+            return float(text)
+        if kind == tuple[str, ...]:
+            return tuple(item.strip() for item in text.split(",") if item.strip())
+        if isinstance(kind, type) and issubclass(kind, enum.Enum):
+            return kind(text)
+    except ValueError:
+        wanted = {bool: "true or false", int: "a whole number", float: "a number"}.get(
+            kind, f"one of {', '.join(item.value for item in kind)}" if isinstance(kind, type) and issubclass(
+                kind, enum.Enum) else str(kind))
+        raise ValueError(f"{key}={value!r}: expected {wanted}{' or none' if optional else ''}") from None
+    return text
+
+
+def _value_at(tree: typing.Any, path: str) -> object:
+    """The setting at the dotted `path` of `tree` (an optional nested tree not set: its defaults')."""
+    *trees, name = path.split(".")
+    for part in trees:
+        nested = getattr(tree, part)
+        tree = nested if nested is not None else _leaf_type(typing.get_type_hints(type(tree))[part])[0]()
+    return getattr(tree, name)
+
+
+def _text(value: object) -> str:
+    if value is None:
+        return "none"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, enum.Enum):
+        return str(value.value)
+    if isinstance(value, tuple):
+        return ",".join(value)
+    return str(value)

@@ -1,7 +1,7 @@
 """Adaptive execution on Spark: the adaptive loop around a running query, `run_adaptive_on_spark`.
 
-    report = fissure.run(pipeline, FileSource("logs/"), FileSink("out/"), adaptive=True,
-                         checkpoint="ckpt/", run_dir="run/")
+    report = fissure.run(pipeline, FileSource("logs/"), FileSink("out/"), checkpoint="ckpt/",
+                         config=RunnerConfig(replanning="adaptive", run_dir="run/"))
     report.timeline_json, report.timeline_png, report.switches
 
 The decisions are `fissure.control.adaptive.controller.AdaptiveController`'s (pure); `run_adaptive`

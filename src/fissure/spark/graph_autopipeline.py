@@ -19,29 +19,18 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from fissure.control.noise import NoiseEstimate
+from fissure.config import GraphAutopipelineConfig
 from fissure.control.autopipeline_control import (
-    AutopipelineControlConfig, AutopipelineControlDecision, ControlAction, InsertionRound,
+    AutopipelineControlDecision, ControlAction, InsertionRound,
     decide_after_optimization, evaluate_round,
 )
-from fissure.optimize.autopipeline import DEFAULT_BETA, plan_autopipelining
+from fissure.optimize.autopipeline import plan_autopipelining
 from fissure.profile.graph_profile import autopipeline_profile, piece_measurements, port_throughput_per_s
 from fissure.program.nodes import NodeKind
 from fissure.worker.profiling import ProfileTally
-
-
-@dataclass(frozen=True)
-class GraphAutopipelineConfig:
-    profile_batches: int = 3  # micro-batches per measurement window
-    beta: float = DEFAULT_BETA
-    # settle_s 0: the window after an insertion already ran entirely under the new boundaries.
-    control: AutopipelineControlConfig = field(default_factory=lambda: AutopipelineControlConfig(settle_s=0.0))
-
-    def __post_init__(self) -> None:
-        if self.profile_batches < 1:
-            raise ValueError(f"profile_batches must be >= 1, got {self.profile_batches}")
 
 
 @dataclass(frozen=True)
