@@ -32,7 +32,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import fissure  # noqa: E402
-from fissure.spark import runner as runner_module  # noqa: E402
+from fissure.spark.query import runner as runner_module  # noqa: E402
 
 import method  # noqa: E402
 import model_accuracy  # noqa: E402

@@ -49,7 +49,7 @@ started = time.monotonic()
 sys.path.insert(0, {examples!r})
 import fissure, logwatch
 from fissure.spark.session import create_session
-import fissure.spark.runner as runner
+import fissure.spark.query.runner as runner
 marks = {{"imports": time.monotonic()}}
 original_start = runner.Runner._start
 def timed_start(self, *args, **kwargs):

@@ -95,7 +95,7 @@ def reports():
     from fissure.model.types import Plan, RegionPlan
     from fissure.spark.adaptive import AdaptiveRunReport
     from fissure.spark.plans import describe_plan
-    from fissure.spark.runner import BatchTime, GraphBatch, RunReport
+    from fissure.spark.query.runner import BatchTime, GraphBatch, RunReport
 
     plan = Plan((RegionPlan((("parse", "count"),), replicas=2),))
     figures = dict(plan=plan, batches=40, input_records=120_000, dead_letters=3, elapsed_s=12.0,
@@ -132,15 +132,15 @@ def test_a_report_prints_as_one_short_line_of_its_key_figures():
 def no_spark(monkeypatch):
     """Every entry point's session factory refuses: a check that passes this ran before Spark."""
     import fissure.spark.adaptive
-    import fissure.spark.run
-    import fissure.spark.runner
+    import fissure.spark.query.run
+    import fissure.spark.query.runner
 
     def refuse(*args, **kwargs):
         raise AssertionError("Spark was started")
 
-    monkeypatch.setattr(fissure.spark.runner, "create_session", refuse)
+    monkeypatch.setattr(fissure.spark.query.runner, "create_session", refuse)
     monkeypatch.setattr(fissure.spark.adaptive, "create_session", refuse)
-    monkeypatch.setattr(fissure.spark.run, "create_session", refuse)
+    monkeypatch.setattr(fissure.spark.query.run, "create_session", refuse)
 
 
 def keyed_on_user() -> Pipeline:

@@ -14,7 +14,7 @@ import pytest
 
 import fissure
 from fissure import Pipeline
-from fissure.spark.runner import Runner
+from fissure.spark.query.runner import Runner
 from fissure.spark.sinks import FileSink, MemorySink
 from fissure.spark.state import checkpoint_status, unfinished_repartition
 from fissure.testing import record_files

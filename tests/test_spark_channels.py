@@ -14,7 +14,7 @@ from fissure.model.types import Plan, RegionPlan
 from fissure.spark.adaptive import run_adaptive_on_spark
 from fissure.spark.observed_metrics import METRIC_NAME, METRIC_VERSION, fissure_metrics
 from fissure.spark.plans import describe_plan
-from fissure.spark.runner import Runner
+from fissure.spark.query.runner import Runner
 from fissure.spark.sinks import MemorySink
 from fissure.testing import record_files
 

@@ -423,7 +423,7 @@ class RecordingRunner:
         return self.tally.copy()
 
     def run_batch(self, batch_id, wall_s, pieces):
-        from fissure.spark.runner import GraphBatch
+        from fissure.spark.query.runner import GraphBatch
 
         for piece, (cpu_s, piece_wall_s, nodes) in pieces.items():
             self.tally.add_piece(piece, cpu_s, piece_wall_s, nodes)

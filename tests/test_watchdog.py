@@ -1,5 +1,5 @@
 """The watchdog's decision (a stuck batch, the operator it is in) and a bounded run that its
-timeout ends with input left (fissure.control.watchdog, fissure.spark.run, fissure.spark.input_left)."""
+timeout ends with input left (fissure.control.watchdog, fissure.spark.query.run, fissure.spark.input_left)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from fissure import RunnerConfig
 from fissure.control.progress import ProgressState
 from fissure.control.watchdog import (Heartbeat, Stall, StallPolicy, judge_batch, read_heartbeat, report_due,
                                       stuck_operator)
-from fissure.spark import run as run_module
+from fissure.spark.query import run as run_module
 from fissure.spark.input_left import files_left
 from fissure.spark.progress_output import progress_fields
 from fissure.spark.sources import FileSource

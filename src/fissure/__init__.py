@@ -36,9 +36,9 @@ _EXPORTS = {
     "Sliding": "fissure.program.windows",
     "Tumbling": "fissure.program.windows",
     "run_local": "fissure.worker.graph_local",
-    "run": "fissure.spark.run",
-    "Runner": "fissure.spark.runner",
-    "RunReport": "fissure.spark.runner",
+    "run": "fissure.spark.query.run",
+    "Runner": "fissure.spark.query.runner",
+    "RunReport": "fissure.spark.query.runner",
     "RunnerConfig": "fissure.config",
     "FileSource": "fissure.spark.sources",
     "RateSource": "fissure.spark.sources",
@@ -49,8 +49,8 @@ _EXPORTS = {
     "ConsoleSink": "fissure.spark.sinks",
     "MemorySink": "fissure.spark.sinks",
     "NoopSink": "fissure.spark.sinks",
-    "run_graph": "fissure.spark.run",
-    "RunTimedOut": "fissure.spark.run_end",
+    "run_graph": "fissure.spark.query.run",
+    "RunTimedOut": "fissure.spark.query.run_end",
     "migrate_state": "fissure.spark.checkpoint_guard",
 }
 

@@ -253,7 +253,7 @@ def run_and_report(args, pipeline, source, sink, config) -> int:
     from fissure.program.operators import PipelineError
     from fissure.spark.checkpoint_guard import CheckpointDamaged
     from fissure.spark.checkpoint_lock import CheckpointLocked
-    from fissure.spark.run_end import RunTimedOut
+    from fissure.spark.query.run_end import RunTimedOut
     from fissure.spark.session import describe_failure
     from fissure.spark.sources import SourceUnavailable
 

@@ -18,8 +18,8 @@ from fissure.model.types import Plan
 from fissure.spark.batch_gate import BatchGate
 from fissure.config import RunnerConfig
 from fissure.spark.observed_metrics import Publication
-from fissure.spark.run_end import QueryRestarts
-from fissure.spark.runner import Runner
+from fissure.spark.query.run_end import QueryRestarts
+from fissure.spark.query.runner import Runner
 from fissure.spark.sinks import DeadLetterLog
 from fissure.spark.sources import SourceLike
 from fissure.spark.state import checkpoint_status

@@ -7,7 +7,7 @@
 The program becomes its graph once (fissure.program.graph.as_graph), the one model every part of
 the run takes, and its plan is resolved once: "sequential", the throughput model's pick
 ("planner": a graph is planned as the chain of its operators in execution order), a Plan or a
-plan file. It runs on the one Runner (fissure.spark.runner), or under the adaptive loop
+plan file. It runs on the one Runner (fissure.spark.query.runner), or under the adaptive loop
 (`RunnerConfig(replanning="adaptive")`: re-plans while it runs, fissure.spark.adaptive) or the
 autopipelining loop (`replanning="autopipeline"`: places pipeline boundaries while it runs,
 fissure.spark.graph_autopipeline). Every other setting is the config's (fissure.config).
@@ -32,9 +32,9 @@ from fissure.spark.checkpoint_files import open_store
 from fissure.spark.checkpoint_lock import CheckpointLock
 from fissure.spark.graph_autopipeline import GraphAutopipeliner
 from fissure.spark.plans import resolve_plan
-from fissure.spark.run_end import RunTimedOut  # noqa: F401 - fissure.spark.run.RunTimedOut, as before it moved
-from fissure.spark.run_end import QueryRestarts, check_input_read
-from fissure.spark.runner import Runner, RunReport, bind_sources, input_records_once
+from fissure.spark.query.run_end import RunTimedOut  # noqa: F401 - fissure.spark.query.run.RunTimedOut, as before it moved
+from fissure.spark.query.run_end import QueryRestarts, check_input_read
+from fissure.spark.query.runner import Runner, RunReport, bind_sources, input_records_once
 from fissure.spark.session import create_session, default_parallelism, noted_failures
 from fissure.spark.sources import check_before_spark, default_file_system
 

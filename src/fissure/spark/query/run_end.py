@@ -1,4 +1,4 @@
-"""How a run's query ends, for the plain run (fissure.spark.run) and the adaptive run
+"""How a run's query ends, for the plain run (fissure.spark.query.run) and the adaptive run
 (fissure.spark.adaptive) alike: `QueryRestarts` starts it again on its checkpoint after the
 machine's failure as the run's restart policy allows (fissure.control.failures decides), and
 `check_input_read` raises `RunTimedOut` when a bounded run's timeout ended it with input unread.
@@ -13,7 +13,7 @@ from fissure.control.failures import Restart, RestartPolicy, decide_restart, res
 from fissure.spark.checkpoint_files import open_store
 from fissure.spark.checkpoint_guard import CheckpointDamaged, StartGuard
 from fissure.spark.input_left import InputLeft, input_left
-from fissure.spark.runner import Runner, RunReport
+from fissure.spark.query.runner import Runner, RunReport
 
 log = logging.getLogger(__name__)
 
