@@ -38,7 +38,7 @@ _EXPORTS = {
     "run_local": "fissure.worker.graph_local",
     "run": "fissure.spark.query.run",
     "Runner": "fissure.spark.query.runner",
-    "RunReport": "fissure.spark.query.runner",
+    "RunReport": "fissure.spark.query.report",
     "RunnerConfig": "fissure.config",
     "FileSource": "fissure.spark.sources",
     "RateSource": "fissure.spark.sources",

@@ -32,9 +32,11 @@ from fissure.spark.checkpoint_files import open_store
 from fissure.spark.checkpoint_lock import CheckpointLock
 from fissure.spark.graph_autopipeline import GraphAutopipeliner
 from fissure.spark.plans import resolve_plan
-from fissure.spark.query.run_end import RunTimedOut  # noqa: F401 - fissure.spark.query.run.RunTimedOut, as before it moved
+from fissure.spark.query.run_end import RunTimedOut  # noqa: F401 - importable from fissure.run's module too
 from fissure.spark.query.run_end import QueryRestarts, check_input_read
-from fissure.spark.query.runner import Runner, RunReport, bind_sources, input_records_once
+from fissure.spark.query.binding import bind_sources, input_records_once
+from fissure.spark.query.report import RunReport
+from fissure.spark.query.runner import Runner
 from fissure.spark.session import create_session, default_parallelism, noted_failures
 from fissure.spark.sources import check_before_spark, default_file_system
 

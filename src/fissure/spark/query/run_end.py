@@ -13,7 +13,8 @@ from fissure.control.failures import Restart, RestartPolicy, decide_restart, res
 from fissure.spark.checkpoint_files import open_store
 from fissure.spark.checkpoint_guard import CheckpointDamaged, StartGuard
 from fissure.spark.input_left import InputLeft, input_left
-from fissure.spark.query.runner import Runner, RunReport
+from fissure.spark.query.report import RunReport
+from fissure.spark.query.runner import Runner
 
 log = logging.getLogger(__name__)
 
