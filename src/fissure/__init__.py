@@ -3,7 +3,8 @@
     import fissure
     program = fissure.Pipeline("name").map(...).partitioned(...)    # a chain, or
     program = fissure.StreamGraph("name")                           # a graph of sources, operators, sinks
-    fissure.run(program, source(s), sink(s), plan="planner")        # on Spark
+    fissure.run(program, source(s), sink(s), plan="planner",        # on Spark
+                checkpoint="ckpt/", config=fissure.RunnerConfig(...))  # every other setting (fissure.config)
     fissure.run_local(program, records)                             # in this process, no JVM
 
 Time: `.event_time(field, lateness=)`, `.window(name, key=, window=Tumbling|Sliding|Session,
