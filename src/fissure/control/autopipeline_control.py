@@ -97,12 +97,12 @@ class AutopipelineControlDecision:
     revert: tuple[str, ...] = ()
 
     def summary(self) -> str:
-        """One line for a loop's timeline: `continue keep big revert small`."""
-        parts = [self.action.value]
-        for label, ports in (("insert", self.insert), ("keep", self.keep), ("revert", self.revert)):
-            if ports:
-                parts.append(f"{label} {','.join(ports)}")
-        return " ".join(parts)
+        """One line for a loop's timeline: `insert big`, `continue: keep big, revert small`."""
+        if self.insert:
+            return f"{self.action.value} {','.join(self.insert)}"
+        verdicts = [f"{label} {','.join(ports)}" for label, ports in (("keep", self.keep), ("revert", self.revert))
+                    if ports]
+        return f"{self.action.value}: {', '.join(verdicts)}" if verdicts else self.action.value
 
     @classmethod
     def wait(cls, reason: str, blacklist: frozenset[str]) -> AutopipelineControlDecision:

@@ -110,20 +110,27 @@ class LoopTimeline(Generic[O, D]):
     lives as long as a worker)."""
 
     def __init__(self, max_steps: int | None = None) -> None:
-        self.steps: deque[LoopStep[O, D]] = deque(maxlen=max_steps)
+        self._steps: deque[LoopStep[O, D]] = deque(maxlen=max_steps)
+
+    def append(self, step: LoopStep[O, D]) -> None:
+        self._steps.append(step)
 
     def __len__(self) -> int:
-        return len(self.steps)
+        return len(self._steps)
+
+    @property
+    def steps(self) -> tuple[LoopStep[O, D], ...]:
+        return tuple(self._steps)
 
     def decisions(self) -> list[D]:
-        return [step.decision for step in self.steps]
+        return [step.decision for step in self._steps]
 
     def realized(self) -> list[LoopStep[O, D]]:
         """The steps whose decision the realizer carried out."""
-        return [step for step in self.steps if step.cost_s is not None]
+        return [step for step in self._steps if step.cost_s is not None]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"steps": [step.to_dict() for step in self.steps]}
+        return {"steps": [step.to_dict() for step in self._steps]}
 
 
 class ControlLoop(Generic[O, D]):
@@ -173,7 +180,7 @@ class ControlLoop(Generic[O, D]):
 
     def _record(self, tick: int, observation: O, decision: D, cost_s: float | None) -> LoopStep[O, D]:
         step = LoopStep(tick, observation.now_s, observation, decision, cost_s)
-        self.timeline.steps.append(step)
+        self.timeline.append(step)
         if self.on_step is not None:
             self.on_step(step)
         return step
