@@ -531,10 +531,14 @@ class Run:
         return self.out / filename
 
 
-def add_arguments(parser, *, repeats: int | None = MIN_REPEATS, quick: bool = True) -> None:
-    """The options every benchmark shares: --out, and --repeats / --quick where they apply."""
+def add_arguments(parser, *, repeats: int | None = MIN_REPEATS, quick: bool = True, plots: bool = False) -> None:
+    """The options every benchmark shares: --out, and --repeats / --quick / --plots where they apply."""
     parser.add_argument("--out", type=Path, default=None,
                         help="results folder (default benchmarks/results; with --quick a temporary folder)")
+    if plots:
+        parser.add_argument("--plots", action="store_true",
+                            help="also draw the figures as PNG files beside the results (the .json holds every "
+                                 "figure they show; the repository keeps no plots)")
     if quick:
         parser.add_argument("--quick", action="store_true",
                             help="small inputs, fewer repeats: a check of the script, not a result to quote")
