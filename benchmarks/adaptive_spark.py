@@ -582,7 +582,7 @@ def main(argv=None) -> int:
             print("switch costs", file=sys.stderr)
             costs = switch_costs(spark, work, size)
     finally:
-        spark.stop()
+        method.end_spark(spark)
         shutil.rmtree(work, ignore_errors=True)
     document = {
         "cores": args.cores, "quick": args.quick, "repeats": args.repeats, "size": asdict(size), "cost_change_input": asdict(change), "stem": stem, "plots": args.plots, "reach_best": reach,

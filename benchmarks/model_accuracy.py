@@ -548,7 +548,7 @@ def main(argv=None) -> int:
     }
     results = {name: run_workload(name, spark, pipeline, source, args, work, cores, settings, stage_log)
                for name, (pipeline, source) in workloads.items()}
-    spark.stop()
+    method.end_spark(spark)
     document = {"master": args.master, "quick": args.quick, "cores": cores, "spark_constants_from": constants_from,
                 "spark_constants": settings.constants.to_dict(), "loops_per_us": LOOPS_PER_US,
                 "results": results, "summary": summary(results)}

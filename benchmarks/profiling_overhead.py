@@ -362,7 +362,7 @@ def main(argv=None) -> int:
                             "mixed": overhead(spark, "mixed", shared.mixed_pipeline(), source, args, work)}
     known_source = shared.synthetic_source(work / "known-input", args.accuracy_records, args.files)
     document["accuracy"] = accuracy(spark, known_source, args, work)
-    spark.stop()
+    method.end_spark(spark)
     stem = "profiling_overhead_quick" if args.quick else "profiling_overhead"
     run.write_results(stem, report(document, stem, args.plots), document)
     if args.plots:
