@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
         args.keys, args.repeats = 40_000, 1  # about 625 keys a bucket: enough to switch to one entry per key
     method.check_repeats(args.repeats, args.quick)
     run = method.Run("state_size.py", argv, quick=args.quick, out=args.out)
-    from fissure.spark.config import RunnerConfig
+    from fissure.config import RunnerConfig
     from fissure.spark.session import create_session
 
     spark = create_session(RunnerConfig(master="local[2]"))
@@ -158,6 +158,7 @@ def main(argv: list[str] | None = None) -> int:
         "sub-buckets of about 128 (fewer bytes a key than an entry each).  ",
         f"Snapshots Spark wrote (zips and SST files, last repeat): {held_bytes[-1]['snapshots']:,} B; the state folder "
         f"at the end: {held_bytes[-1]['all']:,} B."])
+    method.end_spark(spark)
     run.write_results("state_size", text, document)
     return 0
 

@@ -31,7 +31,7 @@ def pytest_collection_modifyitems(config, items):
 def spark():
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    from fissure.spark.config import RunnerConfig
+    from fissure.config import RunnerConfig
     from fissure.spark.session import create_session
 
     from fissure.spark.stage_log import STAGE_LOG_CONF

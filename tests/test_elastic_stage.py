@@ -14,7 +14,8 @@ import pyarrow as pa
 import pytest
 
 from fissure.control.thread_level.config import ElasticityConfig
-from fissure.graph import Pipeline, PipelineError, Waits
+from fissure.program.chain import Pipeline
+from fissure.program.operators import PipelineError, Waits
 from fissure.worker.columns import DEAD_OPERATOR
 from fissure.worker.elastic_stage import (
     BatchThreadLevels,

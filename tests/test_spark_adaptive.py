@@ -26,7 +26,7 @@ from fissure.spark.adaptive import run_adaptive_on_spark
 from fissure.spark.adaptive_observations import OperatorProfiles, SparkObservations
 from fissure.spark.adaptive_queries import QueryManager, canonical_plan
 from fissure.spark.adaptive_realizer import SparkPlanRealizer, plan_boundaries, same_physical_plan
-from fissure.spark.config import RunnerConfig
+from fissure.config import RunnerConfig
 from fissure.spark.sinks import ForeachBatchSink, MemorySink
 from fissure.spark.spark_model_search import SparkModelSearch
 from fissure.spark.state import checkpoint_status, offset_entry_state_partitions

@@ -40,8 +40,8 @@ DRIVER = textwrap.dedent("""
     fast_jvm = sys.argv[3]
     fissure.run(pipeline, source, sink, plan=plan, checkpoint=work + "/ckpt",
                 config=fissure.RunnerConfig(master=master, spark_conf={"spark.executor.memory": "1g",
-                                                                       "spark.executor.extraJavaOptions": fast_jvm}),
-                progress=False)
+                                                                       "spark.executor.extraJavaOptions": fast_jvm},
+                                            progress="off"))
     totals = {}
     for record in sink.records():
         totals[record["word"]] = max(totals.get(record["word"], 0), record["count"])

@@ -12,7 +12,7 @@ from dataclasses import replace
 import pytest
 
 from fissure import Pipeline
-from fissure.streamgraph import as_graph
+from fissure.program.graph import as_graph
 from fissure.model.calibration import BatchObservation, fit_spark_constants
 from fissure.model.spark_model import (
     SparkConstants,

@@ -14,14 +14,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fissure import Pipeline
-from fissure.graph import PipelineError
-from fissure.spark.config import RunnerConfig
+from fissure.program.operators import PipelineError
+from fissure.config import RunnerConfig
 from fissure.worker.graph_local import LocalGraphRun
 from fissure.worker.keyed import StatefulStep, run_group
 from fissure.worker.records import OperatorFailedError
 from fissure.worker.state_codec import (DATA_HEADER, LegacyStateError, StateCodec, StateCodecError,
                                         StateIntegrityError, decode_data, encode_data)
-from fissure.streamgraph import as_graph
+from fissure.program.graph import as_graph
 
 
 def same(left, right) -> bool:

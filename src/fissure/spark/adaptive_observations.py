@@ -19,7 +19,7 @@ from fissure.model.types import OperatorStats
 from fissure.profile.window import summarize
 from fissure.spark.adaptive_queries import LiveQuery, QueryManager
 from fissure.spark.batch_gate import POLL_S
-from fissure.spark.runner import BatchTime, Runner
+from fissure.spark.query.runner import BatchTime, Runner
 from fissure.spark.spark_model_search import SparkModelSearch
 
 log = logging.getLogger(__name__)

@@ -21,7 +21,8 @@ from pyspark.sql.streaming.stateful_processor import StatefulProcessor
 from fissure.model.types import Kind
 from fissure.spark.state_handler import StateVariable, register_state_variables
 from fissure.spark.state_requests import BatchedMapState
-from fissure.streamgraph import NodeKind, StreamGraph
+from fissure.program.graph import StreamGraph
+from fissure.program.nodes import NodeKind
 from fissure.worker.columns import DEAD_COLUMNS, DEAD_OPERATOR, SEQ, SEQ_PARTITION_SHIFT, carried_schema
 from fissure.worker.elastic_stage import WaitingOperator
 from fissure.worker.fused import assemble, dead_letter_batch, reshape_dead, split_dead

@@ -32,8 +32,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from fissure.model.types import Kind
-from fissure.graph import Pipeline
-from fissure.streamgraph import NodeKind, PipelineError, StreamGraph, as_graph
+from fissure.program.chain import Pipeline
+from fissure.program.graph import StreamGraph, as_graph
+from fissure.program.nodes import NodeKind
+from fissure.program.operators import PipelineError
 from fissure.worker.columns import DEAD_COLUMNS, DEAD_ERROR, DEAD_OPERATOR, DEAD_RECORD, SEQ, carried_schema
 from fissure.worker.fused import FusedStage, Step, assemble, conform, live_batch, split_dead
 from fissure.worker.graph_join import LEFT, RIGHT, JoinArrival, JoinStep, arrivals_of, joined_batch, run_join_group

@@ -28,9 +28,10 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from fissure.graph import Pipeline
+from fissure.program.chain import Pipeline
 from fissure.model.types import Kind, Plan, RegionPlan
-from fissure.streamgraph import Node, NodeKind, StreamGraph
+from fissure.program.graph import StreamGraph
+from fissure.program.nodes import Node, NodeKind
 from fissure.worker.columns import DEAD_COLUMNS, DEAD_OPERATOR, INTERNAL_FIELDS, SEQ, carried_schema
 from fissure.worker.elastic_stage import WaitingOperator
 from fissure.worker.fused import FusedStage, Step, assemble, conform, split_dead
