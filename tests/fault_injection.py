@@ -248,6 +248,9 @@ def switch_started(checkpoint: Path, sink: Path) -> bool:
 WORKER_FAULTS = ("memory-error", "crashes")
 FAULT_AT = (5, 30, 55, 80)
 FILE_FAULTS = ("corrupt-gzip", "written-in-place")
+# "concurrent" and "written-in-place" on one following driver: refused to a second driver, then
+# a file written in place, then killed once a batch read it (tests/test_faults.py).
+CONCURRENT_IN_PLACE = "concurrent+written-in-place"
 
 
 def file_committed(checkpoint: Path, name: str) -> bool:
@@ -355,7 +358,7 @@ def run_case(work: Path, plan: str, program: str, moment: str, seed: int, *, max
     delay = random.Random(seed).uniform(0.0, max_delay_s)
     if moment in WORKER_FAULTS:
         return worker_fault_case(work, plan, program, moment, seed, records, driver, timeout_s)
-    if moment in FILE_FAULTS:
+    if moment in FILE_FAULTS or moment == CONCURRENT_IN_PLACE:
         return file_fault_case(work, plan, program, moment, seed, records, driver, driver_to_end, timeout_s, per_file)
     first, killed = driver(*(["follow"] if moment == "concurrent" else [])), False
     deadline = time.monotonic() + timeout_s
@@ -426,7 +429,9 @@ def worker_fault_case(work: Path, plan: str, program: str, moment: str, seed: in
 def file_fault_case(work: Path, plan: str, program: str, moment: str, seed: int, records: list[dict], driver,
                     driver_to_end, timeout_s: float, per_file: int = PER_FILE) -> KillOutcome:
     """A corrupt gzip among the good files, or a file written in place while a driver follows the
-    directory (the module docstring); `killed` says the fault happened while a driver ran."""
+    directory (the module docstring); `killed` says the fault happened while a driver ran. With
+    `moment` CONCURRENT_IN_PLACE, the following driver is first also refused to a second driver
+    ("concurrent"), before the file is written in place."""
     import gzip
 
     sink, checkpoint = work / "out", work / "ckpt"
@@ -452,6 +457,8 @@ def file_fault_case(work: Path, plan: str, program: str, moment: str, seed: int,
         try:
             while first.poll() is None and time.monotonic() < deadline and committed_batches(sink / "counts") < 1:
                 time.sleep(0.05)
+            if moment == CONCURRENT_IN_PLACE and first.poll() is None:
+                problems += second_driver_refused(program, first, lambda: driver_to_end())
             if first.poll() is None:
                 with open(target, "w", encoding="utf-8") as out:
                     out.write("".join(lines[: len(lines) // 2]))

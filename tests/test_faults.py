@@ -1,17 +1,20 @@
 """Fault injection: `kill -9` of a subprocess driver at seeded random moments, during an adaptive
 plan switch and during its state repartition, then restarts on the same checkpoint until the
 input is consumed; every sink is compared with the plain-Python word count (every input's
-result once, every word's counts exactly 1..n, no batch written by two runs). The "concurrent"
-point starts a second driver on the checkpoint of a running one: it must be refused, naming the
-first, which is then killed and its lock taken over by the restart. "corrupt-gzip" puts a
-truncated .gz among the input files (one dead letter naming it, the rest exact) and
-"written-in-place" writes a file in place while a following driver runs (read once, whole).
+result once, every word's counts exactly 1..n, no batch written by two runs). "corrupt-gzip"
+puts a truncated .gz among the input files (one dead letter naming it, the rest exact).
+"concurrent+written-in-place" follows the input directory: once a batch committed, a second
+driver started on the running one's checkpoint must be refused, naming the first; then a file is
+written in place (in two halves) while the first runs, which is killed once a batch read it; the
+restart takes its lock over, and the sinks hold the whole file's results once.
+
 The killed drivers are processes of their own; the drivers that must end by themselves (the
 restarts, the second driver, the corrupt file's one driver) run in the test's process on its
 SparkSession: the same program on the same checkpoint, without a JVM to start. Four input files
 of 24 records, one a batch: a "random" kill comes up to 1.5 s after the first committed batch,
-while the three others run (about 0.6 s each on a quiet two-core machine, longer under load). benchmarks/reliability.py runs more
-kill points, every driver a process, and writes the figure to benchmarks/results/reliability.md."""
+while the three others run (about 0.6 s each on a quiet two-core machine, longer under load).
+benchmarks/reliability.py runs more kill points, every driver a process, and writes the figure
+to benchmarks/results/reliability.md."""
 
 from __future__ import annotations
 
@@ -28,11 +31,10 @@ pytestmark = [pytest.mark.spark, pytest.mark.slow]
     ("replicated", "graph", "random", 13),
     ("adaptive", "chain", "repartition", 14),
     ("adaptive", "graph", "switch", 15),
-    ("sequential", "graph", "concurrent", 16),
+    ("sequential", "graph", "concurrent+written-in-place", 16),
     ("sequential", "windows", "window-emission", 17),
     ("replicated", "windows", "expiry", 18),
     ("sequential", "chain", "corrupt-gzip", 19),
-    ("sequential", "graph", "written-in-place", 20),
 ])
 def test_a_killed_driver_restarted_on_its_checkpoint_loses_and_duplicates_nothing(spark, tmp_path, plan, program,
                                                                                  moment, seed):
