@@ -12,6 +12,7 @@ import traceback
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+import fissure
 from fissure.control.failures import RESOURCE_ERRNOS
 
 MAX_DEAD_RECORD_CHARS = 10_000
@@ -30,7 +31,7 @@ class DeadLetter:
 # Where code that is not the user's lives: the standard library, installed packages, fissure itself.
 _NOT_USER_DIRS = tuple(os.path.normcase(os.path.realpath(path)) + os.sep for path in dict.fromkeys(
     sysconfig.get_paths()[name] for name in ("stdlib", "platstdlib", "purelib", "platlib")))
-_FISSURE_DIR = os.path.normcase(os.path.realpath(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))) + os.sep
+_FISSURE_DIR = os.path.normcase(os.path.realpath(os.path.dirname(os.path.abspath(fissure.__file__)))) + os.sep
 _PACKAGE_DIR_NAMES = ("site-packages", "dist-packages")
 
 
