@@ -58,8 +58,8 @@ from fissure import Pipeline  # noqa: E402
 from fissure.model.spark_model import SparkWorkload, evaluate_spark  # noqa: E402
 from fissure.model.throughput import evaluate  # noqa: E402
 from fissure.model.types import Machine  # noqa: E402
-from fissure.optimize.planners import plan_chain  # noqa: E402
-from fissure.profile.calibration import load_calibration, stored_spark_model  # noqa: E402
+from fissure.plan.planners import plan_chain  # noqa: E402
+from fissure.plan.stored_calibration import load_calibration, stored_spark_model  # noqa: E402
 from fissure.spark.plans import describe_plan, sequential_plan  # noqa: E402
 from fissure.testing import record_files  # noqa: E402
 from spark_chain import valid_plans  # noqa: E402

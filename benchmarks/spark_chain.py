@@ -179,7 +179,7 @@ def logwatch_source(directory, lines, files):
 def model_shortlist(pipeline: Pipeline, plans: list[Plan], cores: int, keep: int) -> list[Plan]:
     """The `keep` plans the Spark model (stored calibration or defaults) predicts fastest."""
     from fissure.model.spark_model import evaluate_spark
-    from fissure.profile.calibration import stored_spark_model
+    from fissure.plan.stored_calibration import stored_spark_model
 
     settings, _ = stored_spark_model()
     operators = pipeline.operator_stats()

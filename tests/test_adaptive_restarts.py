@@ -1,5 +1,5 @@
 """An adaptive run ends as a plain run does: after the machine's failure the same policy
-(fissure.control.failures) starts the plan in force again on the checkpoint through the
+(fissure.lifecycle.failures) starts the plan in force again on the checkpoint through the
 QueryManager, with the same warning and the same `not restarted` note, and a bounded run its
 timeout ends with input left raises RunTimedOut (fissure.spark.run_end). Fakes stand in for Spark."""
 

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 import fissure.cli as cli
 from fissure.cli.autopipeline_cmd import load_profile
-from fissure.optimize.autopipeline import (
+from fissure.plan.autopipeline import (
     AutopipelineProfile,
     Insertion,
     PredictedLoad,
@@ -209,7 +209,7 @@ def test_no_bottleneck_means_no_insertion_and_names_the_busiest_thread():
 
 def test_missing_measurement_means_no_change_and_a_log_line(caplog):
     profile = make_profile({"t0": (0.9, {"a": math.nan, "b": 0.4})})
-    with caplog.at_level(logging.WARNING, logger="fissure.optimize.autopipeline"):
+    with caplog.at_level(logging.WARNING, logger="fissure.plan.autopipeline"):
         plan = plan_autopipelining(profile)
     assert plan.insertions == () and plan.utility is None
     assert plan.reason == "no change: measurements missing for thread t0 port a"

@@ -18,7 +18,7 @@ from fissure.control.autopipeline_control import (
     evaluate_round,
 )
 from fissure.control.noise import NoiseEstimate
-from fissure.optimize.autopipeline import AutopipelineProfile, ThreadProfile, plan_autopipelining
+from fissure.plan.autopipeline import AutopipelineProfile, ThreadProfile, plan_autopipelining
 
 CONFIG = AutopipelineControlConfig(alpha=0.25, settle_s=5.0)
 ROUND = InsertionRound(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from fissure import FileSource
-from fissure.control.batch_size import MAX_RECORDS, MIN_RECORDS, BatchCost, BatchSizeDecision, choose_batch_records
+from fissure.lifecycle.batch_size import MAX_RECORDS, MIN_RECORDS, BatchCost, BatchSizeDecision, choose_batch_records
 from fissure.spark.batch_admission import admit_file_sources, bytes_per_record, model_batch_cost
 from fissure.testing import text_files
 
@@ -64,7 +64,7 @@ def test_file_sources_without_a_size_get_the_policys_size_in_bytes(tmp_path):
 def test_the_models_batch_cost_grows_with_the_plans_work():
     from fissure.model.spark_model import SparkConstants, SparkWorkload
     from fissure.model.types import Kind, OperatorStats, Plan, RegionPlan
-    from fissure.optimize.spark_chain import SparkModelSettings
+    from fissure.plan.spark_chain import SparkModelSettings
 
     settings = SparkModelSettings(SparkConstants(), SparkWorkload())
     plan = Plan((RegionPlan((("a",),), 1),))
@@ -75,7 +75,7 @@ def test_the_models_batch_cost_grows_with_the_plans_work():
 
 
 def test_a_sample_is_needed_unless_the_whole_input_runs_in_one_batch_whatever_it_would_measure():
-    from fissure.control.batch_size import sample_needed
+    from fissure.lifecycle.batch_size import sample_needed
 
     # LogWatch's example: 2,022 lines, and the declared costs admit 392,675 a batch.
     small = sample_needed(2_022, 392_675, reads_input_once=True)

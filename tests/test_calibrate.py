@@ -10,7 +10,7 @@ import pytest
 
 from fissure.model.calibration import Calibration, nnls, replication_cost_us
 from fissure.model.spark_model import SparkConstants
-from fissure.profile.calibration import calibration_path, load_calibration, save_calibration, stored_spark_model
+from fissure.plan.stored_calibration import calibration_path, load_calibration, save_calibration, stored_spark_model
 
 
 def eq18_rate_per_s(replicas: int, delta_us: float, cost_us: float, c_p_us: float) -> float:

@@ -22,7 +22,7 @@ from fissure import Pipeline, PipelineError
 from fissure.spark.checkpoint_files import LocalStore
 from fissure.spark.checkpoint_guard import CheckpointDamaged, ProgramChanged
 from fissure.spark.checkpoint_lock import LOCK_FOLDER, CheckpointLocked, this_process
-from fissure.control.checkpoint_lock import LockRecord
+from fissure.lifecycle.checkpoint_lock import LockRecord
 from fissure.spark.runner import Runner
 from fissure.spark.sinks import FileSink, MemorySink
 from fissure.spark.state import checkpoint_status

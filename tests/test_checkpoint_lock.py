@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from fissure.control.checkpoint_lock import (
+from fissure.lifecycle.checkpoint_lock import (
     LockAction, LockFile, LockRecord, ProcessIdentity, decide, holds,
 )
 from fissure.spark.checkpoint_files import LocalStore

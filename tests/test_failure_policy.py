@@ -1,6 +1,6 @@
 """Whose fault a failure is, and when the run starts its query again: a resource error is never a
 record's dead letter, the restart budget is per window of time, the same record failing the same
-way stops the run naming it (fissure.control.failures, fissure.worker.records, fissure.spark.run)."""
+way stops the run naming it (fissure.lifecycle.failures, fissure.worker.records, fissure.spark.run)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import errno
 import pytest
 
 from fissure import Pipeline, RunnerConfig
-from fissure.control.failures import (CRASH, RESOURCE, Failure, Restart, RestartPolicy, decide_restart,
+from fissure.lifecycle.failures import (CRASH, RESOURCE, Failure, Restart, RestartPolicy, decide_restart,
                                       restartable_failure)
 from fissure.spark import run as run_module
 from fissure.spark.session import describe_failure

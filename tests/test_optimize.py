@@ -8,9 +8,9 @@ from hypothesis import strategies as st
 
 from fissure.model.throughput import evaluate, validate_plan
 from fissure.model.types import Kind, Machine, OperatorStats, Plan, RegionPlan
-from fissure.optimize import plan_chain
-from fissure.optimize.chain import ChainModel
-from fissure.optimize.exhaustive import SearchSpace, SearchTooLarge, count_configurations, optimal_regions
+from fissure.plan import plan_chain
+from fissure.plan.chain import ChainModel
+from fissure.plan.exhaustive import SearchSpace, SearchTooLarge, count_configurations, optimal_regions
 
 KEYS = ["host", "user", "port"]
 

@@ -7,7 +7,7 @@ import pyarrow as pa
 import pytest
 
 from fissure import Pipeline, PipelineError, StreamGraph, TumblingWindow
-from fissure.control.checkpoint_logs import missing_log_files
+from fissure.lifecycle.checkpoint_logs import missing_log_files
 from fissure.program_fingerprint import (
     NEW_CHECKPOINT, READS_OLD_STATE, RENAME, ProgramFingerprint, StateMigration, compare_programs,
     program_fingerprint, refusal_text,

@@ -7,7 +7,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from fissure.control.progress import ProgressForm, ProgressPolicy, ProgressState, progress_form, requested_mode
+from fissure.lifecycle.progress import ProgressForm, ProgressPolicy, ProgressState, progress_form, requested_mode
 from fissure.spark.progress_output import ProgressOutput
 
 

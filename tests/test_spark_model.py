@@ -25,8 +25,8 @@ from fissure.model.spark_model import (
 )
 from fissure.model.spec import load_spec
 from fissure.model.types import STATE_BUCKETS, Kind, Machine, OperatorStats, Plan, RegionPlan
-from fissure.optimize.planners import plan_chain
-from fissure.optimize.spark_chain import SparkChainModel, SparkModelSettings
+from fissure.plan.planners import plan_chain
+from fissure.plan.spark_chain import SparkChainModel, SparkModelSettings
 
 from pathlib import Path
 
@@ -302,7 +302,7 @@ def test_the_exact_spark_search_bounds_the_heuristic_which_beats_sequential():
 def test_plan_command_keeps_the_paper_model_unless_told(capsys, tmp_path, monkeypatch):
     from fissure.cli import main
     from fissure.model.calibration import Calibration
-    from fissure.profile.calibration import save_calibration
+    from fissure.plan.stored_calibration import save_calibration
 
     monkeypatch.setenv("FISSURE_CALIBRATION", str(tmp_path / "none.json"))
     assert main(["plan", str(LOGWATCH), "--cores", "2", "--json"]) == 0

@@ -378,7 +378,7 @@ def test_definition_errors_name_the_operator_and_the_fix():
 
 def test_the_planner_sees_time_operators_as_partitioned_with_their_keys():
     from fissure.model.types import Kind, Machine
-    from fissure.optimize.planners import plan_chain
+    from fissure.plan.planners import plan_chain
 
     program = (Pipeline("p").map("parse", lambda r: r).event_time("ts")
                .window("w", key="user", window=Tumbling(10.0), aggregate=Count(), cost_us=40.0)

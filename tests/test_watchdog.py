@@ -1,5 +1,5 @@
 """The watchdog's decision (a stuck batch, the operator it is in) and a bounded run that its
-timeout ends with input left (fissure.control.watchdog, fissure.spark.run, fissure.spark.input_left)."""
+timeout ends with input left (fissure.lifecycle.watchdog, fissure.spark.run, fissure.spark.input_left)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import json
 import pytest
 
 from fissure import RunnerConfig
-from fissure.control.progress import ProgressState
-from fissure.control.watchdog import (Heartbeat, Stall, StallPolicy, judge_batch, read_heartbeat, report_due,
+from fissure.lifecycle.progress import ProgressState
+from fissure.lifecycle.watchdog import (Heartbeat, Stall, StallPolicy, judge_batch, read_heartbeat, report_due,
                                       stuck_operator)
 from fissure.spark import run as run_module
 from fissure.spark.input_left import files_left

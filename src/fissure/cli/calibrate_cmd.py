@@ -322,7 +322,7 @@ def stage_report_lines(residuals) -> list[str]:
 
 
 def handle(args) -> int:
-    from fissure.profile.calibration import calibration_path, save_calibration
+    from fissure.plan.stored_calibration import calibration_path, save_calibration
 
     target = Path(args.output) if args.output else calibration_path()
     if target.exists() and target.is_dir():

@@ -46,7 +46,7 @@ import tempfile
 
 from fissure.cli import UsageError
 from fissure.cli.source_argument import parse_source_url, refuse_file_flags, source_of
-from fissure.control.progress import PROGRESS_MODES
+from fissure.lifecycle.progress import PROGRESS_MODES
 
 TIMED_OUT_EXIT = 124  # as timeout(1): the time ran out before the work was done
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from fissure.control.noise import NoiseEstimate, judge_gain
-from fissure.optimize.autopipeline import AutopipelinePlan
+from fissure.plan.autopipeline import AutopipelinePlan
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from fissure.optimize.autopipeline import AutopipelineProfile, ThreadProfile
+from fissure.plan.autopipeline import AutopipelineProfile, ThreadProfile
 from fissure.streamgraph import StreamGraph
 
 

@@ -35,7 +35,7 @@ from fissure.control.adaptive.decisions import Decision
 from fissure.control.driver import Timeline, TimelineEntry, plot_timeline, run_adaptive
 from fissure.control.model_correction import Correction
 from fissure.control.plan_change import parse_fingerprint, plan_fingerprint
-from fissure.control.progress import ProgressState, requested_mode
+from fissure.lifecycle.progress import ProgressState, requested_mode
 from fissure.graph import OperatorEstimate, Pipeline
 from fissure.model.types import Machine, Plan
 from fissure.profile.settings import ProfileSettings

@@ -1,6 +1,6 @@
 """Micro-batch size for file sources the user gave no size: the policy's records, in bytes.
 
-fissure.control.batch_size decides how many records a batch admits from the batch's fixed cost
+fissure.lifecycle.batch_size decides how many records a batch admits from the batch's fixed cost
 and cost per record; here both come from the Spark model (fissure.model.spark_model) of the plan
 in force, with the calibrated constants, evaluated at two batch sizes. The model's operator costs
 are measured first on the first records of each source (`sample_rows`, fissure.worker.cost_sample),
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from fissure.control.batch_size import BatchCost, BatchSizeDecision, choose_batch_records
+from fissure.lifecycle.batch_size import BatchCost, BatchSizeDecision, choose_batch_records
 from fissure.graph import to_arrow_schema
 from fissure.model.spark_model import evaluate_spark
 from fissure.model.types import Plan

@@ -1,7 +1,7 @@
 """What a start checks and keeps in its checkpoint, under the checkpoint's lock
 (fissure.spark.checkpoint_lock):
 
-- the logs are whole (fissure.control.checkpoint_logs): a missing offsets file is named as such,
+- the logs are whole (fissure.lifecycle.checkpoint_logs): a missing offsets file is named as such,
   before Spark reads it as `Multiple streaming jobs detected`;
 - the program's stateful operators are those that wrote the state (fissure.program_fingerprint):
   the record `fissure/program.json` is written before the first batch, and a start whose program
@@ -20,7 +20,7 @@ import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from fissure.control.checkpoint_logs import missing_log_files
+from fissure.lifecycle.checkpoint_logs import missing_log_files
 from fissure.graph import Pipeline, PipelineError
 from fissure.program_fingerprint import (
     NEW_CHECKPOINT, ProgramComparison, ProgramFingerprint, StateMigration, compare_programs, program_fingerprint,

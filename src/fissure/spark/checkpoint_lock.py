@@ -5,7 +5,7 @@ Two runs started at once on one checkpoint both write its logs and the sinks' ba
 one batch directory of a FileSink got two Parquet files (its rows twice, for good), or a run died
 with `CONCURRENT_STREAM_LOG_UPDATE`, `Rename destination .../_metadata/v2/0 already exists` or a
 `FileNotFoundException` of a `_temporary` folder. The second run is refused instead
-(`CheckpointLocked`, naming the holder). The decisions are fissure.control.checkpoint_lock's;
+(`CheckpointLocked`, naming the holder). The decisions are fissure.lifecycle.checkpoint_lock's;
 here are the files (`fissure/lock/<generation>` under the checkpoint, through
 fissure.spark.checkpoint_files: exclusive on local file systems and HDFS, best effort on object
 stores), the identity of this process and whether another one still runs.
@@ -29,7 +29,7 @@ import time
 import uuid
 from collections.abc import Callable
 
-from fissure.control.checkpoint_lock import (
+from fissure.lifecycle.checkpoint_lock import (
     LockAction, LockDecision, LockFile, LockRecord, ProcessIdentity, ProcessProbe, decide, holds,
 )
 from fissure.spark.checkpoint_files import CheckpointStore

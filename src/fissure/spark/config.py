@@ -16,9 +16,9 @@ import os
 from dataclasses import dataclass, field
 
 from fissure.control.adaptive.config import AdaptiveConfig
-from fissure.control.failures import RestartPolicy
-from fissure.control.progress import check_progress_mode
-from fissure.control.watchdog import StallPolicy
+from fissure.lifecycle.failures import RestartPolicy
+from fissure.lifecycle.progress import check_progress_mode
+from fissure.lifecycle.watchdog import StallPolicy
 from fissure.control.thread_level.config import ElasticityConfig, POLICY_NAMES
 from fissure.profile.settings import ProfileSettings
 from fissure.spark.graph_autopipeline import GraphAutopipelineConfig
@@ -37,7 +37,7 @@ class RunnerConfig:
     master: str = "local[*,4]"
     # Restarts of the query on its checkpoint that `fissure.run` makes within any
     # `query_restart_window_s` seconds after a failure that is the machine's, not the program's
-    # (fissure.control.failures): a Python worker process that died (a crash, a signal, the OOM
+    # (fissure.lifecycle.failures): a Python worker process that died (a crash, a signal, the OOM
     # killer), an operator out of memory or of another resource (never a dead letter), a full
     # disk. Spark does not retry the tasks of a streaming query's pipelined stages (one attempt
     # each, measured on 4.3), so a transient failure would end the stream. Per window, not per
@@ -52,7 +52,7 @@ class RunnerConfig:
     # Micro-batch size of a file source given none (FileSource's max_*_per_trigger; fissure run's
     # --kb-per-batch / --files-per-batch). "auto": from the Spark model of the plan in force, the
     # smallest batch whose fixed cost is at most `batch_fixed_share` of it, capped so a batch
-    # takes at most `batch_latency_bound_s` (fissure.control.batch_size); "all": every new file in
+    # takes at most `batch_latency_bound_s` (fissure.lifecycle.batch_size); "all": every new file in
     # one batch, as Spark does. With `batch_sample_costs`, the model's operator costs are measured
     # first in the driver on the sources' first records (fissure.worker.cost_sample; skipped when an
     # operator declares `waits=`, whose calls may reach outside systems); else the declared hints.
@@ -64,7 +64,7 @@ class RunnerConfig:
     batch_fixed_share: float = 0.1
     batch_latency_bound_s: float | None = None
     batch_sample_costs: bool = True
-    # How progress shows on stderr (fissure.control.progress): "auto" (a live line redrawn in
+    # How progress shows on stderr (fissure.lifecycle.progress): "auto" (a live line redrawn in
     # place on a terminal, timestamped lines elsewhere), "live", "lines" or "off".
     progress: str = "auto"
     # How often the runner looks at its query (and the live line is redrawn).
@@ -72,7 +72,7 @@ class RunnerConfig:
     # The lines form: at most one line per this many seconds, beside the first batch's, each plan
     # change's and the end's.
     progress_lines_interval_s: float = 10.0
-    # The watchdog (fissure.control.watchdog): a micro-batch running `stall_factor` times longer
+    # The watchdog (fissure.lifecycle.watchdog): a micro-batch running `stall_factor` times longer
     # than the last batches' median and the model's predicted batch time, and at least
     # `stall_min_s`, is reported as stuck with the operator it is in (a warning on stderr, the
     # progress line, RunReport.stalls), again each time its time doubles. It is not stopped.

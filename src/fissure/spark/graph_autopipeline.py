@@ -26,7 +26,7 @@ from fissure.control.autopipeline_control import (
     AutopipelineControlConfig, AutopipelineControlDecision, ControlAction, InsertionRound,
     decide_after_optimization, evaluate_round,
 )
-from fissure.optimize.autopipeline import DEFAULT_BETA, plan_autopipelining
+from fissure.plan.autopipeline import DEFAULT_BETA, plan_autopipelining
 from fissure.profile.graph_profile import autopipeline_profile, piece_measurements, port_throughput_per_s
 from fissure.streamgraph import NodeKind
 from fissure.worker.profiling import ProfileTally

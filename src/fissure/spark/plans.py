@@ -75,8 +75,8 @@ def planner_plan(pipeline: Program, cores: int, estimates: Mapping[str, Operator
     """
     from dataclasses import replace
 
-    from fissure.optimize import plan_chain
-    from fissure.profile.calibration import stored_spark_model
+    from fissure.plan import plan_chain
+    from fissure.plan.stored_calibration import stored_spark_model
 
     settings, _ = stored_spark_model()
     records = planned_batch_records(settings.workload.batch_records, input_records)

@@ -1,4 +1,4 @@
-"""Printing a run's progress (the mechanism; when and in which form: fissure.control.progress).
+"""Printing a run's progress (the mechanism; when and in which form: fissure.lifecycle.progress).
 
     output = ProgressOutput("auto", interval_s=10.0)    # live on a terminal, lines elsewhere
     output.show(state)                                  # each look at the run
@@ -27,7 +27,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import TextIO
 
-from fissure.control.progress import ProgressForm, ProgressPolicy, ProgressState, progress_form
+from fissure.lifecycle.progress import ProgressForm, ProgressPolicy, ProgressState, progress_form
 from fissure.spark.plans import plan_line
 
 WAITING_NOTE = "(Spark starts its Python workers)"

@@ -30,7 +30,7 @@ from fissure.spark.config import RunnerConfig
 from fissure.spark.graph_autopipeline import GraphAutopipeliner
 from fissure.spark.run_end import RunTimedOut  # noqa: F401 - fissure.spark.run.RunTimedOut, as before it moved
 from fissure.spark.run_end import QueryRestarts, check_input_read
-from fissure.profile.calibration import stored_spark_model
+from fissure.plan.stored_calibration import stored_spark_model
 from fissure.spark.runner import Runner, RunReport, bind_sources, input_records_once
 from fissure.spark.session import create_session, noted_failures
 from fissure.spark.sources import check_before_spark, default_file_system
@@ -61,9 +61,9 @@ def run(program: Pipeline | StreamGraph, source=None, sink=None, *, plan: object
     that passes first, with input left unread, raises RunTimedOut saying what is left; otherwise
     the query runs until `timeout_s` passes (its normal end) or forever without it. A failure
     that is the machine's (a worker that died, an operator out of memory) starts the query again
-    on its checkpoint within `config.restart_policy()` (fissure.control.failures). `max_batches`: the run ends after
+    on its checkpoint within `config.restart_policy()` (fissure.lifecycle.failures). `max_batches`: the run ends after
     that many micro-batches (a later batch is left for a run on the checkpoint). `progress`: how
-    progress shows on stderr (None: `config.progress`; False: not at all; fissure.control.progress).
+    progress shows on stderr (None: `config.progress`; False: not at all; fissure.lifecycle.progress).
     adaptive=True re-plans while it runs (`adaptive_config`: an AdaptiveConfig; `run_dir`: where its
     timeline goes) and returns an AdaptiveRunReport; autopipeline=True places pipeline boundaries
     while it runs, starting from `boundaries` (`autopipeline_config`: a GraphAutopipelineConfig; the
@@ -124,7 +124,7 @@ def _run_to_end(program, source, sink, *, limit: BatchLimit | None, checkpoint: 
                 available_now: bool, timeout_s: float | None, runner_options: dict, autopipeline: bool,
                 autopipeline_config, clock=time.monotonic) -> RunReport:
     """Run on the one Runner until the end, starting the query again on its checkpoint after a
-    failure that is the machine's, not the program's (fissure.control.failures), as
+    failure that is the machine's, not the program's (fissure.lifecycle.failures), as
     `config.restart_policy()` allows. `timeout_s` counts from the first start, restarts included."""
     restarts = QueryRestarts(config.restart_policy(), checkpoint, clock, runner_options.get("lock"))
     deadline = None if timeout_s is None else clock() + timeout_s

@@ -1,6 +1,6 @@
 """How a run's query ends, for the plain run (fissure.spark.run) and the adaptive run
 (fissure.spark.adaptive) alike: `QueryRestarts` starts it again on its checkpoint after the
-machine's failure as the run's restart policy allows (fissure.control.failures decides), and
+machine's failure as the run's restart policy allows (fissure.lifecycle.failures decides), and
 `check_input_read` raises `RunTimedOut` when a bounded run's timeout ended it with input unread.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from fissure.control.failures import Restart, RestartPolicy, decide_restart, restartable_failure
+from fissure.lifecycle.failures import Restart, RestartPolicy, decide_restart, restartable_failure
 from fissure.spark.checkpoint_files import open_store
 from fissure.spark.checkpoint_guard import CheckpointDamaged, StartGuard
 from fissure.spark.input_left import InputLeft, input_left
@@ -20,7 +20,7 @@ log = logging.getLogger(__name__)
 
 class QueryRestarts:
     """The restarts a run made after failed queries, and whether it makes one more: the policy's
-    (fissure.control.failures.decide_restart) answer, on the run's clock."""
+    (fissure.lifecycle.failures.decide_restart) answer, on the run's clock."""
 
     def __init__(self, policy: RestartPolicy, checkpoint: str, clock: Callable[[], float], lock=None) -> None:
         self.policy, self.checkpoint, self.clock, self.lock = policy, checkpoint, clock, lock

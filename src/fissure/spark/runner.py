@@ -33,16 +33,16 @@ from pyspark.sql import Observation, SparkSession
 from pyspark.sql import functions as F
 
 from fissure.graph import OperatorEstimate, Pipeline, PipelineError
-from fissure.control.progress import ProgressState, requested_mode, watermark_text
-from fissure.control.watchdog import Stall, judge_batch, report_due, stuck_operator
+from fissure.lifecycle.progress import ProgressState, requested_mode, watermark_text
+from fissure.lifecycle.watchdog import Stall, judge_batch, report_due, stuck_operator
 from fissure.model.types import Plan
-from fissure.profile.calibration import stored_spark_model
+from fissure.plan.stored_calibration import stored_spark_model
 from fissure.profile.collector import ProfileCollector
 from fissure.profile.log import profile_log_path
 from fissure.profile.settings import ProfileSettings
 from fissure.profile.window import BatchProfile, ProfileSummary, render_table, waiting_advice
 from fissure.program_fingerprint import program_fingerprint
-from fissure.control.batch_size import BatchCost, SampleDecision, choose_batch_records, sample_needed
+from fissure.lifecycle.batch_size import BatchCost, SampleDecision, choose_batch_records, sample_needed
 from fissure.spark.batch_admission import (SAMPLE_RECORD, SourceAdmission, admit_file_sources, first_file,
                                            input_records, model_batch_cost, needs_size, recorded_sample,
                                            sample_record, sample_rows)
@@ -132,7 +132,7 @@ class RunReport:
     # Files a batch's source log listed that were gone when the batch ran (Spark reads them as empty).
     missing_files: tuple[str, ...] = ()
     plan_text: str = ""  # the plan described when the report was made, with its keys: `[a|b]x2(user)`
-    stalls: tuple[Stall, ...] = ()  # the watchdog's reports of stuck batches (fissure.control.watchdog)
+    stalls: tuple[Stall, ...] = ()  # the watchdog's reports of stuck batches (fissure.lifecycle.watchdog)
     # Keys holding state after the last batch, summed over the stateful operators (their buckets
     # this run called; None: no stateful operator ran), and the most after any batch.
     state_keys: int | None = None
@@ -317,7 +317,7 @@ class Runner:
     in `runner.dead_letter_log` either way.
     `progress`: how progress shows on stderr: None, as `config.progress` says ("auto": a live line
     on a terminal, timestamped lines elsewhere); False, not at all; True, shown (in the form the
-    configured mode, or "auto", gives); or a mode by name (fissure.control.progress).
+    configured mode, or "auto", gives); or a mode by name (fissure.lifecycle.progress).
     `profile`: how operators are profiled on the live stream (None: not at all); the statistics
     are in `runner.profile_summary()`, under the progress line, and in the profile log
     (`profile_log`, default `<checkpoint>/fissure/profile.jsonl` when a checkpoint is given) that
@@ -604,7 +604,7 @@ class Runner:
 
     def _sample_decision(self, declared: BatchCost, available_now: bool) -> SampleDecision:
         """Whether the operators' costs need measuring before the batches are sized
-        (fissure.control.batch_size.sample_needed): not when the run reads its sources' input
+        (fissure.lifecycle.batch_size.sample_needed): not when the run reads its sources' input
         once and all of it fits in one batch whatever a sample would measure."""
         sized = [source for source in self.sources.values() if needs_size(source)]
         records = choose_batch_records(declared, fixed_share=self.config.batch_fixed_share,
@@ -938,7 +938,7 @@ class Runner:
 
     def check_stall(self, now_s: float | None = None) -> Stall | None:
         """The watchdog's look at the batch running now: a Stall when one is due to be reported
-        (fissure.control.watchdog), also logged as a warning and shown on the progress line."""
+        (fissure.lifecycle.watchdog), also logged as a warning and shown on the progress line."""
         running = self._running_batch
         if running is None:
             return None

@@ -21,8 +21,8 @@ import traceback
 
 from pyspark.sql import SparkSession
 
-from fissure.control.failures import CRASH, restartable_failure
-from fissure.control.watchdog import Heartbeat, read_heartbeat
+from fissure.lifecycle.failures import CRASH, restartable_failure
+from fissure.lifecycle.watchdog import Heartbeat, read_heartbeat
 from fissure.graph import PipelineError
 from fissure.spark.config import RunnerConfig
 from fissure.worker.records import HEARTBEAT_DIR_VARIABLE
@@ -256,7 +256,7 @@ def describe_failure(error: BaseException, spark_log: str | None = None) -> str:
     whole (also one Spark put inside a wrapper's line: `... most recent failure: Lost task ...:
     java.io.IOException: No space left on device`), with the nearest enclosing error that names
     a file when the innermost names none (a truncated checkpoint file: `EOFException` alone says
-    not which); then why fissure did not start the query again (fissure.control.failures).
+    not which); then why fissure did not start the query again (fissure.lifecycle.failures).
     """
     text = str(error).strip() or type(error).__name__
     lines = [line.strip() for line in text.splitlines() if line.strip()]

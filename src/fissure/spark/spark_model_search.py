@@ -16,10 +16,10 @@ from fissure.control.model_correction import OPERATORS_TERM, scale_operators
 from fissure.control.plan_change import plan_fingerprint
 from fissure.model.spark_model import SparkConstants, evaluate_spark
 from fissure.model.types import Machine, OperatorStats, Plan
-from fissure.optimize.exhaustive import SearchTooLarge
-from fissure.optimize.planners import default_max_threads, plan_chain
-from fissure.optimize.spark_chain import SparkModelSettings
-from fissure.profile.calibration import stored_spark_model
+from fissure.plan.exhaustive import SearchTooLarge
+from fissure.plan.planners import default_max_threads, plan_chain
+from fissure.plan.spark_chain import SparkModelSettings
+from fissure.plan.stored_calibration import stored_spark_model
 
 log = logging.getLogger(__name__)
 

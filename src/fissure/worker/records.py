@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 import fissure
-from fissure.control.failures import RESOURCE_ERRNOS
+from fissure.lifecycle.failures import RESOURCE_ERRNOS
 
 MAX_DEAD_RECORD_CHARS = 10_000
 
@@ -75,7 +75,7 @@ class ResourceExhausted(RuntimeError):
     """An operator ran out of memory or of another resource of the machine (MemoryError; an
     OSError of ENOMEM, ENOSPC, EDQUOT, EMFILE, ENFILE or ENOBUFS) while processing a record: no
     record's fault, so never its dead letter. The task fails and `fissure.run` starts the query
-    again on its checkpoint (fissure.control.failures reads this message back: keep its form)."""
+    again on its checkpoint (fissure.lifecycle.failures reads this message back: keep its form)."""
 
 
 def is_resource_error(error: BaseException) -> bool:

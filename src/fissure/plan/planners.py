@@ -9,10 +9,10 @@ from dataclasses import dataclass
 from fissure.model.spark_model import SparkEvaluation, evaluate_spark
 from fissure.model.throughput import Evaluation, evaluate
 from fissure.model.types import Machine, OperatorStats, Plan
-from fissure.optimize.chain import ChainModel, RegionShape
-from fissure.optimize.exhaustive import SearchSpace, optimal_regions
-from fissure.optimize.heuristic import heuristic, paper_heuristic
-from fissure.optimize.spark_chain import SparkChainModel, SparkModelSettings, spark_optimal_regions
+from fissure.plan.chain import ChainModel, RegionShape
+from fissure.plan.exhaustive import SearchSpace, optimal_regions
+from fissure.plan.heuristic import heuristic, paper_heuristic
+from fissure.plan.spark_chain import SparkChainModel, SparkModelSettings, spark_optimal_regions
 
 METHODS = ("heuristic", "paper-heuristic", "optimal", "fission-only", "pipelining-only", "sequential")
 

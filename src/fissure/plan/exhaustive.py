@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from itertools import combinations
 
-from fissure.optimize.chain import ChainModel, RegionShape
+from fissure.plan.chain import ChainModel, RegionShape
 
 # The largest number of configurations the exact search accepts: beyond it (about 12 operators
 # on 12 cores) it can take longer than a minute even with pruning.

@@ -1,5 +1,5 @@
 """Optimizers: pure functions from operator statistics or profiles to configurations."""
 
-from fissure.optimize.planners import METHODS, PlanResult, plan_chain
+from fissure.plan.planners import METHODS, PlanResult, plan_chain
 
 __all__ = ["METHODS", "PlanResult", "plan_chain"]

@@ -53,7 +53,7 @@ def save_calibration(calibration: Calibration, path: str | os.PathLike | None = 
 def stored_spark_model(path: str | os.PathLike | None = None):
     """SparkModelSettings from the stored calibration, or the defaults; and which (no path: it
     goes into benchmark results)."""
-    from fissure.optimize.spark_chain import SparkModelSettings
+    from fissure.plan.spark_chain import SparkModelSettings
 
     calibration = load_calibration(path)
     if calibration is None:

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from fissure.model.types import Kind
-from fissure.optimize.chain import ChainModel, RegionShape, merge_unreplicated
+from fissure.plan.chain import ChainModel, RegionShape, merge_unreplicated
 
 
 @dataclass(frozen=True)

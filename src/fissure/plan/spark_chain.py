@@ -5,7 +5,7 @@ prediction; everything the heuristic uses to *build* candidates (Algorithms 2-4:
 bottleneck pipelines, utilization shares) stays the paper's fast form, with delta and c_p taken
 from the Spark constants. So the heuristic and its local search rank every configuration by the
 Spark model. The exact search (`spark_optimal_regions`) enumerates the same configuration space
-as fissure.optimize.exhaustive (never two unreplicated regions side by side, at most M threads,
+as fissure.plan.exhaustive (never two unreplicated regions side by side, at most M threads,
 replicas only where the paper's L_p allows them) and evaluates each configuration with the Spark
 model; the model's stage barriers make the paper search's bound invalid, and the spaces fissure
 plans on Spark (a few cores) are small.
@@ -20,8 +20,8 @@ from itertools import combinations
 
 from fissure.model.spark_model import SparkConstants, SparkWorkload, evaluate_spark
 from fissure.model.types import Machine, OperatorStats
-from fissure.optimize.chain import ChainModel, RegionShape, merge_unreplicated
-from fissure.optimize.exhaustive import SearchSpace, SearchTooLarge, count_configurations
+from fissure.plan.chain import ChainModel, RegionShape, merge_unreplicated
+from fissure.plan.exhaustive import SearchSpace, SearchTooLarge, count_configurations
 
 # The most configurations the exact search over the Spark model evaluates (about 60 us each).
 MAX_SPARK_CONFIGURATIONS = 200_000
