@@ -30,7 +30,7 @@ import pyarrow as pa
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import method  # noqa: E402
-from fissure.worker.calibrate import (  # noqa: E402
+from fissure.local.calibrate import (  # noqa: E402
     BoundaryMeasurement,
     CallOverheadMeasurement,
     busy_loops_per_us,

@@ -8,7 +8,7 @@ import decimal
 import pyarrow as pa
 import pytest
 
-from fissure.worker.arrow_rows import batch_records, column_values
+from fissure.runtime.records.arrow_rows import batch_records, column_values
 
 COLUMNS = [
     pa.array(["a", None, "\u00fc", ""]), pa.array(["x", None], pa.large_string()),

@@ -16,9 +16,9 @@ from fissure import Pipeline, StreamGraph
 from fissure.spark.sinks import MemorySink
 from fissure.spark.sources import FileSource
 from fissure.testing import TestingSink, TestingSource, run_main
-from fissure.worker.columns import DEAD_ERROR, DEAD_OPERATOR, DEAD_RECORD, SEQ
-from fissure.worker.fused import FusedStage, Step, live_batch
-from fissure.worker.graph_local import run_local
+from fissure.runtime.records.columns import DEAD_ERROR, DEAD_OPERATOR, DEAD_RECORD, SEQ
+from fissure.runtime.operators.fused import FusedStage, Step, live_batch
+from fissure.local.executor import run_local
 
 NUMBERS = pa.schema([("n", pa.int64())])
 
@@ -143,7 +143,7 @@ def test_a_join_record_without_a_key_value_is_a_dead_letter():
 
 
 def test_text_that_is_not_utf8_is_a_dead_letter_of_the_source_and_the_batch_goes_on():
-    from fissure.worker.source_rows import carried_source_batch
+    from fissure.runtime.records.source_rows import carried_source_batch
 
     raw = pa.array([b"good 1", b"bad \xff\xfe\x80 line", None, b"good 2"], pa.binary()).view(pa.string())
     out = carried_source_batch(pa.RecordBatch.from_arrays([raw], names=["value"]), pa.schema([("value", pa.string())]),
@@ -163,8 +163,8 @@ RECORD_SCHEMA = pa.schema([("user", pa.string()), ("amount", pa.float64()), ("n"
 
 def unreadable_reasons(lines: list[bytes], line_format) -> list[str]:
     """The dead letters' reasons of rows whose raw lines the reader kept, read again by the worker."""
-    from fissure.worker.columns import CORRUPT_RECORD
-    from fissure.worker.source_rows import carried_source_batch
+    from fissure.runtime.records.columns import CORRUPT_RECORD
+    from fissure.runtime.records.source_rows import carried_source_batch
 
     nulls = [pa.nulls(len(lines), field.type) for field in RECORD_SCHEMA]
     corrupt = pa.array(lines, pa.binary()).view(pa.string())
@@ -180,7 +180,7 @@ def unreadable_reasons(lines: list[bytes], line_format) -> list[str]:
 
 
 def test_an_unreadable_json_line_says_whether_it_does_not_parse_or_which_field_has_which_type():
-    from fissure.worker.unreadable_lines import LineFormat
+    from fissure.runtime.records.unreadable_lines import LineFormat
 
     lines = [b'{"user": "ann", "amount": 1.5,', b'{"user": "bob", "amount": true}', b'{"USER": 7, "n": 2147483648}',
              b'{"tags": [1, "two"]}', b'{"ok": "yes"}', b'{"user": "b\xc3\x28d"}', b'"just a string"',
@@ -199,7 +199,7 @@ def test_an_unreadable_json_line_says_whether_it_does_not_parse_or_which_field_h
 
 
 def test_an_unreadable_csv_line_names_the_field_its_type_and_the_raw_value_or_the_column_count():
-    from fissure.worker.unreadable_lines import LineFormat
+    from fissure.runtime.records.unreadable_lines import LineFormat
 
     lines = [b"ann;1.5;x;;true", b"bob;lots;1;;false", b"cid;1.0;2", b"dan;2.0;3;;maybe", b'eve;"2.0;3;;true']
     assert unreadable_reasons(lines, LineFormat("csv", delimiter=";")) == [
@@ -315,7 +315,7 @@ def test_on_spark_null_keys_are_dead_letters_and_a_float_does_not_fit_an_int(spa
 
 
 def test_a_line_fissure_cannot_read_again_keeps_the_general_reason_and_the_batch_goes_on():
-    from fissure.worker.unreadable_lines import LineFormat
+    from fissure.runtime.records.unreadable_lines import LineFormat
 
     (reason,) = unreadable_reasons([b"ann||1.5"], LineFormat("csv", delimiter="||"))  # Spark's sep may be longer
     assert reason == ("it does not parse, or a value has another type (fissure could not read the line again: "

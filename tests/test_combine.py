@@ -1,4 +1,4 @@
-"""Aggregates combined before the exchange (fissure.worker.combine): the partials of records split
+"""Aggregates combined before the exchange (fissure.runtime.operators.combine): the partials of records split
 over tasks, merged per key, give the outputs, dead letters and states of the per-record
 functions; and which operators combine."""
 
@@ -13,12 +13,12 @@ from fissure import Aggregate, Count, Max, Mean, Min, Pipeline, Sliding, Sum, Tu
 from fissure.eventtime import WindowRole
 from fissure.windows import Session
 from fissure.combine_policy import combinable_aggregate, combine_decision
-from fissure.worker.combine import PARTIAL_SCHEMA, CombinePlan, Combiner, combined_key_function, partial_inputs
-from fissure.worker.fused import live_batch
-from fissure.worker.keyed import group_by_key
-from fissure.worker.state_codec import StateCodec
-from fissure.worker.timed import key_function
-from fissure.worker.watermark import Watermark
+from fissure.runtime.operators.combine import PARTIAL_SCHEMA, CombinePlan, Combiner, combined_key_function, partial_inputs
+from fissure.runtime.operators.fused import live_batch
+from fissure.runtime.operators.keyed import group_by_key
+from fissure.runtime.state.codec import StateCodec
+from fissure.runtime.operators.timed import key_function
+from fissure.runtime.operators.watermark import Watermark
 
 SCHEMA = pa.schema([("user", pa.string()), ("ts", pa.float64()), ("v", pa.int64())])
 
@@ -216,8 +216,8 @@ def test_which_operators_combine():
 
 
 def test_partials_go_to_their_keys_buckets_and_every_bucket_gets_a_group_when_asked():
-    from fissure.worker.combine import PARTIAL_KEY, is_partial_schema
-    from fissure.worker.packing import PackSpec, key_bucket, pack_partials, unpack_apart
+    from fissure.runtime.operators.combine import PARTIAL_KEY, is_partial_schema
+    from fissure.runtime.operators.packing import PackSpec, key_bucket, pack_partials, unpack_apart
 
     operator = operator_of("aggregate", Count())
     combiner = Combiner(CombinePlan.of(operator, SCHEMA, None))

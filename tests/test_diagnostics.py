@@ -9,8 +9,8 @@ import warnings
 import pytest
 
 from fissure import Pipeline
-from fissure.worker.graph_local import DeadLettersWarning, run_local
-from fissure.worker.records import describe_error, is_user_frame
+from fissure.local.executor import DeadLettersWarning, run_local
+from fissure.runtime.records.fate import describe_error, is_user_frame
 
 
 def parse_payload(record):
@@ -20,7 +20,7 @@ def parse_payload(record):
 PARSE_LINE = parse_payload.__code__.co_firstlineno + 1
 
 
-@pytest.mark.filterwarnings("ignore::fissure.worker.graph_local.DeadLettersWarning")
+@pytest.mark.filterwarnings("ignore::fissure.local.executor.DeadLettersWarning")
 def test_an_operator_error_raised_in_the_standard_library_names_the_users_line():
     pipeline = Pipeline("p").map("parse", parse_payload, schema={"n": int})
     results = run_local(pipeline, [{"payload": '{"n": 1}'}, {"payload": "{not json"}])
@@ -42,13 +42,13 @@ def test_without_a_user_frame_the_innermost_frame_is_named():
 
 
 def test_user_frames_are_neither_the_standard_library_nor_packages_nor_fissure():
-    import fissure.worker.fused
+    import fissure.runtime.operators.fused
     import pyarrow
 
     assert is_user_frame(__file__)
     assert not is_user_frame(json.decoder.__file__)
     assert not is_user_frame(pyarrow.__file__)
-    assert not is_user_frame(fissure.worker.fused.__file__)
+    assert not is_user_frame(fissure.runtime.operators.fused.__file__)
     assert not is_user_frame("<frozen importlib._bootstrap>")
 
 

@@ -15,8 +15,8 @@ import pytest
 
 from fissure.control.thread_level.config import ElasticityConfig
 from fissure.graph import Pipeline, PipelineError, Waits
-from fissure.worker.columns import DEAD_OPERATOR
-from fissure.worker.elastic_stage import (
+from fissure.runtime.records.columns import DEAD_OPERATOR
+from fissure.runtime.elastic.stage import (
     BatchThreadLevels,
     ThreadLevelReport,
     ThreadLevelTally,
@@ -26,8 +26,8 @@ from fissure.worker.elastic_stage import (
     worker_runners,
 )
 from fissure.control.thread_level.verdict import detect_waiting
-from fissure.worker.fused import FusedStage, Step, live_batch
-from fissure.worker.pe import ProcessingElement
+from fissure.runtime.operators.fused import FusedStage, Step, live_batch
+from fissure.runtime.pe.element import ProcessingElement
 
 NUMBERS = pa.schema([("n", pa.int64())])
 TAGGED = pa.schema([("n", pa.int64()), ("tag", pa.string())])

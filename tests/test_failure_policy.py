@@ -1,6 +1,6 @@
 """Whose fault a failure is, and when the run starts its query again: a resource error is never a
 record's dead letter, the restart budget is per window of time, the same record failing the same
-way stops the run naming it (fissure.lifecycle.failures, fissure.worker.records, fissure.spark.run)."""
+way stops the run naming it (fissure.lifecycle.failures, fissure.runtime.records.fate, fissure.spark.run)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from fissure.lifecycle.failures import (CRASH, RESOURCE, Failure, Restart, Resta
                                       restartable_failure)
 from fissure.spark import run as run_module
 from fissure.spark.session import describe_failure
-from fissure.worker.graph_local import DeadLettersWarning, run_local
-from fissure.worker.records import ResourceExhausted, is_resource_error, record_failed
+from fissure.local.executor import DeadLettersWarning, run_local
+from fissure.runtime.records.fate import ResourceExhausted, is_resource_error, record_failed
 
 CRASH_TEXT = ("org.apache.spark.SparkException: Job aborted due to stage failure: Task 0 in stage 3.0 failed 1 times\n"
               "org.apache.spark.SparkException: Python worker exited unexpectedly (crashed). Consider setting "
@@ -33,7 +33,7 @@ def test_fissures_resource_fault_is_read_back_with_its_operator_cause_and_record
     try:
         record_failed("load", MemoryError("cannot allocate 8 GiB"), {"id": 7, "note": "two\nlines"}, 3)
     except ResourceExhausted as raised:
-        text = f"pyspark.errors.PythonException: ...\nfissure.worker.records.ResourceExhausted: {raised}\n"
+        text = f"pyspark.errors.PythonException: ...\nfissure.runtime.records.fate.ResourceExhausted: {raised}\n"
     failure = restartable_failure(text)
     assert failure.kind == RESOURCE and failure.operator == "load"
     assert failure.cause.startswith("MemoryError: cannot allocate 8 GiB")
@@ -50,7 +50,7 @@ def test_resource_errors_outside_operators_and_on_the_jvm_are_the_machines(line)
 
 
 @pytest.mark.parametrize("line", ["ValueError: bad record", "FileNotFoundError: [Errno 2] No such file or directory: 'x'",
-                                  "fissure.worker.records.OperatorFailedError: operator 'quitter' raised SystemExit: 3"])
+                                  "fissure.runtime.records.fate.OperatorFailedError: operator 'quitter' raised SystemExit: 3"])
 def test_the_programs_own_failures_are_not_restarted(line):
     assert restartable_failure(f"org.apache.spark.SparkException: Job aborted\n{line}\n") is None
 
@@ -248,7 +248,7 @@ def test_a_summary_names_the_file_an_enclosing_error_names_when_the_innermost_na
 
 def test_a_long_cause_is_not_cut_at_300_characters(tmp_path):
     record = '{"text": "' + "x" * 1000 + '"}'
-    message = (f"fissure.worker.records.ResourceExhausted: operator 'load' ran out of resources (MemoryError) on "
+    message = (f"fissure.runtime.records.fate.ResourceExhausted: operator 'load' ran out of resources (MemoryError) on "
                f"record {record}; not the record's fault: the task fails and the query starts again on its checkpoint")
     summary = describe_failure(RuntimeError("Job aborted\n" + message), spark_log=str(tmp_path / "spark.log"))
     assert record in summary

@@ -8,10 +8,10 @@ import pickle
 import pyarrow as pa
 import pytest
 
-from fissure.worker.columns import DEAD_ERROR, DEAD_OPERATOR, DEAD_RECORD, SEQ, carried_schema
-from fissure.worker.fused import FusedStage, Step, live_batch
-from fissure.worker.keyed import StatefulStep, key_text, run_group, run_keys
-from fissure.worker.state_codec import decode_data, encode_data
+from fissure.runtime.records.columns import DEAD_ERROR, DEAD_OPERATOR, DEAD_RECORD, SEQ, carried_schema
+from fissure.runtime.operators.fused import FusedStage, Step, live_batch
+from fissure.runtime.operators.keyed import StatefulStep, key_text, run_group, run_keys
+from fissure.runtime.state.codec import decode_data, encode_data
 
 NUMBERS = pa.schema([("n", pa.int64())])
 WORDS = pa.schema([("word", pa.string()), ("n", pa.int64())])

@@ -6,9 +6,9 @@ import random
 
 import pytest
 
-from fissure.worker.key_buckets import (COARSE, FINE, FINE_MIN_KEYS, LAYOUT_ENTRY, SubBucketLayout, SubBucketStore,
+from fissure.runtime.state.key_buckets import (COARSE, FINE, FINE_MIN_KEYS, LAYOUT_ENTRY, SubBucketLayout, SubBucketStore,
                                         fine_entry, key_hash)
-from fissure.worker.state_codec import LegacyStateError, StateCodec, StateIntegrityError, decode_data
+from fissure.runtime.state.codec import LegacyStateError, StateCodec, StateIntegrityError, decode_data
 
 CODEC = StateCodec("count")
 

@@ -1,4 +1,4 @@
-"""Packed exchange (fissure.worker.packing): a keyed stage's input grouped before the exchange."""
+"""Packed exchange (fissure.runtime.operators.packing): a keyed stage's input grouped before the exchange."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import zlib
 import pyarrow as pa
 import pytest
 
-from fissure.worker.columns import DEAD_OPERATOR, SEQ
-from fissure.worker.packing import MAX_PACKED_ROWS, PackSpec, grouping_keys, key_bucket, pack, unpack
+from fissure.runtime.records.columns import DEAD_OPERATOR, SEQ
+from fissure.runtime.operators.packing import MAX_PACKED_ROWS, PackSpec, grouping_keys, key_bucket, pack, unpack
 
 ROUTE = "_fissure_route"
 SCHEMA = pa.schema([pa.field(ROUTE, pa.int32()), pa.field(SEQ, pa.int64()), pa.field(DEAD_OPERATOR, pa.string()),

@@ -17,8 +17,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fissure.worker import pe_registry
-from fissure.worker.pe import (
+from fissure.runtime.pe import registry as pe_registry
+from fissure.runtime.pe.element import (
     CHUNKS_PER_PIPELINE,
     MIN_CHUNK_ROWS,
     PipelineProcessDiedError,
@@ -27,13 +27,13 @@ from fissure.worker.pe import (
     StageFailedError,
     pipelining_chunks,
 )
-from fissure.worker.pe_registry import (
+from fissure.runtime.pe.registry import (
     close_all_processing_elements,
     processing_element,
     processing_element_for,
     run_region,
 )
-from fissure.worker.pe_stages import PipelineRunner, PipelineShape
+from fissure.runtime.pe.stages import PipelineRunner, PipelineShape
 
 POISON = -1  # a value of x that makes the failing stages below fail
 
@@ -429,7 +429,7 @@ PARENT_SCRIPT = textwrap.dedent(
     """
     import json, sys
     import pyarrow as pa
-    from fissure.worker.pe_registry import processing_element_for
+    from fissure.runtime.pe.registry import processing_element_for
 
     def identity(batch):
         return batch

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fissure.worker.calibrate import (
+from fissure.local.calibrate import (
     BusyStage,
     boundary_calibration,
     call_overhead_us,

@@ -28,7 +28,7 @@ def make_region_function():
         )
 
     def region_function(batches):
-        from fissure.worker.pe_registry import run_region
+        from fissure.runtime.pe.registry import run_region
 
         pipelines = [[tag_worker_pid], [tag_child_pid_and_square]]
         yield from run_region("test-pe-spark/region-0", "cut-1", pipelines, batches)

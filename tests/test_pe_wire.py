@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fissure.worker.pe_wire import (
+from fissure.runtime.pe.wire import (
     FrameKind,
     FrameReader,
     PendingWrites,

@@ -17,9 +17,9 @@ from fissure.profile.records import OperatorCounts, PipelineCounts, RegionCallCo
 from fissure.profile.settings import ProfileSettings
 from fissure.profile.window import BatchProfile, render_table, summarize, waiting_advice, weighted_median
 
-from fissure.worker.fused import FusedStage, Step, live_batch
-from fissure.worker.graph_profiling import ProfiledGraphRegion
-from fissure.worker.profiling import ProfiledUpdate, ProfileTally, ProfileTallyParam, attach_tally
+from fissure.runtime.operators.fused import FusedStage, Step, live_batch
+from fissure.runtime.profiling.pieces import ProfiledGraphRegion
+from fissure.runtime.profiling.profiler import ProfiledUpdate, ProfileTally, ProfileTallyParam, attach_tally
 
 NUMBERS = pa.schema([("n", pa.int64())])
 

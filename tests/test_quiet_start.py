@@ -157,6 +157,6 @@ def test_importing_the_state_handler_loads_neither_pandas_nor_pyarrow_nor_the_wo
     import sys
 
     code = ("import sys, fissure.spark.state_handler; "
-            "print(sorted(m for m in ('pandas', 'pyarrow', 'fissure.worker.keyed', 'fissure.graph') if m in sys.modules))")
+            "print(sorted(m for m in ('pandas', 'pyarrow', 'fissure.runtime.operators.keyed', 'fissure.graph') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

@@ -1,4 +1,4 @@
-"""Operator costs measured on a sample of the input in the driver (fissure.worker.cost_sample), and the
+"""Operator costs measured on a sample of the input in the driver (fissure.local.cost_sample), and the
 sample read from a file source (fissure.spark.batch_admission.sample_rows); no JVM."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import pytest
 
 from fissure import FileSource, Pipeline
 from fissure.graph import OperatorEstimate
-from fissure.worker.cost_sample import (CHUNK_RECORDS, WARM_UP_RECORDS, SampleFailed, measure_sample,
+from fissure.local.cost_sample import (CHUNK_RECORDS, WARM_UP_RECORDS, SampleFailed, measure_sample,
                                     measure_sample_isolated)
 from fissure.spark.batch_admission import sample_rows
 from fissure.streamgraph import PipelineError

@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 
 from fissure.control.thread_level.config import ElasticityConfig
 from fissure.control.thread_level.decisions import PeriodMeasurement, ThreadLevelDecision
-from fissure.worker.elastic_runner import ElasticOperatorRunner, SystemCpuUsage, ThreadLevelSample
-from fissure.worker.scheduler import DynamicScheduler, OperatorFailed, Port, SchedulerConfig, SchedulerStopped
+from fissure.runtime.elastic.runner import ElasticOperatorRunner, SystemCpuUsage, ThreadLevelSample
+from fissure.runtime.elastic.scheduler import DynamicScheduler, OperatorFailed, Port, SchedulerConfig, SchedulerStopped
 
 
 def run_with_deadline(function, deadline_s: float = 20.0):

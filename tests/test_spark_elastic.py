@@ -24,8 +24,8 @@ from fissure.spark.config import RunnerConfig
 from fissure.spark.elastic import ELASTIC_SWITCHED_PROPERTY, ThreadLevels, WorkerThreads
 from fissure.spark.sinks import MemorySink
 from fissure.testing import record_files
-from fissure.worker.elastic_stage import ThreadLevelTally, ThreadLevelTallyParam, WorkerRunners, worker_runners
-from fissure.worker.fused import FusedStage, Step, live_batch
+from fissure.runtime.elastic.stage import ThreadLevelTally, ThreadLevelTallyParam, WorkerRunners, worker_runners
+from fissure.runtime.operators.fused import FusedStage, Step, live_batch
 
 EVENTS = {"user": str, "i": int}
 SCORED = {"user": str, "i": int, "score": int}

@@ -17,7 +17,7 @@ import fissure
 from fissure import MemorySink, Pipeline
 from fissure.model.types import STATE_BUCKETS
 from fissure.spark.session import describe_failure
-from fissure.worker.packing import key_bucket
+from fissure.runtime.operators.packing import key_bucket
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 

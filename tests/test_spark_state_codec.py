@@ -81,7 +81,7 @@ def test_keys_survive_the_switches_between_the_dense_and_the_sparse_layout(spark
     count is the plain-Python one, and a cleared state is gone."""
     import random
 
-    from fissure.worker.key_buckets import FINE_MIN_KEYS
+    from fissure.runtime.state.key_buckets import FINE_MIN_KEYS
 
     words = [f"w{number}" for number in range(40_000)]
     assert len(words) / 64 > FINE_MIN_KEYS

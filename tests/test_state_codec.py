@@ -16,10 +16,10 @@ from hypothesis import strategies as st
 from fissure import Pipeline
 from fissure.graph import PipelineError
 from fissure.spark.config import RunnerConfig
-from fissure.worker.graph_local import LocalGraphRun
-from fissure.worker.keyed import StatefulStep, run_group
-from fissure.worker.records import OperatorFailedError
-from fissure.worker.state_codec import (DATA_HEADER, LegacyStateError, StateCodec, StateCodecError,
+from fissure.local.executor import LocalGraphRun
+from fissure.runtime.operators.keyed import StatefulStep, run_group
+from fissure.runtime.records.fate import OperatorFailedError
+from fissure.runtime.state.codec import (DATA_HEADER, LegacyStateError, StateCodec, StateCodecError,
                                         StateIntegrityError, decode_data, encode_data)
 from fissure.streamgraph import as_graph
 
@@ -185,7 +185,7 @@ def test_a_state_back_to_its_fresh_form_is_deleted_not_stored():
 def test_an_unkeyed_state_cleared_is_deleted():
     import pyarrow as pa
 
-    from fissure.worker.fused import live_batch
+    from fissure.runtime.operators.fused import live_batch
 
     def total(state, record):
         state["n"] = state.get("n", 0) + record["v"]

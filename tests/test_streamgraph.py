@@ -9,11 +9,11 @@ import fissure
 from fissure import Pipeline, PipelineError, StreamGraph, TumblingWindow, run_local
 from fissure.model.types import Plan, RegionPlan
 from fissure.spark.plans import check_plan
-from fissure.worker.graph_local import LocalGraphRun
-from fissure.worker.columns import DEAD_OPERATOR
-from fissure.worker.fused import dead_letter_batch, live_batch
-from fissure.worker.records import DeadLetter
-from fissure.worker.graph_pe import (
+from fissure.local.executor import LocalGraphRun
+from fissure.runtime.records.columns import DEAD_OPERATOR
+from fissure.runtime.operators.fused import dead_letter_batch, live_batch
+from fissure.runtime.records.fate import DeadLetter
+from fissure.compile.stages import (
     EnvelopeLayout, GraphPiece, build_pieces, fusion_runs, pieces_for, plan_graph_stages, state_partitions_of,
     stream_lifetimes,
 )
@@ -273,8 +273,8 @@ def test_pieces_give_the_same_rows_as_one_piece():
     schemas = {name: schema for name, schema in layout.schemas.items() if name not in g.sinks}
     envelope = EnvelopeLayout(schemas)
     stages = plan_graph_stages(g)
-    from fissure.worker.columns import carried_schema
-    from fissure.worker.fused import live_batch
+    from fissure.runtime.records.columns import carried_schema
+    from fissure.runtime.operators.fused import live_batch
 
     data = pa.RecordBatch.from_pylist([{"host": f"h{i % 2}", "ts": i, "v": i % 4} for i in range(12)],
                                       schema=schemas["events"])
@@ -341,7 +341,7 @@ def test_join_evicts_closed_windows_and_dead_letters_late_records():
 def join_windows(states):
     import json
 
-    from fissure.worker.state_codec import DATA_HEADER, decode_data
+    from fissure.runtime.state.codec import DATA_HEADER, decode_data
 
     stored = states[json.dumps(["a"])]
     assert stored.startswith(DATA_HEADER)  # a join's state is data, never a pickle
@@ -374,7 +374,7 @@ def test_run_local_binding_errors():
 from fissure.control.autopipeline_control import ControlAction  # noqa: E402
 from fissure.profile.graph_profile import autopipeline_profile, piece_measurements  # noqa: E402
 from fissure.spark.graph_autopipeline import GraphAutopipelineConfig, GraphAutopipeliner  # noqa: E402
-from fissure.worker.profiling import ProfileTally  # noqa: E402
+from fissure.runtime.profiling.profiler import ProfileTally  # noqa: E402
 
 ONE_PIECE = "example/pe0/parsed,big,small,both/p0"
 

@@ -60,7 +60,7 @@ def test_each_aggregate_matches_a_reference_per_window(aggregate, reference):
                                                              ("user", "window_start", "window_end")}
            for step in steps for r in step.results["sink"]}
     late = [letter.record for step in steps for letter in step.dead_letters]
-    kept = [e for e in data if fissure.worker.records.record_text(e) not in late]
+    kept = [e for e in data if fissure.runtime.records.fate.record_text(e) not in late]
     expected = {window: reference(records) for window, records in by_window(kept, 10.0).items()}
     assert got.keys() == expected.keys()
     for window, result in expected.items():
@@ -157,7 +157,7 @@ def test_expire_after_drops_a_keys_state_after_on_expire_and_state_stays_bounded
     rng = random.Random(4)
     batches = [[{"user": f"u{rng.randrange(4) + 3 * n}", "ts": float(10 * n + rng.randrange(10)), "v": 0}
                 for _ in range(6)] for n in range(12)]
-    run = fissure.worker.graph_local.LocalGraphRun(fissure.streamgraph.as_graph(expiring()))
+    run = fissure.local.executor.LocalGraphRun(fissure.streamgraph.as_graph(expiring()))
     out, keys_held = [], []
     for batch in batches:
         out += run.run_batch({"source": batch})["sink"]
@@ -186,7 +186,7 @@ def test_on_expire_errors_are_dead_letters_and_a_cleared_state_is_deleted_at_onc
     program = Pipeline("p").event_time("ts").partitioned(
         "s", clear_on_logout, key="user", expire_after=5.0, on_expire=lambda state, key: 1 / 0,
         schema={"user": str})
-    run = fissure.worker.graph_local.LocalGraphRun(fissure.streamgraph.as_graph(program))
+    run = fissure.local.executor.LocalGraphRun(fissure.streamgraph.as_graph(program))
     run.run_batch({"source": [{"user": "a", "ts": 1.0, "v": 1}, {"user": "b", "ts": 1.0, "v": 1},
                               {"user": "b", "ts": 2.0, "v": -1}]})
     assert list(run.states["s"]) == ['["a"]']  # b logged out: its state is gone, on_expire not called
@@ -259,7 +259,7 @@ def test_records_without_event_time_are_dead_letters_at_the_declaration():
     check = fissure.eventtime.EventTimeCheck("ts")
     reasons = []
     for record in records[1:]:
-        with pytest.raises(fissure.worker.records.RecordRejected) as raised:
+        with pytest.raises(fissure.runtime.records.fate.RecordRejected) as raised:
             check(record)
         reasons.append(str(raised.value).split(";")[0])
     assert reasons == ["NoEventTime: field 'ts' is None", "NoEventTime: field 'ts' is str 'noon'",
@@ -402,7 +402,7 @@ def test_the_planner_sees_time_operators_as_partitioned_with_their_keys():
 
 
 def test_the_sample_measures_a_windows_selectivity():
-    from fissure.worker.cost_sample import CHUNK_RECORDS, WARM_UP_RECORDS, measure_sample
+    from fissure.local.cost_sample import CHUNK_RECORDS, WARM_UP_RECORDS, measure_sample
 
     data = [{"user": "abcd"[i % 4], "ts": float(i // 8), "v": i} for i in range(4000)]
     costs = measure_sample(window_program(Count()), {"source": data}, budget_s=60.0)
@@ -421,10 +421,10 @@ def test_the_sample_measures_a_windows_selectivity():
 
 
 def test_the_per_key_runtime_fires_due_keys_deletes_finished_state_and_profiles():
-    from fissure.worker.keyed import BatchTime, run_keys
-    from fissure.worker.profiling import ProfiledKeyFunction, ProfileTally, RECORDS_IN, RECORDS_OUT, DEAD_LETTERS
-    from fissure.worker.timed import per_key_step
-    from fissure.worker.fused import live_batch
+    from fissure.runtime.operators.keyed import BatchTime, run_keys
+    from fissure.runtime.profiling.profiler import ProfiledKeyFunction, ProfileTally, RECORDS_IN, RECORDS_OUT, DEAD_LETTERS
+    from fissure.runtime.operators.timed import per_key_step
+    from fissure.runtime.operators.fused import live_batch
 
     class Accumulator:
         def __init__(self):
@@ -469,7 +469,7 @@ def test_the_per_key_runtime_fires_due_keys_deletes_finished_state_and_profiles(
 
 
 def test_the_watermark_is_fixed_per_batch_and_end_of_input_passes_every_deadline():
-    from fissure.worker.watermark import Deadlines, Watermark
+    from fissure.runtime.operators.watermark import Deadlines, Watermark
 
     mark = Watermark(lateness=5.0)
     first = mark.begin_batch()

@@ -97,7 +97,7 @@ def test_tumbling_and_sliding_windows_match_the_reference_with_late_records_over
     letters = [letter for step in steps for letter in step.dead_letters]
     assert len(letters) == len(late) and all(letter.node == "w" and letter.error.startswith("Late: event time ")
                                              for letter in letters)
-    assert sorted(letter.record for letter in letters) == sorted(fissure.worker.records.record_text(e) for e in late)
+    assert sorted(letter.record for letter in letters) == sorted(fissure.runtime.records.fate.record_text(e) for e in late)
 
 
 def test_a_late_record_names_its_window_and_the_watermark_it_closed_at():

@@ -15,7 +15,7 @@ from fissure.spark import run as run_module
 from fissure.spark.input_left import files_left
 from fissure.spark.progress_output import progress_fields
 from fissure.spark.sources import FileSource
-from fissure.worker import records
+from fissure.runtime.records import fate as records
 
 POLICY = StallPolicy(factor=10, min_s=60)
 

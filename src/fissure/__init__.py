@@ -35,7 +35,7 @@ _EXPORTS = {
     "Session": "fissure.windows",
     "Sliding": "fissure.windows",
     "Tumbling": "fissure.windows",
-    "run_local": "fissure.worker.graph_local",
+    "run_local": "fissure.local.executor",
     "run": "fissure.spark.run",
     "Runner": "fissure.spark.runner",
     "RunReport": "fissure.spark.runner",

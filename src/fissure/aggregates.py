@@ -28,7 +28,7 @@ from collections.abc import Callable, Mapping
 import pyarrow as pa
 
 from fissure.graph import PipelineError, SchemaSpec, to_arrow_schema
-from fissure.worker.records import RecordRejected
+from fissure.runtime.records.fate import RecordRejected
 
 
 class Aggregate:

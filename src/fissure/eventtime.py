@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from fissure.graph import PipelineError
 from fissure.windows import Window
-from fissure.worker.records import RecordRejected, shown_value
+from fissure.runtime.records.fate import RecordRejected, shown_value
 
 _UTC = datetime.timezone.utc
 # The planner's cost of the event-time check until profiles exist: a dict lookup and a type test.

@@ -211,7 +211,7 @@ def measure(master: str, quick: bool, out=sys.stdout) -> dict:
     from fissure.spark.config import RunnerConfig
     from fissure.spark.session import create_session, default_parallelism
     from fissure.spark.stage_log import STAGE_LOG_CONF, StageLog
-    from fissure.worker.calibrate import measure_boundary
+    from fissure.local.calibrate import measure_boundary
 
     small, large = (1000, 4000) if quick else (3000, 15000)
     rows = 20_000 if quick else 100_000

@@ -7,7 +7,7 @@ one is the machine's or the program's:
 - the machine's (`RESTARTABLE`): a Python worker process that died (a crash, a signal, the
   kernel's out-of-memory killer), an operator that ran out of memory or of another resource
   (MemoryError; an OSError of ENOMEM, ENOSPC, EDQUOT, EMFILE, ENFILE, ENOBUFS: the worker raises
-  fissure.worker.records.ResourceExhausted naming the operator and the record instead of making
+  fissure.runtime.records.fate.ResourceExhausted naming the operator and the record instead of making
   the record a dead letter), a JVM that found the disk full or no file handle left. The run starts
   the query again on its checkpoint: the batch is replayed, nothing is lost or written twice;
 - the program's (anything else): the run ends with it.
@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 # What Spark says when a Python worker process died instead of raising an error.
 WORKER_CRASH = "Python worker exited unexpectedly"
-# fissure.worker.records.ResourceExhausted's message, as the driver reads it back.
+# fissure.runtime.records.fate.ResourceExhausted's message, as the driver reads it back.
 RESOURCE_FAULT = re.compile(r"operator '(?P<operator>(?:[^'\\]|\\.)*)' ran out of resources \((?P<cause>.*)\) "
                             r"on record (?P<record>.*?); not the record's fault")
 # The innermost error of a Python traceback or a JVM stack, when it is a resource's.

@@ -8,7 +8,7 @@ doubled since the last one.
 
 Python accumulators reach the driver only at a task's end, and a stuck task does not end: so
 each Python worker notes the operator it enters and leaves in a small heartbeat file
-(fissure.worker.records.beat), and `stuck_operator` picks the operator that has been running
+(fissure.runtime.records.fate.beat), and `stuck_operator` picks the operator that has been running
 longest in this batch.
 """
 

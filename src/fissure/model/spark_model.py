@@ -312,7 +312,7 @@ class _Chain:
 
 
 def combined_partials(records: float, keys: float, tasks: int) -> float:
-    """The partials a combine before an exchange sends (fissure.worker.combine): per task, the
+    """The partials a combine before an exchange sends (fissure.runtime.operators.combine): per task, the
     distinct keys among its share of the records, with the batch's `keys` drawn uniformly
     (occupancy: keys x (1 - e^(-records per task / keys))), never more than the records. Skewed
     keys (Zipf word counts) repeat more, so they give fewer partials than this."""

@@ -34,7 +34,7 @@ class OperatorStats:
     key: tuple[str, ...] | None = None  # partitioning key a(o); only for PARTITIONED
     max_scale: float | None = None  # bound u of the bounded-linear scalability; None: linear
     # On Spark, its records are folded into one partial per key and task before its exchange
-    # (fissure.worker.combine): the exchange and the keyed stage see partials, not records.
+    # (fissure.runtime.operators.combine): the exchange and the keyed stage see partials, not records.
     combined: bool = False
 
     def __post_init__(self) -> None:

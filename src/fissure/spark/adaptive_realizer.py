@@ -34,7 +34,7 @@ from fissure.spark.batch_gate import POLL_S
 from fissure.spark.state import Repartitioner, checkpoint_status, repartition_state, spark_repartitioner
 from fissure.model.throughput import canonical_regions
 from fissure.streamgraph import StreamGraph, as_graph
-from fissure.worker.graph_pe import plan_graph_stages, state_partitions_of
+from fissure.compile.stages import plan_graph_stages, state_partitions_of
 
 log = logging.getLogger(__name__)
 

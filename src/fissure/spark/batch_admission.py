@@ -3,7 +3,7 @@
 fissure.lifecycle.batch_size decides how many records a batch admits from the batch's fixed cost
 and cost per record; here both come from the Spark model (fissure.model.spark_model) of the plan
 in force, with the calibrated constants, evaluated at two batch sizes. The model's operator costs
-are measured first on the first records of each source (`sample_rows`, fissure.worker.cost_sample),
+are measured first on the first records of each source (`sample_rows`, fissure.local.cost_sample),
 where the operators' declared hints would otherwise stand. Spark's file source
 admits bytes (`maxBytesPerTrigger`), so the records become bytes at the directory's measured
 bytes per record (a sample of its first file: newlines for text, JSON and CSV; the footer's row
@@ -23,7 +23,7 @@ from fissure.graph import to_arrow_schema
 from fissure.model.spark_model import evaluate_spark
 from fissure.model.types import Plan
 from fissure.spark.sources import FileSource
-from fissure.worker.cost_sample import SampleCosts
+from fissure.local.cost_sample import SampleCosts
 
 # The operator costs a checkpoint's first start measured (`sample_record`): its later starts (a
 # restart after a crash, a resumed run) use them instead of running the operators again.

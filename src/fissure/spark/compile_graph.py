@@ -1,27 +1,27 @@
-"""A stream graph compiled to ONE streaming query over envelopes (fissure.worker.graph_pe).
+"""A stream graph compiled to ONE streaming query over envelopes (fissure.compile.stages).
 
 - every source becomes envelopes (route = the source's stream number, a sequence number
   `source index << 56 | partition << 40 | row`, its fields in its schema's columns), and the
   sources are unioned; a single source read by a first pe stage becomes envelopes inside it;
 - between two stages an envelope carries the columns of the streams still read later only
-  (fissure.worker.graph_pe.stream_lifetimes);
+  (fissure.compile.stages.stream_lifetimes);
 - the plan (fissure.model.types.Plan over the graph's execution order; sequential by default)
-  cuts the graph into stages (fissure.worker.graph_pe.plan_graph_stages); a pe stage that starts
+  cuts the graph into stages (fissure.compile.stages.plan_graph_stages); a pe stage that starts
   a replicated region is spread round-robin over its replicas;
 - every pe stage is one mapInArrow running a graph processing element (its pieces as a chain of
   processes when pipeline boundaries cut it);
 - every keyed node is one transformWithStateInPandas behind a hash exchange on a grouping key.
-  A partitioned or unkeyed stateful operator's input comes packed (fissure.worker.packing): the
+  A partitioned or unkeyed stateful operator's input comes packed (fissure.runtime.operators.packing): the
   stage before it (a pe stage, the source's envelopes or another keyed stage) groups its
   envelopes by grouping key, a bucket of keys (crc32 of the key's text mod STATE_BUCKETS; the
   handler runs a bucket's keys in one call, their states in sub-buckets of keys,
-  fissure.worker.key_buckets) or 0
+  fissure.runtime.state.key_buckets) or 0
   without key, and ships each group as one row of Arrow IPC. A join's rows get their key text in
   SQL just before it. Every other row gets one of `spread` spread keys (`-1 - seq mod spread`
   packed, `~seq mod spread` for a join), which the handler passes through without touching state;
 - an `aggregate` or tumbling or sliding `window` that can merge (fissure.combine_policy) gets, from
   the stage before it (a pe stage, or the source's envelopes for an aggregate reading a source),
-  one partial per key (and window) per task instead of its records (fissure.worker.combine);
+  one partial per key (and window) per task instead of its records (fissure.runtime.operators.combine);
 - the runner's foreachBatch persists each micro-batch once and writes each sink from it.
 A stream used by several nodes is computed once: its rows travel once and each consumer reads
 them where it runs, so nothing upstream is recomputed.
@@ -49,17 +49,17 @@ from fissure.spark.stages import (
 )
 from fissure.time_program import TimeLayout
 from fissure.streamgraph import NodeKind, StreamGraph
-from fissure.worker.columns import DEAD_OPERATOR, SEQ
-from fissure.worker.graph_profiling import ProfiledGraphRegion
-from fissure.worker.source_rows import LineFormat, without_corrupt_record
-from fissure.worker.state_codec import StateAccess, missing_key_message
-from fissure.worker.graph_pe import (
+from fissure.runtime.records.columns import DEAD_OPERATOR, SEQ
+from fissure.runtime.profiling.pieces import ProfiledGraphRegion
+from fissure.runtime.records.source_rows import LineFormat, without_corrupt_record
+from fissure.runtime.state.codec import StateAccess, missing_key_message
+from fissure.compile.stages import (
     ROUTE, EnvelopeLayout, GraphStage, StageProfiling, consumers_after, pieces_for, plan_graph_stages,
     state_partitions_of, stream_lifetimes,
 )
-from fissure.worker.packing import PACKED_SCHEMA, PackSpec
+from fissure.runtime.operators.packing import PACKED_SCHEMA, PackSpec
 from fissure.combine_policy import combine_decision
-from fissure.worker.combine import CombinePlan
+from fissure.runtime.operators.combine import CombinePlan
 
 
 @dataclass(frozen=True)
@@ -101,7 +101,7 @@ def _source_envelopes(name: str, index: int, frame: DataFrame, layout: EnvelopeL
 
 def _pack_spec(graph: StreamGraph, stage: GraphStage, layout: EnvelopeLayout, spread: int,
                every_group: bool = False) -> PackSpec | None:
-    """How the stage before a keyed stage packs its output for it (fissure.worker.packing): for a
+    """How the stage before a keyed stage packs its output for it (fissure.runtime.operators.packing): for a
     partitioned or an unkeyed stateful operator; a join's groups stay rows (one per key text).
     `every_group`: a row for every group, with records or not (migrating state: every bucket's
     state is read and rewritten in the first batch)."""
@@ -168,11 +168,11 @@ def compile_graph(graph: StreamGraph, source_frames: Mapping[str, DataFrame], *,
     `line_formats`: how the JSON and CSV sources' lines are written (by source name), so that an
     unreadable line's dead letter says what is wrong with it. `state_access`: the key that signs
     pickled state, and whether an earlier fissure's pickled state may be migrated
-    (fissure.worker.state_codec). `control_frame`: the end-of-input control source of a program
+    (fissure.runtime.state.codec). `control_frame`: the end-of-input control source of a program
     with time-aware operators (fissure.spark.time_log), unioned with the sources; `time_tally`:
     the accumulator the keyed stages report event times and key counts into
-    (fissure.worker.time_tally). `combine`: fold the records of aggregates and windows that can
-    merge into partials before their exchange (fissure.worker.combine); False ships every record."""
+    (fissure.runtime.operators.time_tally). `combine`: fold the records of aggregates and windows that can
+    merge into partials before their exchange (fissure.runtime.operators.combine); False ships every record."""
     line_formats = line_formats or {}
     threads = threads or WorkerThreads()
     for operator in graph.operators:
@@ -207,7 +207,7 @@ def compile_graph(graph: StreamGraph, source_frames: Mapping[str, DataFrame], *,
     first = stages[0]
     enveloped_in_first_stage = (len(graph.sources) == 1 and first.kind == "pe" and control_frame is None
                                 and ((first.replicas or 1) == 1 or all(stage.kind == "pe" for stage in stages)))
-    # A keyed stage's input comes packed by the stage before it (fissure.worker.packing).
+    # A keyed stage's input comes packed by the stage before it (fissure.runtime.operators.packing).
     # A time-aware stage runs every bucket in every batch: its keys due without records fire.
     time_aware = checked.time.fields
     combined = combine_plans(graph, stages, schemas, time_aware) if combine else {}

@@ -22,7 +22,7 @@ from fissure.lifecycle.watchdog import StallPolicy
 from fissure.control.thread_level.config import ElasticityConfig, POLICY_NAMES
 from fissure.profile.settings import ProfileSettings
 from fissure.spark.graph_autopipeline import GraphAutopipelineConfig
-from fissure.worker.state_codec import STATE_KEY_VARIABLE, StateAccess, state_key_from
+from fissure.runtime.state.codec import STATE_KEY_VARIABLE, StateAccess, state_key_from
 
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 
@@ -54,7 +54,7 @@ class RunnerConfig:
     # smallest batch whose fixed cost is at most `batch_fixed_share` of it, capped so a batch
     # takes at most `batch_latency_bound_s` (fissure.lifecycle.batch_size); "all": every new file in
     # one batch, as Spark does. With `batch_sample_costs`, the model's operator costs are measured
-    # first in the driver on the sources' first records (fissure.worker.cost_sample; skipped when an
+    # first in the driver on the sources' first records (fissure.local.cost_sample; skipped when an
     # operator declares `waits=`, whose calls may reach outside systems); else the declared hints.
     # The sample runs the program's operators in a forked driver process at a checkpoint's first
     # start only (a line on stderr says so); later starts on it read the costs it kept. A run that
@@ -89,7 +89,7 @@ class RunnerConfig:
     default_state_partitions: int = 1
     # Fold the records of an `aggregate` or a tumbling or sliding `window` whose aggregate can
     # merge into one partial per key (and window) in the stage before its exchange
-    # (fissure.worker.combine); False ships every record to the keyed stage, as before.
+    # (fissure.runtime.operators.combine); False ships every record to the keyed stage, as before.
     combine_aggregates: bool = True
     # A run holds its checkpoint's lock (fissure.spark.checkpoint_lock) and renews its lease every
     # quarter of this; a run on another machine takes the checkpoint over once the lease went this

@@ -1,7 +1,7 @@
 """Waiting operators on Spark: elastic threads in the workers, their levels on the driver.
 
 Operators declared `waits="io"` / `waits="gil-free"` run on elastic threads inside their fused
-stage (fissure.worker.elastic_stage). This module connects that to a run:
+stage (fissure.runtime.elastic.stage). This module connects that to a run:
 
 - compiling (`WorkerThreads`, used by fissure.spark.compile_graph): which steps carry a
   `WaitingOperator` (declared ones; with `RunnerConfig.detect_waiting_operators` every stateless
@@ -36,7 +36,7 @@ from fissure.control.thread_level.config import ElasticityConfig
 from fissure.graph import Operator, Pipeline
 from fissure.streamgraph import StreamGraph
 from fissure.model.types import Kind
-from fissure.worker.elastic_stage import (
+from fissure.runtime.elastic.stage import (
     BatchThreadLevels,
     ThreadLevelTally,
     ThreadLevelTallyParam,

@@ -2,7 +2,7 @@
 
 After every micro-batch (the Runner calls `on_batch` at the end of its foreachBatch), the
 loop counts batches into a window. When a window of `profile_batches` batches is complete it
-reads what the graph PEs reported in it (fissure.worker.graph_profiling), and:
+reads what the graph PEs reported in it (fissure.runtime.profiling.pieces), and:
 - profiling: builds mu(t), mu(o, t) (fissure.profile.graph_profile), runs the optimizer
   (`plan_autopipelining`) and the control stage's `decide_after_optimization`; an INSERT adds the
   ports as pipeline boundaries from the next batch on (`Runner.set_boundaries`: a Spark local
@@ -29,7 +29,7 @@ from fissure.control.autopipeline_control import (
 from fissure.plan.autopipeline import DEFAULT_BETA, plan_autopipelining
 from fissure.profile.graph_profile import autopipeline_profile, piece_measurements, port_throughput_per_s
 from fissure.streamgraph import NodeKind
-from fissure.worker.profiling import ProfileTally
+from fissure.runtime.profiling.profiler import ProfileTally
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ a `StreamingQueryListener`'s `QueryProgressEvent` and the UI see it. Its fields
 How the values get there: Spark's observation is an aggregate over the rows that reach the end of
 the query, so what the Python workers count travels as rows. Each profiled task (a pe stage's,
 a keyed stage's group call) emits one report row on a route no stream has
-(fissure.worker.report_rows); later stages forward it untouched, sinks never read it. The
+(fissure.runtime.profiling.report_rows); later stages forward it untouched, sinks never read it. The
 driver's values (plan, decision) are a local property the tasks of the query's last stage read
 and copy into their report rows (those tasks read their own batch's properties; measured on Spark
 4.3, a mapInArrow before the query's round-robin repartition read the previous batch's). An
@@ -35,8 +35,8 @@ from dataclasses import asdict, dataclass
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from fissure.worker.graph_pe import ROUTE
-from fissure.worker.report_rows import REPORT_ROUTE, REPORT_TEXT, REPORTED_COUNTS
+from fissure.compile.stages import ROUTE
+from fissure.runtime.profiling.report_rows import REPORT_ROUTE, REPORT_TEXT, REPORTED_COUNTS
 
 METRIC_NAME = "fissure"
 METRIC_VERSION = 1

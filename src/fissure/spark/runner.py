@@ -64,15 +64,15 @@ from fissure.spark.sources import FileSource, check_before_spark, default_file_s
 from fissure.spark.state import RepartitionRecovery, delete_checkpoint, recover_unfinished_repartition
 from fissure.spark.time_log import (BATCH_CLOCK_PROPERTY, TimeLog, end_of_input_folder, prepare_end_of_input_folder,
                                     write_end_of_input_marker)
-from fissure.worker.time_tally import TimeTally, TimeTallyParam
-from fissure.worker.timed import LATE
-from fissure.worker.watermark import BatchClock, next_clock
+from fissure.runtime.operators.time_tally import TimeTally, TimeTallyParam
+from fissure.runtime.operators.timed import LATE
+from fissure.runtime.operators.watermark import BatchClock, next_clock
 from fissure.streamgraph import StreamGraph, as_graph
-from fissure.worker.cost_sample import measure_sample_isolated
-from fissure.worker.elastic_stage import BatchThreadLevels
-from fissure.worker.columns import DEAD_ERROR, DEAD_OPERATOR, DEAD_RECORD, SEQ
-from fissure.worker.graph_pe import ROUTE, plan_graph_stages, state_partitions_of
-from fissure.worker.profiling import ProfileTally, ProfileTallyParam
+from fissure.local.cost_sample import measure_sample_isolated
+from fissure.runtime.elastic.stage import BatchThreadLevels
+from fissure.runtime.records.columns import DEAD_ERROR, DEAD_OPERATOR, DEAD_RECORD, SEQ
+from fissure.compile.stages import ROUTE, plan_graph_stages, state_partitions_of
+from fissure.runtime.profiling.profiler import ProfileTally, ProfileTallyParam
 
 log = logging.getLogger(__name__)
 
@@ -617,7 +617,7 @@ class Runner:
     def _sampled_estimates(self, store, decision: SampleDecision | None = None
                            ) -> tuple[Mapping[str, OperatorEstimate] | None, str]:
         """Operator estimates for sizing batches: measured on the first records of each file
-        source (fissure.worker.cost_sample), under the ones the caller gave; and where they came from.
+        source (fissure.local.cost_sample), under the ones the caller gave; and where they came from.
         A program that fails on its sample keeps its declared costs (its batches will say why).
 
         The sample runs the user's operators (in a forked process of the driver), so it runs once

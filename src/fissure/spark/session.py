@@ -25,7 +25,7 @@ from fissure.lifecycle.failures import CRASH, restartable_failure
 from fissure.lifecycle.watchdog import Heartbeat, read_heartbeat
 from fissure.graph import PipelineError
 from fissure.spark.config import RunnerConfig
-from fissure.worker.records import HEARTBEAT_DIR_VARIABLE
+from fissure.runtime.records.fate import HEARTBEAT_DIR_VARIABLE
 from fissure.spark.jvm import SPARK_LOG_TERMINAL, launch_jvm_with_output_to, spark_log_path
 
 # Settings of the session fissure creates (measured on PySpark 4.3: see docs/spark-runner.md).
@@ -81,7 +81,7 @@ def ensure_worker_python() -> None:
 
 
 def ensure_heartbeat_dir() -> str:
-    """The directory this driver's Python workers write their heartbeats to (fissure.worker.records.beat),
+    """The directory this driver's Python workers write their heartbeats to (fissure.runtime.records.fate.beat),
     made now and set in the environment the JVM, started after this, passes to the workers it starts
     (a JVM already running keeps its own: its workers write none). Removed when the driver exits."""
     directory = os.environ.get(HEARTBEAT_DIR_VARIABLE)

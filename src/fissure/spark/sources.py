@@ -25,8 +25,8 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 
 from fissure.graph import SchemaSpec, to_arrow_schema as declared_arrow_schema
-from fissure.worker.columns import CORRUPT_RECORD
-from fissure.worker.unreadable_lines import LineFormat
+from fissure.runtime.records.columns import CORRUPT_RECORD
+from fissure.runtime.records.unreadable_lines import LineFormat
 
 FILE_FORMATS = ("text", "json", "csv", "parquet")
 LINE_FORMATS = ("json", "csv")  # formats whose unreadable lines become dead letters with the raw line
@@ -43,7 +43,7 @@ class FileSource:
 
     Bad input: JSON and CSV files are read in PERMISSIVE mode with the raw line of a line that
     does not parse or fit the schema kept in the column CORRUPT_RECORD; that row, and a row whose
-    text is not valid UTF-8, becomes a dead letter of the source (fissure.worker.source_rows),
+    text is not valid UTF-8, becomes a dead letter of the source (fissure.runtime.records.source_rows),
     whose reason says what is wrong with the line (`line_format`).
 
     A path that does not exist raises SourcePathNotFound naming it and the fix: a local one (no

@@ -3,7 +3,7 @@ node's state handler and the source's envelopes (fissure.spark.compile_graph bui
 around them).
 
 They are the Spark layer's (they read the task's partition id and local properties and implement
-Spark's StatefulProcessor) and hand the real work to fissure.worker.
+Spark's StatefulProcessor) and hand the real work to fissure.runtime.
 """
 
 from __future__ import annotations
@@ -22,26 +22,26 @@ from fissure.model.types import Kind
 from fissure.spark.state_handler import StateVariable, register_state_variables
 from fissure.spark.state_requests import BatchedMapState
 from fissure.streamgraph import NodeKind, StreamGraph
-from fissure.worker.columns import DEAD_COLUMNS, DEAD_OPERATOR, SEQ, SEQ_PARTITION_SHIFT, carried_schema
-from fissure.worker.elastic_stage import WaitingOperator
-from fissure.worker.fused import assemble, dead_letter_batch, reshape_dead, split_dead
-from fissure.worker.graph_join import LEFT, RIGHT, JoinStep, arrivals_of, joined_batch, run_join_group
-from fissure.worker.graph_local import SOURCE_SHIFT
-from fissure.worker.graph_pe import EnvelopeLayout, GraphStage, StageProfiling, build_pieces
-from fissure.worker.key_buckets import SubBucketStore
-from fissure.worker.keyed import StatefulStep, run_group, run_grouped_keys, run_keys
-from fissure.worker.state_codec import StateAccess, StateCodec
-from fissure.worker.combine import (PARTIAL_KEY, PARTIAL_SCHEMA, CombinePlan, Combiner, combined_key_function,
+from fissure.runtime.records.columns import DEAD_COLUMNS, DEAD_OPERATOR, SEQ, SEQ_PARTITION_SHIFT, carried_schema
+from fissure.runtime.elastic.stage import WaitingOperator
+from fissure.runtime.operators.fused import assemble, dead_letter_batch, reshape_dead, split_dead
+from fissure.runtime.operators.join import LEFT, RIGHT, JoinStep, arrivals_of, joined_batch, run_join_group
+from fissure.local.executor import SOURCE_SHIFT
+from fissure.compile.stages import EnvelopeLayout, GraphStage, StageProfiling, build_pieces
+from fissure.runtime.state.key_buckets import SubBucketStore
+from fissure.runtime.operators.keyed import StatefulStep, run_group, run_grouped_keys, run_keys
+from fissure.runtime.state.codec import StateAccess, StateCodec
+from fissure.runtime.operators.combine import (PARTIAL_KEY, PARTIAL_SCHEMA, CombinePlan, Combiner, combined_key_function,
                                     is_partial_schema, partial_inputs)
-from fissure.worker.packing import PACKED_KEY, PackSpec, empty_groups, pack, pack_partials, unpack, unpack_apart
-from fissure.worker.timed import max_event_time, per_key_step
-from fissure.worker.time_tally import TimeTally
-from fissure.worker.watermark import BatchClock, Deadlines
+from fissure.runtime.operators.packing import PACKED_KEY, PackSpec, empty_groups, pack, pack_partials, unpack, unpack_apart
+from fissure.runtime.operators.timed import max_event_time, per_key_step
+from fissure.runtime.operators.time_tally import TimeTally
+from fissure.runtime.operators.watermark import BatchClock, Deadlines
 from fissure.spark.time_log import BATCH_CLOCK_PROPERTY
-from fissure.worker.profiling import RECORDS_IN, ProfiledKeyFunction, ProfiledUpdate
-from fissure.worker.report_rows import report_envelope, report_text, reported_counts
-from fissure.worker.source_rows import LineFormat, carried_source_batch
-from fissure.worker.region import processing_element
+from fissure.runtime.profiling.profiler import RECORDS_IN, ProfiledKeyFunction, ProfiledUpdate
+from fissure.runtime.profiling.report_rows import report_envelope, report_text, reported_counts
+from fissure.runtime.records.source_rows import LineFormat, carried_source_batch
+from fissure.runtime.pe.region import processing_element
 
 KEY = PACKED_KEY  # the grouping column of every keyed stage, packed or not
 SPREAD_PREFIX = "~"
@@ -53,7 +53,7 @@ PUBLISHED_PROPERTY = "fissure.published"
 
 @dataclass(frozen=True)
 class WorkerProfiling:
-    """What compiled stages need to profile themselves (fissure.worker.profiling): the run's one
+    """What compiled stages need to profile themselves (fissure.runtime.profiling.profiler): the run's one
     profile accumulator (a ProfileTally), how much to time, and what to count: every operator
     (`operators`: the statistics a run shows, the adaptive loop's input) and each pe stage's
     pieces node by node (`pieces`: the autopipelining loop's input). `token` keeps one query's
@@ -146,7 +146,7 @@ def task_boundaries(graph_name: str) -> list[str] | None:
 
 def fold_envelopes(combiner: Combiner, layout: EnvelopeLayout, batch: pa.RecordBatch) -> pa.RecordBatch:
     """`batch`'s envelopes without the combined operator's live input rows, which go into
-    `combiner` (fissure.worker.combine); the dead letters it makes of them (late, failed, no key)
+    `combiner` (fissure.runtime.operators.combine); the dead letters it makes of them (late, failed, no key)
     take their place."""
     plan = combiner.plan
     mine = pc.and_(pc.equal(batch.column(0), pa.scalar(layout.route_of(plan.stream), pa.int32())),
@@ -170,7 +170,7 @@ class GraphRegionFunction:
                  stage_profiling: StageProfiling | None = None, pack_for: PackSpec | None = None,
                  publishes: bool = False, combine: CombinePlan | None = None) -> None:
         self.graph, self.schemas, self.layout, self.stages, self.stage = graph, schemas, layout, stages, stage
-        # set: the keyed stage after folds partials (fissure.worker.combine); made here per task call
+        # set: the keyed stage after folds partials (fissure.runtime.operators.combine); made here per task call
         self.combine = combine if pack_for is not None else None
         # The query's last stage carries the driver's published text into the report rows: its
         # tasks read their own batch's local properties, while (measured on Spark 4.3) a
@@ -198,7 +198,7 @@ class GraphRegionFunction:
         return pieces
 
     def __call__(self, batches: Iterator[pa.RecordBatch], pieces=None, report: bool = True) -> Iterator[pa.RecordBatch]:
-        """The stage's envelopes; with `report`, then its report row (fissure.worker.report_rows)
+        """The stage's envelopes; with `report`, then its report row (fissure.runtime.profiling.report_rows)
         when it has one (ProfiledGraphRegion asks for it itself, with the call's counts)."""
         pieces = pieces if pieces is not None else self.pieces_for_call()
         element = processing_element([[piece] for piece in pieces], self.region_id)
@@ -260,20 +260,20 @@ class GraphRegionFunction:
 class GraphStateProcessor(StatefulProcessor):
     """transformWithStateInPandas handler of one keyed node over envelopes.
 
-    An operator's input arrives packed (`packed_input`, fissure.worker.packing): a group's
+    An operator's input arrives packed (`packed_input`, fissure.runtime.operators.packing): a group's
     envelopes in a few rows of Arrow IPC, not a row per record. A partitioned operator's groups
     are buckets of keys (`bucketed`: crc32 of the key's text mod STATE_BUCKETS): one call runs
     every key of the bucket in the batch, the keys' states in MapState entries laid out by how
-    densely the batches touch them (fissure.worker.key_buckets). Spark's cost per group (a Python
+    densely the batches touch them (fissure.runtime.state.key_buckets). Spark's cost per group (a Python
     call, a pandas frame each way, state-server round trips) is paid per bucket instead of per key
     (1,590 us a group calibrated, benchmarks/results/calibrate_defaults.md). An unkeyed operator
     has one group and one ValueState. A join's groups are its key texts, as rows, each pair's
     state a ValueState. Every stored value is sealed by the operator's StateCodec
-    (fissure.worker.state_codec): data by default, signed pickles when the operator asks.
+    (fissure.runtime.state.codec): data by default, signed pickles when the operator asks.
     """
 
     STATE_NAME = "fissure_state"
-    KEYS_STATE_NAME = "fissure_key_buckets"  # a bucket's sub-buckets of keys (fissure.worker.key_buckets)
+    KEYS_STATE_NAME = "fissure_key_buckets"  # a bucket's sub-buckets of keys (fissure.runtime.state.key_buckets)
     # A time-aware operator's bucket: when each of its keys next fires (JSON of Deadlines).
     DEADLINES_STATE_NAME = "fissure_deadlines"
 
@@ -284,14 +284,14 @@ class GraphStateProcessor(StatefulProcessor):
                  state_access: StateAccess = StateAccess(), time: StageTime = StageTime(),
                  combine: CombinePlan | None = None) -> None:
         self.graph, self.schemas, self.layout = graph, schemas, layout
-        self.combine = combine  # set: the stage before sends partials (fissure.worker.combine)
+        self.combine = combine  # set: the stage before sends partials (fissure.runtime.operators.combine)
         self.state_access = state_access
         self.time = time
         self._grouped_task = None  # the task attempt that already sent every group on (see handleInputRows)
         self.stage_position = stage_position
         self.publishes = publishes  # the query's last stage: see GraphRegionFunction
         self.profiling = profiling
-        self.packed_input = packed_input  # groups arrive packed (fissure.worker.packing)
+        self.packed_input = packed_input  # groups arrive packed (fissure.runtime.operators.packing)
         self.pack_for = pack_for  # set: the output is packed for the keyed stage that follows
         self.output_layout = output_layout or layout
         self.node = graph.node(node_name)
@@ -334,7 +334,7 @@ class GraphStateProcessor(StatefulProcessor):
 
     def handleInputRows(self, key, rows, timerValues) -> Iterator[pd.DataFrame]:  # noqa: N802 - Spark's name
         partials: list[pa.RecordBatch] = []
-        if self.packed_input:  # a few rows, each a part of the group's envelopes (fissure.worker.packing)
+        if self.packed_input:  # a few rows, each a part of the group's envelopes (fissure.runtime.operators.packing)
             payloads = [payload for frame in rows for payload in frame.iloc[:, self._payload]]
             spread = key[0] < 0
             if self.combine is not None and not spread:  # partials come apart from envelopes
@@ -431,7 +431,7 @@ class GraphStateProcessor(StatefulProcessor):
 
     def _run_per_key(self, carried: pa.RecordBatch, keys: SubBucketStore) -> pa.RecordBatch:
         """A window, aggregate, deduplication or expiring operator over a bucket's keys: those
-        with records in the batch, then those due at the batch's clock (fissure.worker.keyed)."""
+        with records in the batch, then those due at the batch's clock (fissure.runtime.operators.keyed)."""
         if not self.time.time_aware:  # an aggregate without expiry: no time
             return run_keys(self._step, carried, keys.load, keys.store, keys.prefetch)
         clock = task_clock()
@@ -456,7 +456,7 @@ class GraphStateProcessor(StatefulProcessor):
 
     def _run_partials(self, carried: pa.RecordBatch, partials: Sequence[pa.RecordBatch],
                       keys: SubBucketStore) -> pa.RecordBatch:
-        """A combined operator over a bucket's partials (fissure.worker.combine): merged into its
+        """A combined operator over a bucket's partials (fissure.runtime.operators.combine): merged into its
         keys' states, then the keys due at the batch's clock. Records that came whole (a task
         that could not combine them) are folded here first, under the same clock."""
         step, time, deadlines, stored = self._combined_step, None, None, None
@@ -528,7 +528,7 @@ class SourceEnvelopeFunction:
     """mapInArrow function turning a source's rows into envelopes routed to the source, with
     sequence numbers `source index << 56 | task partition << 40 | row in the partition`; a row
     the source could not read (text that is not UTF-8, a malformed JSON or CSV line) becomes a
-    dead letter of the source (fissure.worker.source_rows)."""
+    dead letter of the source (fissure.runtime.records.source_rows)."""
 
     def __init__(self, name: str, index: int, layout: EnvelopeLayout, source_schema: pa.Schema,
                  pack_for: PackSpec | None = None, line_format: LineFormat | None = None,
@@ -567,7 +567,7 @@ class SourceEnvelopeFunction:
 class TickEnvelopeFunction:
     """mapInArrow function of the end-of-input control source (fissure.spark.time_log): one
     report envelope per task that read a marker line, with no operator's counts. Every stage
-    passes it on (fissure.worker.report_rows), so each keyed stage is called at least once and
+    passes it on (fissure.runtime.profiling.report_rows), so each keyed stage is called at least once and
     sends every bucket of a time-aware stage after it on; no sink reads it, it is no dead letter."""
 
     def __init__(self, layout: EnvelopeLayout, pack_for: PackSpec | None = None) -> None:

@@ -3,7 +3,7 @@
 All stateful operators of a fissure query keep their state in S state partitions
 (`spark.sql.shuffle.partitions` when the checkpoint was created, recorded in every entry of its
 offset log). A restart with another plan keeps the checkpoint's S; so when a switch changes S
-(`fissure.worker.graph_pe.state_partitions_of`), the state is repartitioned offline first, with
+(`fissure.compile.stages.state_partitions_of`), the state is repartitioned offline first, with
 Spark's streaming checkpoint manager (PySpark 4.2+, experimental:
 `spark._streamingCheckpointManager.repartition`). Requirements, measured on PySpark 4.3:
 

@@ -23,7 +23,7 @@ CHUNK = 256
 
 
 class BatchedMapState:
-    """read / write / remove / entries callbacks for fissure.worker.key_buckets.SubBucketStore over a
+    """read / write / remove / entries callbacks for fissure.runtime.state.key_buckets.SubBucketStore over a
     MapState of `entry int` -> `value binary`."""
 
     def __init__(self, state) -> None:

@@ -6,12 +6,12 @@ EventTime mode and timers), checked against PySpark 4.3:
 
 - the event time of a keyed operator's records is not a Spark column where the operator runs:
   its input arrives packed, a group's envelopes as Arrow IPC in one binary column
-  (fissure.worker.packing), so Spark's watermark would need a column of its own per packed row;
+  (fissure.runtime.operators.packing), so Spark's watermark would need a column of its own per packed row;
 - a handler in EventTime mode reads one watermark (`TimerValues.get_current_watermark_in_ms`),
   the one that fires; fissure's late rule needs the batch before's as well;
 - Spark's timers belong to a grouping key, and a keyed stage's grouping keys are buckets of keys
   (STATE_BUCKETS = 64): a call for every bucket in a batch costs 64 handler calls, so each
-  bucket keeps its keys' deadlines (fissure.worker.watermark.Deadlines) in its own state and
+  bucket keeps its keys' deadlines (fissure.runtime.operators.watermark.Deadlines) in its own state and
   fires the keys that are due in that call, with no timer to register and move;
 - a Spark local property set in the foreachBatch function is what every task of that batch
   reads, in every stage (measured: a mapInArrow before a round-robin repartition and two
@@ -21,7 +21,7 @@ EventTime mode and timers), checked against PySpark 4.3:
 So the driver makes each batch's BatchClock from the one before (`next_clock`: the in-process
 reference's rules), writes it to `fissure-time/` in the checkpoint before the batch runs and
 reads it back when the batch runs again: the watermark of a batch is the same on every plan and
-after any restart. The stages report the largest event time they saw (fissure.worker.time_tally);
+after any restart. The stages report the largest event time they saw (fissure.runtime.operators.time_tally);
 the driver adds it to the batch's clock once the batch ran.
 
 A batch runs only when a source has new input, so at end of input the runner writes one file into
@@ -35,7 +35,7 @@ from __future__ import annotations
 import uuid
 
 from fissure.spark.checkpoint_files import CheckpointStore
-from fissure.worker.watermark import BatchClock
+from fissure.runtime.operators.watermark import BatchClock
 
 TIME_DIRECTORY = "fissure-time"
 END_OF_INPUT_DIRECTORY = "fissure-end-of-input"
