@@ -29,7 +29,7 @@ sys.path.insert(0, str(REPOSITORY / "examples"))
 sys.path.insert(0, str(REPOSITORY / "benchmarks"))
 
 import fissure  # noqa: E402
-from fissure.spark.graph_autopipeline import GraphAutopipelineConfig  # noqa: E402
+from fissure.spark.adaptive.autopipelining import GraphAutopipelineConfig  # noqa: E402
 from generators.loglines import generate, split_into_files  # noqa: E402
 from logwatch_graph import build_graph  # noqa: E402
 import method  # noqa: E402
@@ -71,7 +71,7 @@ def main(argv=None) -> int:
     work = tempfile.mkdtemp(prefix="fissure-bench-graph-")
     source_dir = os.path.join(work, "input")
     split_into_files(list(generate(args.lines)), source_dir, args.files)
-    from fissure.spark.session import create_session
+    from fissure.spark.session.create import create_session
 
     spark = create_session(fissure.RunnerConfig(master=args.master))
     hand = [name for name in args.hand.split(",") if name]

@@ -29,7 +29,7 @@ sys.path.insert(0, str(REPOSITORY / "benchmarks"))
 
 import fissure  # noqa: E402
 from fissure.spark.config import RunnerConfig  # noqa: E402
-from fissure.spark.plans import describe_plan, planner_plan  # noqa: E402
+from fissure.plan.plans import describe_plan, planner_plan  # noqa: E402
 import method  # noqa: E402
 
 FILES = 200  # small files: Spark admits whole files, so sizes are met to a file (about 0.5 MiB)
@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     from generators.loglines import generate, split_into_files
     from logwatch import build_pipeline
 
-    from fissure.spark.session import create_session
+    from fissure.spark.session.create import create_session
 
     spark = create_session(RunnerConfig(master="local[2]"))
     work = Path(tempfile.mkdtemp(prefix="fissure-batch-size-"))

@@ -39,8 +39,8 @@ def point(tree: str, inputs: str) -> dict:
     sys.path[:0] = [os.path.join(tree, "src"), os.path.join(tree, "examples"), os.path.join(tree, "benchmarks")]
     import fissure
     from fissure.spark.config import RunnerConfig
-    from fissure.spark.plans import planner_plan, sequential_plan
-    from fissure.spark.session import create_session
+    from fissure.plan.plans import planner_plan, sequential_plan
+    from fissure.spark.session.create import create_session
     from logwatch import build_pipeline
     from spark_chain import cpu_pipeline, measure_fissure
 

@@ -352,7 +352,7 @@ def main(argv=None) -> int:
     document = {"master": args.master, "quick": args.quick}
     work = Path(tempfile.mkdtemp(prefix="fissure-profiling-"))
     import fissure
-    from fissure.spark.session import create_session
+    from fissure.spark.session.create import create_session
 
     spark = create_session(fissure.RunnerConfig(master=args.master))
     document["in_process"] = in_process_cpu_overhead(rounds=9 if args.quick else 41)

@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     method.check_repeats(args.repeats, args.quick)
     run = method.Run("state_size.py", argv, quick=args.quick, out=args.out)
     from fissure.spark.config import RunnerConfig
-    from fissure.spark.session import create_session
+    from fissure.spark.session.create import create_session
 
     spark = create_session(RunnerConfig(master="local[2]"))
     work = Path(tempfile.mkdtemp(prefix="fissure-state-size-"))

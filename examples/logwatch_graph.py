@@ -30,8 +30,8 @@ sys.path.insert(0, str(HERE))
 
 import fissure  # noqa: E402
 from fissure import StreamGraph  # noqa: E402
-from fissure.spark.graph_autopipeline import GraphAutopipelineConfig  # noqa: E402
-from fissure.spark.plans import describe_plan  # noqa: E402
+from fissure.spark.adaptive.autopipelining import GraphAutopipelineConfig  # noqa: E402
+from fissure.plan.plans import describe_plan  # noqa: E402
 from fissure.local.executor import LocalGraphRun  # noqa: E402
 from generators.loglines import generate, real_lines, split_into_files  # noqa: E402
 from logwatch import (  # noqa: E402

@@ -30,9 +30,9 @@ def spark():
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     from fissure.spark.config import RunnerConfig
-    from fissure.spark.session import create_session
+    from fissure.spark.session.create import create_session
 
-    from fissure.spark.stage_log import STAGE_LOG_CONF
+    from fissure.spark.session.stage_log import STAGE_LOG_CONF
 
     # The UI serves the REST API that tests/test_stage_log.py reads.
     session = create_session(RunnerConfig(master="local[2]", app_name="fissure-tests", spark_conf=STAGE_LOG_CONF))

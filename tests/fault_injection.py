@@ -49,8 +49,8 @@ DRIVER = textwrap.dedent("""
     import fissure
     from fissure import Pipeline, StreamGraph
     from fissure.control.adaptive.config import AdaptiveConfig
-    from fissure.spark.sinks import FileSink
-    from fissure.spark.sources import FileSource
+    from fissure.spark.io.sinks import FileSink
+    from fissure.spark.io.sources import FileSource
 
     inputs, sink, checkpoint, plan_name, program = sys.argv[1:6]
     follow = "follow" in sys.argv[6:]  # runs until killed
@@ -113,8 +113,8 @@ DRIVER = textwrap.dedent("""
     if letters:
         common["dead_letters"] = FileSink(sink + "/dead")
     if plan_name == "adaptive":
-        from fissure.spark.adaptive import run_adaptive_on_spark
-        from fissure.spark.plans import plan_from_json
+        from fissure.spark.adaptive.loop import run_adaptive_on_spark
+        from fissure.plan.plans import plan_from_json
         hands_off = AdaptiveConfig(profile_batches=2, profile_s=1e9, evaluation_s=1e9, min_operator_samples=1)
         run_adaptive_on_spark(graph, source, sinks, plan=SEQUENTIAL, adaptive_config=hands_off,
                               injections={1: plan_from_json(REPLICATED)}, **common)

@@ -11,12 +11,12 @@ import pytest
 
 from fissure import Pipeline, RunnerConfig
 from fissure.model.types import Plan, RegionPlan
-from fissure.spark import adaptive, adaptive_queries
-from fissure.spark.adaptive_observations import OperatorProfiles, SparkObservations
-from fissure.spark.adaptive_queries import QueryManager
+from fissure.spark.adaptive import loop as adaptive, queries as adaptive_queries
+from fissure.spark.adaptive.observations import OperatorProfiles, SparkObservations
+from fissure.spark.adaptive.queries import QueryManager
 from fissure.spark.run_end import RunTimedOut
-from fissure.spark.sources import FileSource
-from fissure.spark.state import CheckpointStatus
+from fissure.spark.io.sources import FileSource
+from fissure.spark.state.repartition import CheckpointStatus
 
 CRASH_TEXT = ("org.apache.spark.SparkException: Job aborted due to stage failure: Task 0 in stage 3.0 failed 1 times\n"
               "org.apache.spark.SparkException: Python worker exited unexpectedly (crashed)\n")

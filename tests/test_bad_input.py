@@ -13,8 +13,8 @@ import pytest
 
 import fissure
 from fissure import Pipeline, StreamGraph
-from fissure.spark.sinks import MemorySink
-from fissure.spark.sources import FileSource
+from fissure.spark.io.sinks import MemorySink
+from fissure.spark.io.sources import FileSource
 from fissure.testing import TestingSink, TestingSource, run_main
 from fissure.runtime.records.columns import DEAD_ERROR, DEAD_OPERATOR, DEAD_RECORD, SEQ
 from fissure.runtime.operators.fused import FusedStage, Step, live_batch

@@ -6,7 +6,7 @@ import pytest
 
 from fissure import FileSource
 from fissure.lifecycle.batch_size import MAX_RECORDS, MIN_RECORDS, BatchCost, BatchSizeDecision, choose_batch_records
-from fissure.spark.batch_admission import admit_file_sources, bytes_per_record, model_batch_cost
+from fissure.spark.io.batch_admission import admit_file_sources, bytes_per_record, model_batch_cost
 from fissure.testing import text_files
 
 
@@ -93,7 +93,7 @@ def test_the_planner_plans_for_the_whole_input_of_a_run_that_reads_it_once_when_
     import sys
     from pathlib import Path
 
-    from fissure.spark.plans import describe_plan, planned_batch_records, planner_plan
+    from fissure.plan.plans import describe_plan, planned_batch_records, planner_plan
 
     assert planned_batch_records(10_000, None) == 10_000  # more may come, or unknown
     assert planned_batch_records(10_000, 50_000) == 10_000
@@ -110,7 +110,7 @@ def test_the_planner_plans_for_the_whole_input_of_a_run_that_reads_it_once_when_
 
 
 def test_the_input_is_counted_only_until_it_passes_what_the_decision_needs(tmp_path):
-    from fissure.spark.batch_admission import input_records
+    from fissure.spark.io.batch_admission import input_records
 
     source = text_files(tmp_path / "in", [f"line {i:04d}" for i in range(3000)], lines_per_file=1000)
     assert input_records(source) == pytest.approx(3000)

@@ -19,13 +19,13 @@ import pytest
 
 import fissure
 from fissure import Pipeline, PipelineError
-from fissure.spark.checkpoint_files import LocalStore
-from fissure.spark.checkpoint_guard import CheckpointDamaged, ProgramChanged
-from fissure.spark.checkpoint_lock import LOCK_FOLDER, CheckpointLocked, this_process
+from fissure.spark.checkpoint.files import LocalStore
+from fissure.spark.checkpoint.guard import CheckpointDamaged, ProgramChanged
+from fissure.spark.checkpoint.lock import LOCK_FOLDER, CheckpointLocked, this_process
 from fissure.lifecycle.checkpoint_lock import LockRecord
 from fissure.spark.runner import Runner
-from fissure.spark.sinks import FileSink, MemorySink
-from fissure.spark.state import checkpoint_status
+from fissure.spark.io.sinks import FileSink, MemorySink
+from fissure.spark.state.repartition import checkpoint_status
 from fissure.testing import record_files
 
 pytestmark = pytest.mark.spark
@@ -132,7 +132,7 @@ def test_the_lock_of_a_dead_run_is_taken_over(spark, tmp_path, caplog):
                         lease_s=120.0)
     store = LocalStore(str(tmp_path / "ckpt"))
     assert store.create_exclusive(f"{LOCK_FOLDER}/{9:010d}", holder.to_json())  # newer than the released one
-    with caplog.at_level(logging.WARNING, logger="fissure.spark.checkpoint_lock"):
+    with caplog.at_level(logging.WARNING, logger="fissure.spark.checkpoint.lock"):
         run(counts(), tmp_path, spark, 20, 40)
     assert any("took over" in r.getMessage() and "'crashed-counts'" in r.getMessage() and f"pid {dead.pid}" in
                r.getMessage() for r in caplog.records)
@@ -242,7 +242,7 @@ def build():
 
 def test_fissure_run_shows_the_holder_of_a_locked_checkpoint_whole(tmp_path):
     """`fissure run` on a checkpoint this test process holds: exit 1, the refusal whole on stderr."""
-    from fissure.spark.checkpoint_lock import CheckpointLock
+    from fissure.spark.checkpoint.lock import CheckpointLock
 
     (tmp_path / "pipeline.py").write_text(CLI_PIPELINE)
     record_files(tmp_path / "in", [{"user": "u", "i": 1}], {"user": str, "i": int})

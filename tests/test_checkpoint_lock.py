@@ -15,8 +15,8 @@ import pytest
 from fissure.lifecycle.checkpoint_lock import (
     LockAction, LockFile, LockRecord, ProcessIdentity, decide, holds,
 )
-from fissure.spark.checkpoint_files import LocalStore
-from fissure.spark.checkpoint_lock import (
+from fissure.spark.checkpoint.files import LocalStore
+from fissure.spark.checkpoint.lock import (
     LOCK_FOLDER, CheckpointLock, CheckpointLocked, generations, process_alive, read_latest, this_process,
 )
 
@@ -151,7 +151,7 @@ def test_a_lock_that_made_the_directory_and_kept_nothing_removes_it(tmp_path):
 def test_a_stale_lock_is_taken_over_and_says_whose(tmp_path, caplog):
     store = LocalStore(str(tmp_path / "ckpt"))
     CheckpointLock.acquire(store, "crashed-job", identity=identity(21), alive=alive_set(21), renew=False)
-    with caplog.at_level(logging.WARNING, logger="fissure.spark.checkpoint_lock"):
+    with caplog.at_level(logging.WARNING, logger="fissure.spark.checkpoint.lock"):
         lock = CheckpointLock.acquire(store, "next", identity=identity(22), alive=alive_set(22), renew=False)
     assert lock.generation == 2
     assert any("took over" in r.getMessage() and "'crashed-job'" in r.getMessage() and "pid 21" in r.getMessage()
@@ -211,7 +211,7 @@ def test_a_holder_whose_lease_ran_out_loses_the_checkpoint_and_is_told(tmp_path)
 def test_the_lock_works_through_hadoops_file_system(spark, tmp_path):
     """The store for HDFS and object stores, here on the local file system through Hadoop (its
     best-effort mode: the write read back); a local path resolves to the operating system's store."""
-    from fissure.spark.checkpoint_files import HadoopStore, open_store
+    from fissure.spark.checkpoint.files import HadoopStore, open_store
 
     local = open_store(spark, str(tmp_path / "ckpt"))
     assert isinstance(local, LocalStore) and local.location == str(tmp_path / "ckpt")

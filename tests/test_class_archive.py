@@ -7,8 +7,8 @@ import os
 
 import pytest
 
-from fissure.spark import class_archive, jvm
-from fissure.spark.class_archive import ArchiveState, ClassArchive, decide, java_executable
+from fissure.spark.session import class_archive, jvm
+from fissure.spark.session.class_archive import ArchiveState, ClassArchive, decide, java_executable
 
 
 def test_the_checked_archive_is_used_else_one_candidate_at_a_time_is_written():

@@ -93,8 +93,8 @@ def counted_pipeline() -> Pipeline:
 
 def reports():
     from fissure.model.types import Plan, RegionPlan
-    from fissure.spark.adaptive import AdaptiveRunReport
-    from fissure.spark.plans import describe_plan
+    from fissure.spark.adaptive.loop import AdaptiveRunReport
+    from fissure.plan.plans import describe_plan
     from fissure.spark.runner import BatchTime, GraphBatch, RunReport
 
     plan = Plan((RegionPlan((("parse", "count"),), replicas=2),))
@@ -106,7 +106,7 @@ def reports():
 
 
 def test_a_reports_summary_needs_no_plan_text_and_keeps_the_json_contract():
-    from fissure.spark.plans import describe_plan
+    from fissure.plan.plans import describe_plan
 
     for report in reports():
         assert report.summary() == report.summary(describe_plan(report.plan, counted_pipeline()))
@@ -131,7 +131,7 @@ def test_a_report_prints_as_one_short_line_of_its_key_figures():
 @pytest.fixture
 def no_spark(monkeypatch):
     """Every entry point's session factory refuses: a check that passes this ran before Spark."""
-    import fissure.spark.adaptive
+    import fissure.spark.adaptive.loop
     import fissure.spark.run
     import fissure.spark.runner
 
@@ -139,7 +139,7 @@ def no_spark(monkeypatch):
         raise AssertionError("Spark was started")
 
     monkeypatch.setattr(fissure.spark.runner, "create_session", refuse)
-    monkeypatch.setattr(fissure.spark.adaptive, "create_session", refuse)
+    monkeypatch.setattr(fissure.spark.adaptive.loop, "create_session", refuse)
     monkeypatch.setattr(fissure.spark.run, "create_session", refuse)
 
 
@@ -150,8 +150,8 @@ def keyed_on_user() -> Pipeline:
 @pytest.mark.parametrize("adaptive", [False, True])
 def test_a_missing_local_source_directory_is_named_with_the_fix_before_spark_starts(no_spark, tmp_path, adaptive):
     import fissure
-    from fissure.spark.sinks import MemorySink
-    from fissure.spark.sources import FileSource, SourcePathNotFound
+    from fissure.spark.io.sinks import MemorySink
+    from fissure.spark.io.sources import FileSource, SourcePathNotFound
 
     missing = tmp_path / "no" / "such-dir"
     for path in (str(missing), f"file://{missing}"):
@@ -166,7 +166,7 @@ def test_a_missing_local_source_directory_is_named_with_the_fix_before_spark_sta
 
 
 def test_a_path_without_a_scheme_is_checked_early_only_where_it_is_known_to_be_local(tmp_path):
-    from fissure.spark.sources import FileSource, SourcePathNotFound, check_before_spark, default_file_system
+    from fissure.spark.io.sources import FileSource, SourcePathNotFound, check_before_spark, default_file_system
 
     from fissure.streamgraph import as_graph
 
@@ -185,8 +185,8 @@ def test_a_path_without_a_scheme_is_checked_early_only_where_it_is_known_to_be_l
 def test_a_program_that_does_not_fit_its_source_fails_before_spark_starts(no_spark, tmp_path, make_source):
     import fissure
     from fissure.graph import PipelineError
-    from fissure.spark.sinks import MemorySink
-    from fissure.spark.sources import FileSource
+    from fissure.spark.io.sinks import MemorySink
+    from fissure.spark.io.sources import FileSource
     from fissure.testing import TestingSource
 
     (tmp_path / "in").mkdir()

@@ -235,7 +235,7 @@ def add_one(batch: pa.RecordBatch) -> pa.RecordBatch:
 
 def test_a_runner_in_a_pe_child_reports_through_the_board_its_parent_bound():
     operator = waiting("lookup")
-    board = operator.board()  # bound before the fork, as fissure.spark.elastic.ElasticRegion does
+    board = operator.board()  # bound before the fork, as fissure.spark.query.elastic.ElasticRegion does
     child_stage = FusedStage([Step("lookup", "map", lookup, TAGGED, waiting=operator)], NUMBERS)
     reference = FusedStage([Step("lookup", "map", lookup, TAGGED)], NUMBERS)
     batches = [batch_of(range(n * 40, n * 40 + 40), first_seq=n * 40) for n in range(4)]

@@ -12,8 +12,8 @@ import pytest
 import fissure
 from fissure import Pipeline
 from fissure.graph import PipelineError
-from fissure.spark.session import describe_failure
-from fissure.spark.sinks import MemorySink
+from fissure.spark.session.create import describe_failure
+from fissure.spark.io.sinks import MemorySink
 from fissure.testing import record_files
 
 EVENTS = {"user": str, "i": int}

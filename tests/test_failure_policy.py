@@ -12,7 +12,7 @@ from fissure import Pipeline, RunnerConfig
 from fissure.lifecycle.failures import (CRASH, RESOURCE, Failure, Restart, RestartPolicy, decide_restart,
                                       restartable_failure)
 from fissure.spark import run as run_module
-from fissure.spark.session import describe_failure
+from fissure.spark.session.create import describe_failure
 from fissure.local.executor import DeadLettersWarning, run_local
 from fissure.runtime.records.fate import ResourceExhausted, is_resource_error, record_failed
 

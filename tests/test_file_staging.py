@@ -1,4 +1,4 @@
-"""Files reach Spark only settled and readable (fissure.spark.file_staging), without Spark."""
+"""Files reach Spark only settled and readable (fissure.spark.io.file_staging), without Spark."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from fissure.spark.file_staging import (FileStager, Seen, SettleRule, UnreadableInputFile, batch_files,
+from fissure.spark.io.file_staging import (FileStager, Seen, SettleRule, UnreadableInputFile, batch_files,
                                         missing_files, unreadable_reason)
-from fissure.spark.sources import FileSource
+from fissure.spark.io.sources import FileSource
 
 
 def test_a_file_is_settled_once_unwritten_for_the_settle_time_and_unchanged_since_the_last_listing():

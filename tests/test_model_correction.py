@@ -159,7 +159,7 @@ def test_one_measurement_per_plan_and_only_the_latest_plans_are_kept():
 def test_the_spark_search_is_correctable_and_scales_its_constants():
     from fissure.model.spark_model import SparkConstants, SparkWorkload, evaluate_spark
     from fissure.plan.spark_chain import SparkModelSettings
-    from fissure.spark.spark_model_search import SparkModelSearch
+    from fissure.control.adaptive.spark_model_search import SparkModelSearch
 
     chain = (OperatorStats("a", Kind.STATELESS, 50.0, 1.0), OperatorStats("b", Kind.STATELESS, 50.0, 1.0))
     settings = SparkModelSettings(SparkConstants(), SparkWorkload(batch_records=2000))

@@ -119,7 +119,7 @@ def test_the_exchange_before_a_keyed_stage_moves_packed_rows_not_records(spark, 
     """Spark shuffles a few rows per bucket, not one per record, and the counts stay exact."""
     import fissure
     from fissure import Pipeline
-    from fissure.spark.stage_log import StageLog
+    from fissure.spark.session.stage_log import StageLog
     from fissure.testing import text_files
 
     def count(state, record):

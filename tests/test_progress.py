@@ -8,7 +8,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from fissure.lifecycle.progress import ProgressForm, ProgressPolicy, ProgressState, progress_form, requested_mode
-from fissure.spark.progress_output import ProgressOutput
+from fissure.lifecycle.progress_output import ProgressOutput
 
 
 class FakeClock:
@@ -147,7 +147,7 @@ def adaptive_progress(stream, clock):
     from types import SimpleNamespace
 
     from fissure import Pipeline
-    from fissure.spark.adaptive import DecisionProgress
+    from fissure.spark.adaptive.loop import DecisionProgress
 
     program = (Pipeline("p").map("tag", lambda r: r)
                .partitioned("count", lambda state, r: r, key="bucket"))

@@ -10,7 +10,7 @@ import textwrap
 import pytest
 
 import fissure
-from fissure.spark.jvm import spark_log_path
+from fissure.spark.session.jvm import spark_log_path
 
 SCRIPT = textwrap.dedent("""
     import os, sys, tempfile
@@ -33,7 +33,7 @@ SCRIPT = textwrap.dedent("""
     sink = fissure.MemorySink()
     fissure.run(pipeline, fissure.FileSource(directory + "/in"), sink, progress="lines")
     print(sorted((record["word"], record["n"]) for record in sink.records()))
-    from fissure.spark.jvm import spark_log_path
+    from fissure.spark.session.jvm import spark_log_path
     print("log", spark_log_path())
 """)
 
@@ -85,11 +85,11 @@ def test_python_workers_fork_from_the_daemon_that_preloads_fissure(spark):
             yield handle.read().replace(b"\0", b" ").decode()
 
     (command,) = set(spark.sparkContext.parallelize([0, 1], 2).mapPartitions(_parent_command).collect())
-    assert "-m fissure.spark.worker_daemon" in command
+    assert "-m fissure.spark.session.worker_daemon" in command
 
 
 def test_the_daemon_preloads_every_module_it_names():
-    from fissure.spark.worker_daemon import preload
+    from fissure.spark.session.worker_daemon import preload
 
     assert preload() == []
 
@@ -103,7 +103,7 @@ class RecordingProcessor:
         self.name = "counts"
 
     def state_variables(self):
-        from fissure.spark.state_handler import StateVariable
+        from fissure.spark.state.handler import StateVariable
 
         return (StateVariable("map", "keys", ("entry int", "value binary")), StateVariable("value", "due", ("value binary",)))
 
@@ -137,7 +137,7 @@ class FakeHandle:
 def test_a_state_handler_registers_its_state_without_unpickling_the_operator_and_runs_it_on_rows():
     import pickle
 
-    from fissure.spark.state_handler import LightStateProcessor
+    from fissure.spark.state.handler import LightStateProcessor
 
     shipped = pickle.loads(pickle.dumps(LightStateProcessor(RecordingProcessor())))  # as Spark ships it
     RecordingProcessor.unpickled = 0
@@ -156,7 +156,7 @@ def test_importing_the_state_handler_loads_neither_pandas_nor_pyarrow_nor_the_wo
     import subprocess
     import sys
 
-    code = ("import sys, fissure.spark.state_handler; "
+    code = ("import sys, fissure.spark.state.handler; "
             "print(sorted(m for m in ('pandas', 'pyarrow', 'fissure.runtime.operators.keyed', 'fissure.graph') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

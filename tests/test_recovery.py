@@ -15,8 +15,8 @@ import pytest
 import fissure
 from fissure import Pipeline
 from fissure.spark.runner import Runner
-from fissure.spark.sinks import FileSink, MemorySink
-from fissure.spark.state import checkpoint_status, unfinished_repartition
+from fissure.spark.io.sinks import FileSink, MemorySink
+from fissure.spark.state.repartition import checkpoint_status, unfinished_repartition
 from fissure.testing import record_files
 
 EVENTS = {"user": str, "i": int}
@@ -42,7 +42,7 @@ def events(first, last):
 REPARTITIONER = textwrap.dedent("""
     import sys
     import fissure
-    from fissure.spark.session import create_session
+    from fissure.spark.session.create import create_session
     spark = create_session(fissure.RunnerConfig(master="local[1]"))
     print("ready", flush=True)
     spark._streamingCheckpointManager.repartition(sys.argv[1], int(sys.argv[2]))
@@ -104,7 +104,7 @@ def test_a_repartition_killed_midway_is_finished_at_the_next_start(spark, tmp_pa
 
     source = record_files(tmp_path / "in", events(20, 40), EVENTS, records_per_file=PER_FILE,
                           max_files_per_trigger=1, first_file=2)
-    with caplog.at_level("WARNING", logger="fissure.spark.state"):
+    with caplog.at_level("WARNING", logger="fissure.spark.state.repartition"):
         fissure.run(word_count(), source, FileSink(out), checkpoint=checkpoint, spark=spark, progress=False,
                     adaptive=adaptive, run_dir=str(tmp_path / "run"))
     assert any("recovered" in record.getMessage() and "did not finish" in record.getMessage()
@@ -151,9 +151,9 @@ CRASHING_DRIVER = textwrap.dedent("""
     import os, sys
     import fissure
     from fissure import Pipeline
-    from fissure.spark.sinks import FileSink
-    from fissure.spark.sources import FileSource
-    from fissure.spark.session import describe_failure
+    from fissure.spark.io.sinks import FileSink
+    from fissure.spark.io.sources import FileSource
+    from fissure.spark.session.create import describe_failure
 
     inputs, out, marker, mode = sys.argv[1:5]
 

@@ -229,7 +229,7 @@ def test_a_conf_flag_without_a_value_is_a_usage_error(tmp_path, capsys):
 def test_the_ui_notice_gives_the_address_or_says_why_there_is_none():
     from types import SimpleNamespace
 
-    from fissure.spark.session import SESSION_DEFAULTS, ui_notice
+    from fissure.spark.session.create import SESSION_DEFAULTS, ui_notice
 
     assert SESSION_DEFAULTS["spark.ui.enabled"] == "false"  # off unless asked for
     running = SimpleNamespace(sparkContext=SimpleNamespace(uiWebUrl="http://host:4041"))

@@ -115,7 +115,7 @@ def test_bad_source_urls_are_usage_errors(tmp_path, capsys, source, extra, messa
 
 def test_a_url_names_its_source():
     from fissure.cli.source_argument import parse_source_url, source_of
-    from fissure.spark.sources import KafkaSource, RateSource, SocketSource
+    from fissure.spark.io.sources import KafkaSource, RateSource, SocketSource
 
     def source(text):
         return source_of(parse_source_url(text), text)

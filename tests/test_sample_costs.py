@@ -1,5 +1,5 @@
 """Operator costs measured on a sample of the input in the driver (fissure.local.cost_sample), and the
-sample read from a file source (fissure.spark.batch_admission.sample_rows); no JVM."""
+sample read from a file source (fissure.spark.io.batch_admission.sample_rows); no JVM."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from fissure import FileSource, Pipeline
 from fissure.graph import OperatorEstimate
 from fissure.local.cost_sample import (CHUNK_RECORDS, WARM_UP_RECORDS, SampleFailed, measure_sample,
                                     measure_sample_isolated)
-from fissure.spark.batch_admission import sample_rows
+from fissure.spark.io.batch_admission import sample_rows
 from fissure.streamgraph import PipelineError
 
 TEXT = pa.schema([pa.field("value", pa.string())])

@@ -22,14 +22,14 @@ from fissure.control.adaptive.config import AdaptiveConfig
 from fissure.control.plan_change import SwitchKind, plan_fingerprint
 from fissure.model.types import Plan, RegionPlan
 from fissure.model.types import Machine
-from fissure.spark.adaptive import run_adaptive_on_spark
-from fissure.spark.adaptive_observations import OperatorProfiles, SparkObservations
-from fissure.spark.adaptive_queries import QueryManager, canonical_plan
-from fissure.spark.adaptive_realizer import SparkPlanRealizer, plan_boundaries, same_physical_plan
+from fissure.spark.adaptive.loop import run_adaptive_on_spark
+from fissure.spark.adaptive.observations import OperatorProfiles, SparkObservations
+from fissure.spark.adaptive.queries import QueryManager, canonical_plan
+from fissure.spark.adaptive.realizer import SparkPlanRealizer, plan_boundaries, same_physical_plan
 from fissure.spark.config import RunnerConfig
-from fissure.spark.sinks import ForeachBatchSink, MemorySink
-from fissure.spark.spark_model_search import SparkModelSearch
-from fissure.spark.state import checkpoint_status, offset_entry_state_partitions
+from fissure.spark.io.sinks import ForeachBatchSink, MemorySink
+from fissure.control.adaptive.spark_model_search import SparkModelSearch
+from fissure.spark.state.repartition import checkpoint_status, offset_entry_state_partitions
 from fissure.testing import record_files
 
 EVENTS = {"user": str, "i": int}
@@ -300,7 +300,7 @@ def test_spark_model_search_prices_plans_for_the_batches_the_run_measures():
 def test_the_timeline_records_the_model_correction_the_loop_learned(tmp_path):
     from fissure.control.driver import Timeline
     from fissure.control.model_correction import ModelCorrection, PlanMeasurement
-    from fissure.spark.adaptive import write_timeline
+    from fissure.spark.adaptive.loop import write_timeline
 
     chain = keyed_pipeline().operator_stats()
     search, machine = SparkModelSearch(), Machine(cores=2)

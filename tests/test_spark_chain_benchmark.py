@@ -12,7 +12,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 import profiling_overhead  # noqa: E402
 import spark_chain  # noqa: E402
-from fissure.spark.plans import describe_plan  # noqa: E402
+from fissure.plan.plans import describe_plan  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
 

@@ -11,11 +11,11 @@ import pytest
 import fissure
 from fissure import Pipeline, StreamGraph
 from fissure.model.types import Plan, RegionPlan
-from fissure.spark.adaptive import run_adaptive_on_spark
-from fissure.spark.observed_metrics import METRIC_NAME, METRIC_VERSION, fissure_metrics
-from fissure.spark.plans import describe_plan
+from fissure.spark.adaptive.loop import run_adaptive_on_spark
+from fissure.spark.query.observed_metrics import METRIC_NAME, METRIC_VERSION, fissure_metrics
+from fissure.plan.plans import describe_plan
 from fissure.spark.runner import Runner
-from fissure.spark.sinks import MemorySink
+from fissure.spark.io.sinks import MemorySink
 from fissure.testing import record_files
 
 pytestmark = pytest.mark.spark

@@ -8,7 +8,7 @@ import pytest
 import fissure
 from fissure import Pipeline, Sum
 from fissure.spark.config import RunnerConfig
-from fissure.spark.stage_log import STAGE_LOG_CONF, StageLog
+from fissure.spark.session.stage_log import STAGE_LOG_CONF, StageLog
 from fissure.testing import TestingSink, run_batches, text_files
 
 pytestmark = pytest.mark.spark

@@ -19,10 +19,10 @@ from fissure.control.adaptive.observations import BatchObservation
 from fissure.control.driver import Timeline, plot_timeline
 from fissure.control.thread_level.config import ElasticityConfig
 from fissure.model.types import Plan, RegionPlan
-from fissure.spark import elastic as spark_elastic
+from fissure.spark.query import elastic as spark_elastic
 from fissure.spark.config import RunnerConfig
-from fissure.spark.elastic import ELASTIC_SWITCHED_PROPERTY, ThreadLevels, WorkerThreads
-from fissure.spark.sinks import MemorySink
+from fissure.spark.query.elastic import ELASTIC_SWITCHED_PROPERTY, ThreadLevels, WorkerThreads
+from fissure.spark.io.sinks import MemorySink
 from fissure.testing import record_files
 from fissure.runtime.elastic.stage import ThreadLevelTally, ThreadLevelTallyParam, WorkerRunners, worker_runners
 from fissure.runtime.operators.fused import FusedStage, Step, live_batch

@@ -15,9 +15,9 @@ import pytest
 
 import fissure
 from fissure import Pipeline
-from fissure.spark.file_staging import UnreadableInputFile
-from fissure.spark.sinks import ForeachBatchSink, MemorySink
-from fissure.spark.sources import FileSource
+from fissure.spark.io.file_staging import UnreadableInputFile
+from fissure.spark.io.sinks import ForeachBatchSink, MemorySink
+from fissure.spark.io.sources import FileSource
 
 pytestmark = pytest.mark.spark
 

@@ -19,10 +19,10 @@ from fissure.cli.autopipeline_cmd import load_profile
 from fissure.control.autopipeline_control import ControlAction
 from fissure.model.types import Plan, RegionPlan
 from fissure.profile.graph_profile import autopipeline_profile, piece_measurements, profile_json
-from fissure.spark.graph_autopipeline import GraphAutopipelineConfig
+from fissure.spark.adaptive.autopipelining import GraphAutopipelineConfig
 from fissure.spark.run import run_graph
 from fissure.spark.runner import Runner
-from fissure.spark.sinks import MemorySink
+from fissure.spark.io.sinks import MemorySink
 from fissure.testing import record_files
 
 pytestmark = pytest.mark.spark
@@ -252,7 +252,7 @@ RESTART_DRIVER = textwrap.dedent("""
     import sys
     sys.path.insert(0, sys.argv[5])
     import fissure
-    from fissure.spark.sinks import FileSink
+    from fissure.spark.io.sinks import FileSink
     from fissure.spark.run import run_graph
     from test_spark_graph import build_graph, sources_for_restart
 
@@ -265,7 +265,7 @@ RESTART_DRIVER = textwrap.dedent("""
 
 
 def sources_for_restart(inputs):
-    from fissure.spark.sources import FileSource
+    from fissure.spark.io.sources import FileSource
 
     return {"events": FileSource(f"{inputs}/events", format="json", schema=EVENT, max_files_per_trigger=1),
             "hosts": FileSource(f"{inputs}/hosts", format="json", schema=HOSTS, max_files_per_trigger=1)}

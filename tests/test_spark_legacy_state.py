@@ -16,7 +16,7 @@ import pytest
 import fissure
 from fissure import MemorySink, Pipeline
 from fissure.model.types import STATE_BUCKETS
-from fissure.spark.session import describe_failure
+from fissure.spark.session.create import describe_failure
 from fissure.runtime.operators.packing import key_bucket
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]

@@ -69,7 +69,7 @@ def modelled_steps(operators, plan):
 
 @pytest.mark.spark
 def test_the_models_spark_stages_are_the_compilers(spark, tmp_path):
-    from fissure.spark.compile_graph import compile_graph
+    from fissure.spark.query.compile_graph import compile_graph
     from fissure.testing import record_files
 
     source = record_files(tmp_path / "in", [{"user": "u", "i": 1}], {"user": str, "i": int}).open(spark)

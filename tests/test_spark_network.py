@@ -9,7 +9,7 @@ import os
 import pytest
 
 from fissure.spark.config import RunnerConfig
-from fissure.spark.session import session_settings
+from fissure.spark.session.create import session_settings
 
 pytestmark = pytest.mark.spark
 

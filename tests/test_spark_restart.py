@@ -23,8 +23,8 @@ DRIVER = textwrap.dedent("""
     import sys, time
     import fissure
     from fissure import Pipeline
-    from fissure.spark.sinks import FileSink
-    from fissure.spark.sources import FileSource
+    from fissure.spark.io.sinks import FileSink
+    from fissure.spark.io.sources import FileSource
 
     def slow_tag(record):
         time.sleep(0.01)

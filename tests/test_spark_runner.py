@@ -10,7 +10,7 @@ import pytest
 import fissure
 from fissure import Pipeline, PipelineError
 from fissure.model.types import Plan, RegionPlan
-from fissure.spark.sinks import FileSink, MemorySink
+from fissure.spark.io.sinks import FileSink, MemorySink
 from fissure.testing import record_files
 
 pytestmark = pytest.mark.spark
@@ -214,7 +214,7 @@ def test_a_stopped_runner_is_not_kept_alive_by_its_foreach_batch_function(spark,
 def test_the_operators_run_on_a_cost_sample_once_per_checkpoint_and_say_so(spark, tmp_path, capsys):
     """The sample runs the user's operators (here: each call leaves a mark in a file); a second
     start on the checkpoint (a restart, a resumed run) reads the costs the first one kept."""
-    from fissure.spark.checkpoint_files import open_store
+    from fissure.spark.checkpoint.files import open_store
     from fissure.spark.config import RunnerConfig
     from fissure.testing import text_files
 

@@ -16,9 +16,9 @@ import pytest
 
 import fissure
 from fissure import Pipeline
-from fissure.spark.session import describe_failure
-from fissure.spark.sinks import ConsoleSink, ForeachBatchSink, MemorySink
-from fissure.spark.sources import FileSource, RateSource, SocketSource
+from fissure.spark.session.create import describe_failure
+from fissure.spark.io.sinks import ConsoleSink, ForeachBatchSink, MemorySink
+from fissure.spark.io.sources import FileSource, RateSource, SocketSource
 
 pytestmark = pytest.mark.spark
 
@@ -219,7 +219,7 @@ def test_a_failed_run_is_described_briefly_and_logged_in_full(spark, tmp_path):
 
 
 def test_failure_description_names_the_innermost_error_not_the_wrappers(monkeypatch):
-    import fissure.spark.session as session
+    import fissure.spark.session.create as session
 
     monkeypatch.setattr(session, "spark_log_path", lambda: None)  # no "Spark's output" line, whatever ran before
 
@@ -241,7 +241,7 @@ def test_failure_description_names_the_innermost_error_not_the_wrappers(monkeypa
 def test_a_path_spark_cannot_find_is_named_with_the_fix(spark, tmp_path, monkeypatch):
     """A path of another scheme than the local file system is checked by Spark when it opens the
     source; its PATH_NOT_FOUND becomes the same clear error as a missing local directory's."""
-    from fissure.spark.sources import SourcePathNotFound
+    from fissure.spark.io.sources import SourcePathNotFound
 
     missing = f"file://{tmp_path}/nowhere"
     monkeypatch.setattr(FileSource, "local_path", lambda self, default_file_system="file:///": None)  # as for s3a://

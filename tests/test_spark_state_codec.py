@@ -8,7 +8,7 @@ import pytest
 import fissure
 from fissure import MemorySink, Pipeline
 from fissure.graph import PipelineError
-from fissure.spark.session import describe_failure
+from fissure.spark.session.create import describe_failure
 from fissure.testing import record_files
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]

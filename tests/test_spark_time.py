@@ -12,7 +12,7 @@ import pytest
 import fissure
 from fissure import Count, Pipeline, Session, Sliding, StreamGraph, Sum, Tumbling
 from fissure.model.types import Plan, RegionPlan
-from fissure.spark.sinks import MemorySink
+from fissure.spark.io.sinks import MemorySink
 from fissure.testing import TestingSink, TestingSource, run_batches
 
 pytestmark = pytest.mark.spark
@@ -186,7 +186,7 @@ ADAPTIVE_BATCHES = [[{"k": f"k{(i * 7 + j) % 5}", "ts": float(i * 4 + j % 3)} fo
 
 @pytest.mark.slow
 def test_windows_survive_an_adaptive_switch_that_repartitions_their_state(spark, tmp_path):
-    from fissure.spark.adaptive import run_adaptive_on_spark
+    from fissure.spark.adaptive.loop import run_adaptive_on_spark
     from fissure.control.adaptive.config import AdaptiveConfig
 
     program = (Pipeline("adaptive_windows").map("parse", lambda r: r, schema={"k": str, "ts": float})

@@ -1,10 +1,10 @@
-"""Grouping Spark's REST API jobs and stages into micro-batches (fissure.spark.stage_log)."""
+"""Grouping Spark's REST API jobs and stages into micro-batches (fissure.spark.session.stage_log)."""
 
 from __future__ import annotations
 
 import pytest
 
-from fissure.spark.stage_log import StageLog, group_batches, job_batch, parse_timestamp
+from fissure.spark.session.stage_log import StageLog, group_batches, job_batch, parse_timestamp
 
 RUN = "65847977-0f1b-4b6b-8725-5501e51cbaf3"
 OTHER_RUN = "11111111-0f1b-4b6b-8725-5501e51cbaf3"

@@ -16,8 +16,8 @@ from pyspark.sql.streaming.stateful_processor import MapState  # noqa: E402
 from pyspark.sql.streaming.stateful_processor_api_client import StatefulProcessorApiClient  # noqa: E402
 from pyspark.sql.types import BinaryType, IntegerType, StructField, StructType  # noqa: E402
 
-from fissure.spark import state_requests  # noqa: E402
-from fissure.spark.state_requests import BatchedMapState  # noqa: E402
+from fissure.spark.state import requests as state_requests  # noqa: E402
+from fissure.spark.state.requests import BatchedMapState  # noqa: E402
 
 
 class FakeStateServer:

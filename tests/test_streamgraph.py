@@ -8,7 +8,7 @@ import pytest
 import fissure
 from fissure import Pipeline, PipelineError, StreamGraph, TumblingWindow, run_local
 from fissure.model.types import Plan, RegionPlan
-from fissure.spark.plans import check_plan
+from fissure.plan.plans import check_plan
 from fissure.local.executor import LocalGraphRun
 from fissure.runtime.records.columns import DEAD_OPERATOR
 from fissure.runtime.operators.fused import dead_letter_batch, live_batch
@@ -373,7 +373,7 @@ def test_run_local_binding_errors():
 
 from fissure.control.autopipeline_control import ControlAction  # noqa: E402
 from fissure.profile.graph_profile import autopipeline_profile, piece_measurements  # noqa: E402
-from fissure.spark.graph_autopipeline import GraphAutopipelineConfig, GraphAutopipeliner  # noqa: E402
+from fissure.spark.adaptive.autopipelining import GraphAutopipelineConfig, GraphAutopipeliner  # noqa: E402
 from fissure.runtime.profiling.profiler import ProfileTally  # noqa: E402
 
 ONE_PIECE = "example/pe0/parsed,big,small,both/p0"

@@ -1,5 +1,5 @@
 """The watchdog's decision (a stuck batch, the operator it is in) and a bounded run that its
-timeout ends with input left (fissure.lifecycle.watchdog, fissure.spark.run, fissure.spark.input_left)."""
+timeout ends with input left (fissure.lifecycle.watchdog, fissure.spark.run, fissure.spark.io.input_left)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ from fissure.lifecycle.progress import ProgressState
 from fissure.lifecycle.watchdog import (Heartbeat, Stall, StallPolicy, judge_batch, read_heartbeat, report_due,
                                       stuck_operator)
 from fissure.spark import run as run_module
-from fissure.spark.input_left import files_left
-from fissure.spark.progress_output import progress_fields
-from fissure.spark.sources import FileSource
+from fissure.spark.io.input_left import files_left
+from fissure.lifecycle.progress_output import progress_fields
+from fissure.spark.io.sources import FileSource
 from fissure.runtime.records import fate as records
 
 POLICY = StallPolicy(factor=10, min_s=60)

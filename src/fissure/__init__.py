@@ -12,7 +12,7 @@ aggregate=Count()|Sum|Min|Max|Mean|Aggregate.of)`, `.aggregate(...)`, `.deduplic
 
 Every name loads its module on first use (PEP 562): `import fissure` imports nothing heavy, so
 a process that needs one module of the package (PySpark's state-schema processes unpickling a
-handler, fissure.spark.state_handler) pays for that module alone; the Spark layer's names load
+handler, fissure.spark.state.handler) pays for that module alone; the Spark layer's names load
 pyspark. Test helpers (in-memory sources and sinks, an in-process run): `fissure.testing`.
 """
 
@@ -40,18 +40,18 @@ _EXPORTS = {
     "Runner": "fissure.spark.runner",
     "RunReport": "fissure.spark.runner",
     "RunnerConfig": "fissure.spark.config",
-    "FileSource": "fissure.spark.sources",
-    "RateSource": "fissure.spark.sources",
-    "SocketSource": "fissure.spark.sources",
-    "KafkaSource": "fissure.spark.sources",
-    "FileSink": "fissure.spark.sinks",
-    "ForeachBatchSink": "fissure.spark.sinks",
-    "ConsoleSink": "fissure.spark.sinks",
-    "MemorySink": "fissure.spark.sinks",
-    "NoopSink": "fissure.spark.sinks",
+    "FileSource": "fissure.spark.io.sources",
+    "RateSource": "fissure.spark.io.sources",
+    "SocketSource": "fissure.spark.io.sources",
+    "KafkaSource": "fissure.spark.io.sources",
+    "FileSink": "fissure.spark.io.sinks",
+    "ForeachBatchSink": "fissure.spark.io.sinks",
+    "ConsoleSink": "fissure.spark.io.sinks",
+    "MemorySink": "fissure.spark.io.sinks",
+    "NoopSink": "fissure.spark.io.sinks",
     "run_graph": "fissure.spark.run",
     "RunTimedOut": "fissure.spark.run_end",
-    "migrate_state": "fissure.spark.checkpoint_guard",
+    "migrate_state": "fissure.spark.checkpoint.guard",
 }
 
 __all__ = ["__version__", *_EXPORTS]

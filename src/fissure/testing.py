@@ -37,8 +37,8 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 
 from fissure.graph import Pipeline, PipelineError, SchemaSpec, to_arrow_schema
-from fissure.spark.sinks import MemorySink
-from fissure.spark.sources import FileSource
+from fissure.spark.io.sinks import MemorySink
+from fissure.spark.io.sources import FileSource
 from fissure.streamgraph import StreamGraph, as_graph
 from fissure.local.executor import LocalDeadLetter, LocalGraphRun
 from fissure.runtime.records.unreadable_lines import LineFormat

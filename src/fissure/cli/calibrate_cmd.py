@@ -209,8 +209,8 @@ def measure(master: str, quick: bool, out=sys.stdout) -> dict:
     from fissure.model.calibration import Calibration, fit_spark_constants, replication_cost_us
     from fissure.model.spark_model import SparkConstants
     from fissure.spark.config import RunnerConfig
-    from fissure.spark.session import create_session, default_parallelism
-    from fissure.spark.stage_log import STAGE_LOG_CONF, StageLog
+    from fissure.spark.session.create import create_session, default_parallelism
+    from fissure.spark.session.stage_log import STAGE_LOG_CONF, StageLog
     from fissure.local.calibrate import measure_boundary
 
     small, large = (1000, 4000) if quick else (3000, 15000)

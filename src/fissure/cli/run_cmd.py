@@ -167,12 +167,12 @@ def load_pipeline(reference: str):
 def handle(args) -> int:
     import fissure
     from fissure.graph import PipelineError
-    from fissure.spark.checkpoint_guard import CheckpointDamaged
-    from fissure.spark.checkpoint_lock import CheckpointLocked
-    from fissure.spark.plans import describe_plan
+    from fissure.spark.checkpoint.guard import CheckpointDamaged
+    from fissure.spark.checkpoint.lock import CheckpointLocked
+    from fissure.plan.plans import describe_plan
     from fissure.spark.run_end import RunTimedOut
-    from fissure.spark.session import describe_failure
-    from fissure.spark.sources import SourceUnavailable, check_before_spark
+    from fissure.spark.session.create import describe_failure
+    from fissure.spark.io.sources import SourceUnavailable, check_before_spark
     from fissure.streamgraph import as_graph
 
     pipeline = load_pipeline(args.pipeline)

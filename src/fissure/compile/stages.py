@@ -1,6 +1,6 @@
 """A stream graph's records as envelopes, and the graph processing element that runs on them.
 
-No pyspark here: the Spark layer (fissure.spark.compile_graph) ships these objects to its workers.
+No pyspark here: the Spark layer (fissure.spark.query.compile_graph) ships these objects to its workers.
 
 Envelope: one row per record of any stream of the graph. `_fissure_route` names the stream the
 row belongs to (the node that produced it: a source, an operator, a union or a join); then the

@@ -1,5 +1,5 @@
 """Who may run on a checkpoint: the lock's records and its decisions (pure; the files are
-fissure.spark.checkpoint_lock's).
+fissure.spark.checkpoint.lock's).
 
 The lock is a series of generations, `fissure/lock/<n>` under the checkpoint, each a record
 written once by create-exclusive: the newest generation tells who holds the checkpoint (or that

@@ -1,5 +1,5 @@
 """Whether a checkpoint's offset and commit logs are whole (pure; the listing is
-fissure.spark.checkpoint_guard's).
+fissure.spark.checkpoint.guard's).
 
 Spark writes batch N's offsets (`offsets/N`) before it runs N and `commits/N` after; it deletes
 both logs' oldest entries together (it keeps the last 100), so the entries left are a run of

@@ -1,6 +1,6 @@
 """Operator costs measured on a sample of the input, in the driver, before a run's first batch.
 
-A run that must choose its micro-batch size before any batch has run (fissure.spark.batch_admission)
+A run that must choose its micro-batch size before any batch has run (fissure.spark.io.batch_admission)
 needs the program's cost per record now; the operators' declared hints are often far off (the
 LogWatch example's hints are the pipelined-fission paper's per-tuple costs, about four times what
 its Python functions cost on the 2-core machine the benchmarks run on). So the driver runs the

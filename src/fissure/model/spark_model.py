@@ -36,7 +36,7 @@ processes share the cores with the other tasks' (eq. 13's C / U cap, per stage).
 partition loads and commits its store each micro-batch, an empty one too: CPU on the task's
 thread (on its path) and on JVM threads beside it (in the shared CPU only).
 
-The stages come from `spark_stages`, which mirrors fissure.spark.compile_graph (exchanges and Spark
+The stages come from `spark_stages`, which mirrors fissure.spark.query.compile_graph (exchanges and Spark
 stages of each region); tests/test_spark_model.py checks it against the compiler. The constants
 are measured by `fissure calibrate` (fissure.model.calibration) and stored where the planner
 finds them; the defaults below are what was measured on the project's 2-core machine (docs/processing-element.md,
@@ -181,7 +181,7 @@ class SparkEvaluation:
 
 
 def _segments(operators: Sequence[OperatorStats], pipelines: Sequence[Sequence[int]]) -> list[tuple[str, Any]]:
-    """A region cut at its stateful operators, as fissure.spark.compile_graph cuts it."""
+    """A region cut at its stateful operators, as fissure.spark.query.compile_graph cuts it."""
     segments: list[tuple[str, Any]] = []
     pending: list[tuple[int, ...]] = []
     for pipeline in pipelines:
@@ -240,7 +240,7 @@ def _keys_per_batch(operator: OperatorStats, workload: SparkWorkload, records_in
 
 def spark_stages(operators: Sequence[OperatorStats], plan: Plan, source_partitions: int = 1,
                  default_state_partitions: int = 1) -> tuple[StageShape, ...]:
-    """The Spark stages of one micro-batch under `plan`, as fissure.spark.compile_graph builds them."""
+    """The Spark stages of one micro-batch under `plan`, as fissure.spark.query.compile_graph builds them."""
     index = {operator.name: i for i, operator in enumerate(operators)}
     has_state = any(operator.kind is not Kind.STATELESS for operator in operators)
     keyed = [region.replicas for region in plan.regions
@@ -333,7 +333,7 @@ def combine_selectivity(operator: OperatorStats, workload: SparkWorkload, record
 def _combined_inputs(shapes: Sequence[StageShape], operators: Sequence[OperatorStats], chain: _Chain,
                      workload: SparkWorkload) -> dict[int, float]:
     """Per combined operator (index): the partials its exchange and keyed stage get. Combined where
-    fissure.spark.compile_graph combines: a keyed stage right after a pe stage or the source's envelopes."""
+    fissure.spark.query.compile_graph combines: a keyed stage right after a pe stage or the source's envelopes."""
     partials = {}
     for number, shape in enumerate(shapes):
         before = shapes[number - 1] if number else None

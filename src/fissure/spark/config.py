@@ -21,7 +21,7 @@ from fissure.lifecycle.progress import check_progress_mode
 from fissure.lifecycle.watchdog import StallPolicy
 from fissure.control.thread_level.config import ElasticityConfig, POLICY_NAMES
 from fissure.profile.settings import ProfileSettings
-from fissure.spark.graph_autopipeline import GraphAutopipelineConfig
+from fissure.spark.adaptive.autopipelining import GraphAutopipelineConfig
 from fissure.runtime.state.codec import STATE_KEY_VARIABLE, StateAccess, state_key_from
 
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
@@ -91,7 +91,7 @@ class RunnerConfig:
     # merge into one partial per key (and window) in the stage before its exchange
     # (fissure.runtime.operators.combine); False ships every record to the keyed stage, as before.
     combine_aggregates: bool = True
-    # A run holds its checkpoint's lock (fissure.spark.checkpoint_lock) and renews its lease every
+    # A run holds its checkpoint's lock (fissure.spark.checkpoint.lock) and renews its lease every
     # quarter of this; a run on another machine takes the checkpoint over once the lease went this
     # long without a renewal (one on the same machine as soon as the holder's process is gone).
     checkpoint_lease_s: float = 120.0
@@ -105,10 +105,10 @@ class RunnerConfig:
     # variable when it starts the JVM.
     spark_ui_address: str = "127.0.0.1"
     # Start the Python workers of the session fissure creates in the background as it starts
-    # (fissure.spark.session.warm_python_workers): the first micro-batch does not wait for them.
+    # (fissure.spark.session.create.warm_python_workers): the first micro-batch does not wait for them.
     warm_python_workers: bool = True
     # Start the driver's JVM of the session fissure creates with a class-data-sharing archive of
-    # Spark's classes, made by an earlier run and checked before use (fissure.spark.class_archive):
+    # Spark's classes, made by an earlier run and checked before use (fissure.spark.session.class_archive):
     # the session starts seconds sooner on a small machine.
     jvm_class_archive: bool = True
     # The key that signs the state of operators declaring state_codec="pickle" (HMAC-SHA256; a str is
@@ -123,7 +123,7 @@ class RunnerConfig:
     spark_conf: dict[str, str] = field(default_factory=dict)
     # File for everything Spark prints (JVM log lines, its Python workers' output) when fissure
     # creates the session and no JVM runs yet in this process. None: `spark.log` in a new
-    # temporary directory, named when a run fails (fissure.spark.jvm.spark_log_path); "-": the
+    # temporary directory, named when a run fails (fissure.spark.session.jvm.spark_log_path); "-": the
     # terminal, as PySpark does.
     spark_log: str | None = None
     # Operators declared waits="io" / waits="gil-free" run on elastic threads in their Python

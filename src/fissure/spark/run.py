@@ -6,8 +6,8 @@
 Every program runs on the one Runner (fissure.spark.runner) under a plan: "sequential", the
 throughput model's pick ("planner": a graph is planned as the chain of its operators in
 execution order), a Plan or a plan file. `adaptive=True` re-plans while it runs
-(fissure.spark.adaptive); `autopipeline=True` places pipeline boundaries while it runs
-(fissure.spark.graph_autopipeline). Settings not given as arguments come from `config`.
+(fissure.spark.adaptive.loop); `autopipeline=True` places pipeline boundaries while it runs
+(fissure.spark.adaptive.autopipelining). Settings not given as arguments come from `config`.
 """
 
 from __future__ import annotations
@@ -21,19 +21,19 @@ from pyspark.sql import SparkSession
 
 from fissure.graph import OperatorEstimate, Pipeline, PipelineError
 from fissure.profile.settings import ProfileSettings
-from fissure.spark.adaptive import run_adaptive_on_spark
-from fissure.spark.adaptive_queries import STOP_LOGGERS, quiet_spark_loggers
-from fissure.spark.batch_gate import POLL_S, BatchLimit
-from fissure.spark.checkpoint_files import open_store
-from fissure.spark.checkpoint_lock import CheckpointLock
+from fissure.spark.adaptive.loop import run_adaptive_on_spark
+from fissure.spark.adaptive.queries import STOP_LOGGERS, quiet_spark_loggers
+from fissure.spark.adaptive.batch_gate import POLL_S, BatchLimit
+from fissure.spark.checkpoint.files import open_store
+from fissure.spark.checkpoint.lock import CheckpointLock
 from fissure.spark.config import RunnerConfig
-from fissure.spark.graph_autopipeline import GraphAutopipeliner
+from fissure.spark.adaptive.autopipelining import GraphAutopipeliner
 from fissure.spark.run_end import RunTimedOut  # noqa: F401 - fissure.spark.run.RunTimedOut, as before it moved
 from fissure.spark.run_end import QueryRestarts, check_input_read
 from fissure.plan.stored_calibration import stored_spark_model
 from fissure.spark.runner import Runner, RunReport, bind_sources, input_records_once
-from fissure.spark.session import create_session, noted_failures
-from fissure.spark.sources import check_before_spark, default_file_system
+from fissure.spark.session.create import create_session, noted_failures
+from fissure.spark.io.sources import check_before_spark, default_file_system
 from fissure.streamgraph import StreamGraph, as_graph
 
 
@@ -96,7 +96,7 @@ def run(program: Pipeline | StreamGraph, source=None, sink=None, *, plan: object
             check_before_spark(graph, bind_sources(graph, source),
                                default_file_system(spark, config.master, config.spark_conf))
             spark = spark if spark is not None else create_session(config)
-            # A run that reads its input once plans for it (fissure.spark.plans.planner_plan).
+            # A run that reads its input once plans for it (fissure.plan.plans.planner_plan).
             plans_for_input = available_now and isinstance(plan, str) and plan == "planner"
             input_records = (input_records_once(bind_sources(graph, source),
                                                 beyond=stored_spark_model()[0].workload.batch_records)

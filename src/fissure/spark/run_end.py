@@ -1,5 +1,5 @@
 """How a run's query ends, for the plain run (fissure.spark.run) and the adaptive run
-(fissure.spark.adaptive) alike: `QueryRestarts` starts it again on its checkpoint after the
+(fissure.spark.adaptive.loop) alike: `QueryRestarts` starts it again on its checkpoint after the
 machine's failure as the run's restart policy allows (fissure.lifecycle.failures decides), and
 `check_input_read` raises `RunTimedOut` when a bounded run's timeout ended it with input unread.
 """
@@ -10,9 +10,9 @@ import logging
 from collections.abc import Callable
 
 from fissure.lifecycle.failures import Restart, RestartPolicy, decide_restart, restartable_failure
-from fissure.spark.checkpoint_files import open_store
-from fissure.spark.checkpoint_guard import CheckpointDamaged, StartGuard
-from fissure.spark.input_left import InputLeft, input_left
+from fissure.spark.checkpoint.files import open_store
+from fissure.spark.checkpoint.guard import CheckpointDamaged, StartGuard
+from fissure.spark.io.input_left import InputLeft, input_left
 from fissure.spark.runner import Runner, RunReport
 
 log = logging.getLogger(__name__)
@@ -49,7 +49,7 @@ class QueryRestarts:
 
 class RunTimedOut(RuntimeError):
     """A bounded run (available_now=True) that its `timeout_s` ended with input left unread:
-    `left` says what (fissure.spark.input_left), `report` is the run's report so far. The
+    `left` says what (fissure.spark.io.input_left), `report` is the run's report so far. The
     batches committed stay committed: a run on the same checkpoint goes on from there."""
 
     def __init__(self, message: str, report: RunReport, left: InputLeft) -> None:

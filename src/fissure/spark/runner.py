@@ -7,7 +7,7 @@ one call that runs any program to its end.
     runner.start(available_now=True); runner.await_termination(); report = runner.stop()
 
 Every program, a chain (a Pipeline) or any other graph, compiles to one query over envelopes
-(fissure.spark.compile_graph). One foreachBatch function writes the micro-batch's dead letters
+(fissure.spark.query.compile_graph). One foreachBatch function writes the micro-batch's dead letters
 and every sink, each keyed by the batch id: a batch replayed after a crash overwrites what it
 wrote, so with idempotent sinks (FileSink, MemorySink) every sink holds each result exactly once
 across restarts from the checkpoint.
@@ -43,26 +43,26 @@ from fissure.profile.settings import ProfileSettings
 from fissure.profile.window import BatchProfile, ProfileSummary, render_table, waiting_advice
 from fissure.program_fingerprint import program_fingerprint
 from fissure.lifecycle.batch_size import BatchCost, SampleDecision, choose_batch_records, sample_needed
-from fissure.spark.batch_admission import (SAMPLE_RECORD, SourceAdmission, admit_file_sources, first_file,
+from fissure.spark.io.batch_admission import (SAMPLE_RECORD, SourceAdmission, admit_file_sources, first_file,
                                            input_records, model_batch_cost, needs_size, recorded_sample,
                                            sample_record, sample_rows)
-from fissure.spark.checkpoint_files import LocalStore, open_store
-from fissure.spark.checkpoint_guard import StartGuard, batch_ids
-from fissure.spark.file_staging import (FileStager, SettleRule, StagingThread, batch_files, missing_files,
+from fissure.spark.checkpoint.files import LocalStore, open_store
+from fissure.spark.checkpoint.guard import StartGuard, batch_ids
+from fissure.spark.io.file_staging import (FileStager, SettleRule, StagingThread, batch_files, missing_files,
                                         poll_interval, staged, staging_applies, staging_path)
-from fissure.spark.checkpoint_lock import CheckpointLock
-from fissure.spark.compile_graph import CompiledGraph, compile_graph, sink_frame
-from fissure.spark.observed_metrics import Publication, observe_run
-from fissure.spark.stages import BOUNDARIES_PROPERTY, PUBLISHED_PROPERTY, WorkerProfiling
+from fissure.spark.checkpoint.lock import CheckpointLock
+from fissure.spark.query.compile_graph import CompiledGraph, compile_graph, sink_frame
+from fissure.spark.query.observed_metrics import Publication, observe_run
+from fissure.spark.query.stages import BOUNDARIES_PROPERTY, PUBLISHED_PROPERTY, WorkerProfiling
 from fissure.spark.config import RunnerConfig
-from fissure.spark.elastic import ThreadLevels
-from fissure.spark.plans import describe_plan, resolve_plan
-from fissure.spark.progress_output import ProgressOutput
-from fissure.spark.session import QUERY_DEFAULTS, create_session, default_parallelism, is_local, read_heartbeats
-from fissure.spark.sinks import DeadLetterLog, write_dead_letters
-from fissure.spark.sources import FileSource, check_before_spark, default_file_system, open_source
-from fissure.spark.state import RepartitionRecovery, delete_checkpoint, recover_unfinished_repartition
-from fissure.spark.time_log import (BATCH_CLOCK_PROPERTY, TimeLog, end_of_input_folder, prepare_end_of_input_folder,
+from fissure.spark.query.elastic import ThreadLevels
+from fissure.plan.plans import describe_plan, resolve_plan
+from fissure.lifecycle.progress_output import ProgressOutput
+from fissure.spark.session.create import QUERY_DEFAULTS, create_session, default_parallelism, is_local, read_heartbeats
+from fissure.spark.io.sinks import DeadLetterLog, write_dead_letters
+from fissure.spark.io.sources import FileSource, check_before_spark, default_file_system, open_source
+from fissure.spark.state.repartition import RepartitionRecovery, delete_checkpoint, recover_unfinished_repartition
+from fissure.spark.query.time_log import (BATCH_CLOCK_PROPERTY, TimeLog, end_of_input_folder, prepare_end_of_input_folder,
                                     write_end_of_input_marker)
 from fissure.runtime.operators.time_tally import TimeTally, TimeTallyParam
 from fissure.runtime.operators.timed import LATE
@@ -123,7 +123,7 @@ class RunReport:
     # Per batch: the thread level of each waiting operator in each worker (docs/elastic-scheduler.md).
     thread_levels: tuple[BatchThreadLevels, ...] = ()
     # A graph's: every batch with its sinks' rows, the boundaries at the end, the autopipelining
-    # loop's decisions in order (fissure.spark.graph_autopipeline).
+    # loop's decisions in order (fissure.spark.adaptive.autopipelining).
     batch_log: tuple[GraphBatch, ...] = ()
     boundaries: tuple[str, ...] = ()
     decisions: tuple = ()
@@ -329,10 +329,10 @@ class Runner:
     `fissure.run`'s restarts); without one, start() takes it and stop() releases it.
     `input_records`: the whole input, when the run reads it once (`fissure.run` with
     available_now): the planner plans for one batch of it when that is smaller than the batch it
-    assumes (fissure.spark.plans.planner_plan).
+    assumes (fissure.plan.plans.planner_plan).
     """
 
-    # Set before start() to wrap the foreachBatch function (fissure.spark.batch_gate's gate).
+    # Set before start() to wrap the foreachBatch function (fissure.spark.adaptive.batch_gate's gate).
     wrap_batch: Callable[[Callable], Callable] | None = None
 
     def __init__(self, program: Pipeline | StreamGraph, source, sink, *, plan: object = "sequential",
@@ -356,7 +356,7 @@ class Runner:
         self.estimates = estimates
         self.plan = resolve_plan(plan, self.pipeline, default_parallelism(self.spark), estimates, input_records)
         self.admissions: tuple[SourceAdmission, ...] = ()  # batch sizes chosen at start()
-        self.stagers: list[FileStager] = []  # file sources read through staging (fissure.spark.file_staging)
+        self.stagers: list[FileStager] = []  # file sources read through staging (fissure.spark.io.file_staging)
         self._staging: StagingThread | None = None
         self._staging_error: BaseException | None = None
         self.missing_files: list[str] = []
@@ -403,7 +403,7 @@ class Runner:
         self._running_batch: tuple[int, float, float] | None = None
         self._stall_reported_s: float | None = None
         self._stall_text = ""
-        # Time (fissure.spark.time_log): whether the program has time-aware operators, the
+        # Time (fissure.spark.query.time_log): whether the program has time-aware operators, the
         # accumulator the stages report into, the batch clocks in the checkpoint.
         self.time_aware = any(getattr(operator.time, "time_aware", False) for operator in self.graph.operators)
         self.time_tally = None
@@ -418,11 +418,11 @@ class Runner:
     def start(self, available_now: bool = False):
         """Compile the plan and start the query; returns the StreamingQuery.
 
-        First the checkpoint's lock (fissure.spark.checkpoint_lock: another run holding it is
-        CheckpointLocked), then the checks of fissure.spark.checkpoint_guard: whole logs, and the
+        First the checkpoint's lock (fissure.spark.checkpoint.lock: another run holding it is
+        CheckpointLocked), then the checks of fissure.spark.checkpoint.guard: whole logs, and the
         program's stateful operators against the checkpoint's record (ProgramChanged), before
         Spark starts the query. A checkpoint whose newest batch is a state repartition a dead
-        process left unfinished is recovered then (`fissure.spark.state.recover_unfinished_repartition`:
+        process left unfinished is recovered then (`fissure.spark.state.repartition.recover_unfinished_repartition`:
         `self.recovery`). When starting fails, only what this start wrote into a checkpoint that
         held no stream is removed (`StartGuard.undo`), and a temporary checkpoint of the runner's."""
         if self.lock is None:
@@ -537,7 +537,7 @@ class Runner:
     def finish_input(self) -> bool:
         """End of input, after an available-now query drained its sources and ended: one more
         micro-batch whose watermark passes every event (the largest + the program's horizon), so
-        every window, session and expiry fires (fissure.spark.time_log). It reads a marker the
+        every window, session and expiry fires (fissure.spark.query.time_log). It reads a marker the
         runner writes into the checkpoint's control folder, and runs as a second available-now
         query on the same checkpoint: a crash in it replays that batch with the same clock.
         False (nothing done): no time-aware operator, or the query is still running."""
@@ -555,7 +555,7 @@ class Runner:
 
     def _staged_sources(self, sources: Mapping[str, object], fresh: bool, available_now: bool) -> dict:
         """The file sources read through a staging directory in the checkpoint, which gets each
-        file once it is settled and readable (fissure.spark.file_staging); the others as given.
+        file once it is settled and readable (fissure.spark.io.file_staging); the others as given.
         An available-now run first waits for the files still being written."""
         store = self.lock.store
         checkpoint = store.location if isinstance(store, LocalStore) else None
@@ -585,7 +585,7 @@ class Runner:
             self.query.stop()
 
     def _sized_sources(self, store, available_now: bool = False):
-        """The sources with a batch size on each file source given none (fissure.spark.batch_admission);
+        """The sources with a batch size on each file source given none (fissure.spark.io.batch_admission);
         `store`: the checkpoint's files (where the measured operator costs are kept);
         `available_now`: the run reads only what the sources hold now."""
         if not any(needs_size(source) for source in self.sources.values()):
@@ -735,7 +735,7 @@ class Runner:
 
     def publish(self, publication: Publication) -> None:
         """What the micro-batches that start from now on publish as their plan and latest decision
-        (`observedMetrics["fissure"]`, fissure.spark.observed_metrics)."""
+        (`observedMetrics["fissure"]`, fissure.spark.query.observed_metrics)."""
         with self._lock:
             self.publication = publication
 

@@ -20,7 +20,7 @@ Metrics: every waiting operator has an `OperatorBoard` in the worker: a few floa
 anonymous shared memory map, so that a runner in a PE child process (forked by the worker) and
 the worker itself see the same slots. The runner writes its level, last period's throughput and
 counts into it; the worker reads it after each task and sends a `ThreadLevelReport` to the driver
-in a `ThreadLevelTally` (a Spark accumulator's value, see fissure.spark.elastic). The board also
+in a `ThreadLevelTally` (a Spark accumulator's value, see fissure.spark.query.elastic). The board also
 carries the switch that turns an undeclared operator on when the driver's profile detects it
 waiting (fissure.control.thread_level.verdict.detect_waiting).
 """

@@ -8,7 +8,7 @@ task counts as done, so the driver reads a micro-batch's statistics right after 
 `foreachBatch` action: no extra Spark job, no extra column or row through the stages, nothing
 lost on empty outputs, and only successful tasks count (Spark drops failed attempts' updates).
 (Spark's own progress reports get a copy of the operators' counts through report rows instead:
-fissure.runtime.profiling.report_rows, fissure.spark.observed_metrics.)
+fissure.runtime.profiling.report_rows, fissure.spark.query.observed_metrics.)
 
 Forked PE children: a PE pipeline other than the first runs in a child process forked by the
 worker, whose memory is a copy. Fused stages therefore keep their counters in an anonymous

@@ -8,7 +8,7 @@ envelope on a route no stream has, `REPORT_ROUTE`, whose text is JSON:
 
 Every later stage forwards such a row untouched (a piece passes rows of routes it does not read;
 a keyed stage gets them under a spread key), no sink reads its route and it is no dead letter, so
-it reaches the end of the query, where one observation (fissure.spark.observed_metrics) sums the
+it reaches the end of the query, where one observation (fissure.spark.query.observed_metrics) sums the
 reports of the micro-batch into `StreamingQueryProgress.observedMetrics["fissure"]`.
 """
 

@@ -116,7 +116,7 @@ def operator_stopped(operator: str, error: BaseException) -> OperatorFailedError
 
 
 # The directory where each Python worker process notes the operator it runs (`beat`), for the
-# driver's watchdog (fissure.spark.session sets it before Spark's JVM starts its workers).
+# driver's watchdog (fissure.spark.session.create sets it before Spark's JVM starts its workers).
 HEARTBEAT_DIR_VARIABLE = "FISSURE_HEARTBEAT_DIR"
 
 

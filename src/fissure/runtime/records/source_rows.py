@@ -11,7 +11,7 @@ operator is the source's name), and the good rows of the batch go on:
   shows the row with undecodable bytes as `\\xNN` escapes.
 - a line the reader could not parse, or whose value does not fit the source's schema: JSON and CSV
   file sources read in Spark's PERMISSIVE mode with the raw line in the column CORRUPT_RECORD
-  (fissure.spark.sources.FileSource); a row with that column set is a dead letter whose record is
+  (fissure.spark.io.sources.FileSource); a row with that column set is a dead letter whose record is
   the line as read, and whose reason says what is wrong with it: the line is read again against
   the schema (fissure.runtime.records.unreadable_lines; only such rows pay for it).
 """

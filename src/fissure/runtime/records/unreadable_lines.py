@@ -1,7 +1,7 @@
 """Why a source's reader could not read a line (no pyspark here).
 
 Spark's JSON and CSV readers, in PERMISSIVE mode, keep a line they could not turn into a record
-of the schema as it was read, and say nothing of why (fissure.spark.sources.FileSource). The
+of the schema as it was read, and say nothing of why (fissure.spark.io.sources.FileSource). The
 worker reads such a line again, in Python, against the same schema, and names the first thing
 wrong with it: bytes that are not UTF-8 (the offset of the first), a JSON line that does not
 parse (the parser's message and position), a CSV line with another number of columns than the

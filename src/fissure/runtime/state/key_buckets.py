@@ -4,7 +4,7 @@
 A partitioned operator's keys reach Spark's state handler a bucket at a time (crc32 of the key's
 text mod STATE_BUCKETS, `fissure.runtime.operators.packing`); each bucket has one MapState of `entry int ->
 value binary`, and every read or write of an entry is a request to PySpark's state server
-(fissure.spark.state_requests sends a batch's requests back to back). Two layouts trade those
+(fissure.spark.state.requests sends a batch's requests back to back). Two layouts trade those
 requests against the bytes Spark's state store writes (its changelog, and the snapshots that
 follow it), and a bucket switches between them by the share of its keys a call touches:
 

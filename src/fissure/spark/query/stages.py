@@ -1,5 +1,5 @@
 """The functions Spark ships to its Python workers: a pe stage's processing element, a keyed
-node's state handler and the source's envelopes (fissure.spark.compile_graph builds the query
+node's state handler and the source's envelopes (fissure.spark.query.compile_graph builds the query
 around them).
 
 They are the Spark layer's (they read the task's partition id and local properties and implement
@@ -19,8 +19,8 @@ import pyarrow.compute as pc
 from pyspark.sql.streaming.stateful_processor import StatefulProcessor
 
 from fissure.model.types import Kind
-from fissure.spark.state_handler import StateVariable, register_state_variables
-from fissure.spark.state_requests import BatchedMapState
+from fissure.spark.state.handler import StateVariable, register_state_variables
+from fissure.spark.state.requests import BatchedMapState
 from fissure.streamgraph import NodeKind, StreamGraph
 from fissure.runtime.records.columns import DEAD_COLUMNS, DEAD_OPERATOR, SEQ, SEQ_PARTITION_SHIFT, carried_schema
 from fissure.runtime.elastic.stage import WaitingOperator
@@ -37,7 +37,7 @@ from fissure.runtime.operators.packing import PACKED_KEY, PackSpec, empty_groups
 from fissure.runtime.operators.timed import max_event_time, per_key_step
 from fissure.runtime.operators.time_tally import TimeTally
 from fissure.runtime.operators.watermark import BatchClock, Deadlines
-from fissure.spark.time_log import BATCH_CLOCK_PROPERTY
+from fissure.spark.query.time_log import BATCH_CLOCK_PROPERTY
 from fissure.runtime.profiling.profiler import RECORDS_IN, ProfiledKeyFunction, ProfiledUpdate
 from fissure.runtime.profiling.report_rows import report_envelope, report_text, reported_counts
 from fissure.runtime.records.source_rows import LineFormat, carried_source_batch
@@ -47,7 +47,7 @@ KEY = PACKED_KEY  # the grouping column of every keyed stage, packed or not
 SPREAD_PREFIX = "~"
 KEY_MARK = "="
 BOUNDARIES_PROPERTY = "fissure.graph.boundaries"  # JSON {graph name: [operator, ...]}, per micro-batch
-# JSON {plan, decision, ...} the driver publishes for a micro-batch (fissure.spark.observed_metrics).
+# JSON {plan, decision, ...} the driver publishes for a micro-batch (fissure.spark.query.observed_metrics).
 PUBLISHED_PROPERTY = "fissure.published"
 
 
@@ -101,7 +101,7 @@ def task_property(name: str) -> str | None:
 
 @dataclass(frozen=True)
 class StageTime:
-    """What a keyed stage needs of the program's time (fissure.spark.time_log): the run's
+    """What a keyed stage needs of the program's time (fissure.spark.query.time_log): the run's
     TimeTally accumulator (None: nothing reported), whether the node is time-aware and the
     event-time field it reads (None: processing time)."""
 
@@ -111,7 +111,7 @@ class StageTime:
 
 
 def task_clock() -> BatchClock:
-    """The clock the driver set for this task's micro-batch (fissure.spark.time_log)."""
+    """The clock the driver set for this task's micro-batch (fissure.spark.query.time_log)."""
     text = task_property(BATCH_CLOCK_PROPERTY)
     if not text:
         raise RuntimeError("fissure: a time-aware operator ran without its micro-batch's clock (the Spark local "
@@ -311,7 +311,7 @@ class GraphStateProcessor(StatefulProcessor):
         self._combined_step = self._stateful_step(combined=True) if combine is not None else None
 
     def state_variables(self) -> tuple[StateVariable, ...]:
-        """The state variables this handler registers with Spark (fissure.spark.state_handler)."""
+        """The state variables this handler registers with Spark (fissure.spark.state.handler)."""
         if self.bucketed:
             keys = StateVariable("map", self.KEYS_STATE_NAME, ("entry int", "value binary"))
             if self.time.time_aware:
@@ -565,7 +565,7 @@ class SourceEnvelopeFunction:
 
 
 class TickEnvelopeFunction:
-    """mapInArrow function of the end-of-input control source (fissure.spark.time_log): one
+    """mapInArrow function of the end-of-input control source (fissure.spark.query.time_log): one
     report envelope per task that read a marker line, with no operator's counts. Every stage
     passes it on (fissure.runtime.profiling.report_rows), so each keyed stage is called at least once and
     sends every bucket of a time-aware stage after it on; no sink reads it, it is no dead letter."""

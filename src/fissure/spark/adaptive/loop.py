@@ -6,14 +6,14 @@
 
 The decisions are `fissure.control.adaptive.controller.AdaptiveController`'s (pure); `run_adaptive`
 (fissure.control.driver) feeds it one `BatchObservation` per micro-batch from `SparkObservations`
-(fissure.spark.adaptive_observations) and hands every switch to `SparkPlanRealizer`
-(fissure.spark.adaptive_realizer), which re-cuts the PEs or restarts the query on its checkpoint
-through the `QueryManager` (fissure.spark.adaptive_queries). Every batch waits at its `BatchGate`
-(fissure.spark.batch_gate) until the loop has decided on the batches before it, so a switch takes
+(fissure.spark.adaptive.observations) and hands every switch to `SparkPlanRealizer`
+(fissure.spark.adaptive.realizer), which re-cuts the PEs or restarts the query on its checkpoint
+through the `QueryManager` (fissure.spark.adaptive.queries). Every batch waits at its `BatchGate`
+(fissure.spark.adaptive.batch_gate) until the loop has decided on the batches before it, so a switch takes
 effect exactly at a batch boundary. Plans come from the Spark model (`SparkModelSearch`,
-fissure.spark.spark_model_search). The run writes `timeline.json` and `timeline.png` and returns
+fissure.control.adaptive.spark_model_search). The run writes `timeline.json` and `timeline.png` and returns
 an `AdaptiveRunReport`; `DecisionProgress` shows its progress meanwhile
-(fissure.spark.progress_output).
+(fissure.lifecycle.progress_output).
 """
 
 from __future__ import annotations
@@ -39,21 +39,21 @@ from fissure.lifecycle.progress import ProgressState, requested_mode
 from fissure.graph import OperatorEstimate, Pipeline
 from fissure.model.types import Machine, Plan
 from fissure.profile.settings import ProfileSettings
-from fissure.spark.adaptive_observations import OperatorProfiles, SparkObservations
-from fissure.spark.adaptive_queries import QueryManager, canonical_plan
-from fissure.spark.adaptive_realizer import SparkPlanRealizer, SwitchRecord
-from fissure.spark.checkpoint_files import open_store
-from fissure.spark.checkpoint_lock import CheckpointLock
+from fissure.spark.adaptive.observations import OperatorProfiles, SparkObservations
+from fissure.spark.adaptive.queries import QueryManager, canonical_plan
+from fissure.spark.adaptive.realizer import SparkPlanRealizer, SwitchRecord
+from fissure.spark.checkpoint.files import open_store
+from fissure.spark.checkpoint.lock import CheckpointLock
 from fissure.spark.config import RunnerConfig
-from fissure.spark.observed_metrics import Publication
-from fissure.spark.plans import describe_plan, resolve_plan
-from fissure.spark.progress_output import ProgressOutput
+from fissure.spark.query.observed_metrics import Publication
+from fissure.plan.plans import describe_plan, resolve_plan
+from fissure.lifecycle.progress_output import ProgressOutput
 from fissure.spark.run_end import check_input_read
 from fissure.spark.runner import RunReport, bind_sources
-from fissure.spark.session import create_session, default_parallelism
-from fissure.spark.sources import RateSource, SourceLike, check_before_spark, default_file_system
-from fissure.spark.spark_model_search import SparkModelSearch
-from fissure.spark.state import Repartitioner, spark_repartitioner
+from fissure.spark.session.create import create_session, default_parallelism
+from fissure.spark.io.sources import RateSource, SourceLike, check_before_spark, default_file_system
+from fissure.control.adaptive.spark_model_search import SparkModelSearch
+from fissure.spark.state.repartition import Repartitioner, spark_repartitioner
 from fissure.streamgraph import StreamGraph, as_graph
 
 log = logging.getLogger(__name__)
@@ -108,7 +108,7 @@ class DecisionProgress:
 
 def described_fingerprint(fingerprint: str, program: Pipeline | StreamGraph | None) -> str:
     """A plan fingerprint (`[a,b]x2`) as the progress line describes plans: with the key of each
-    replicated region (`[a,b]x2(host)`, fissure.spark.plans.describe_plan)."""
+    replicated region (`[a,b]x2(host)`, fissure.plan.plans.describe_plan)."""
     try:
         return describe_plan(parse_fingerprint(fingerprint), program)
     except ValueError:
@@ -165,7 +165,7 @@ def run_adaptive_on_spark(
     checkpoint = checkpoint or tempfile.mkdtemp(prefix="fissure-checkpoint-")
     run_dir = run_dir or tempfile.mkdtemp(prefix="fissure-run-")
     os.makedirs(run_dir, exist_ok=True)
-    # One lock for every query of the run: a switch's restart re-uses it (fissure.spark.checkpoint_lock).
+    # One lock for every query of the run: a switch's restart re-uses it (fissure.spark.checkpoint.lock).
     lock = CheckpointLock.acquire(open_store(session, checkpoint), pipeline.name, spark=session,
                                   lease_s=config.checkpoint_lease_s)
     runner_options = {"profile": profile, "profile_log": profile_log, "lock": lock}
@@ -202,7 +202,7 @@ def run_adaptive_on_spark(
         live = queries.current
         if available_now and live is not None and live.query is not None and not live.query.isActive \
                 and live.query.exception() is None and live.runner.time_aware:
-            queries.finish_input()  # every window and expiry fires (fissure.spark.time_log)
+            queries.finish_input()  # every window and expiry fires (fissure.spark.query.time_log)
         if available_now and observations.timed_out and live is not None:
             timed_out_runner = live.runner
     finally:

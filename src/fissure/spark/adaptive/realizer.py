@@ -7,7 +7,7 @@ on Spark (fissure.control.driver), and `SwitchRecord`, what each switch took.
 - Restart (other replicas or exchanges): the held batch N is abandoned (its `foreachBatch` raises
   before any action, so it computed and wrote nothing; only its offset-log entry exists; or the
   stop finds Spark still planning N, before its `foreachBatch`), the query stops, the state is
-  repartitioned offline when the state partitions change (`fissure.spark.state`, which first drops
+  repartitioned offline when the state partitions change (`fissure.spark.state.repartition`, which first drops
   N's entry: the repartitioner only takes a checkpoint whose last batch committed), and a query
   with the new physical plan starts on the same checkpoint. It re-runs batch N from its recorded
   offsets (or, after a repartition, reads that input in its next batch): nothing lost, and nothing
@@ -29,9 +29,9 @@ from dataclasses import dataclass
 from fissure.control.plan_change import SwitchKind, plan_fingerprint
 from fissure.graph import Pipeline
 from fissure.model.types import Kind, Plan
-from fissure.spark.adaptive_queries import LiveQuery, QueryManager, canonical_plan
-from fissure.spark.batch_gate import POLL_S
-from fissure.spark.state import Repartitioner, checkpoint_status, repartition_state, spark_repartitioner
+from fissure.spark.adaptive.queries import LiveQuery, QueryManager, canonical_plan
+from fissure.spark.adaptive.batch_gate import POLL_S
+from fissure.spark.state.repartition import Repartitioner, checkpoint_status, repartition_state, spark_repartitioner
 from fissure.model.throughput import canonical_regions
 from fissure.streamgraph import StreamGraph, as_graph
 from fissure.compile.stages import plan_graph_stages, state_partitions_of

@@ -146,7 +146,7 @@ def write_dead_letters(frame: DataFrame, batch_id: int, log: DeadLetterLog, sink
     """Write a (persisted) micro-batch's dead letters to the run's log and to `sink` (if any);
     the number written. `count`: the number already counted (0: nothing to do, no job).
     `extra`: dead letters of the batch that are no rows of it, as (operator, error, record):
-    a source's unreadable files (fissure.spark.file_staging), with seq -1."""
+    a source's unreadable files (fissure.spark.io.file_staging), with seq -1."""
     dead = frame.filter(F.col(DEAD_OPERATOR).isNotNull()).select(DEAD_OPERATOR, DEAD_ERROR, DEAD_RECORD, SEQ)
     # Collecting the dead letters' sequence numbers is one single-stage job; count() adds an
     # exchange and a second stage, about 40-90 ms per micro-batch on local[2].

@@ -17,10 +17,10 @@ from fissure.control.adaptive.observations import BatchObservation, OperatorProf
 from fissure.control.plan_change import plan_fingerprint
 from fissure.model.types import OperatorStats
 from fissure.profile.window import summarize
-from fissure.spark.adaptive_queries import LiveQuery, QueryManager
-from fissure.spark.batch_gate import POLL_S
+from fissure.spark.adaptive.queries import LiveQuery, QueryManager
+from fissure.spark.adaptive.batch_gate import POLL_S
 from fissure.spark.runner import BatchTime, Runner
-from fissure.spark.spark_model_search import SparkModelSearch
+from fissure.control.adaptive.spark_model_search import SparkModelSearch
 
 log = logging.getLogger(__name__)
 

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import uuid
 
-from fissure.spark.checkpoint_files import CheckpointStore
+from fissure.spark.checkpoint.files import CheckpointStore
 from fissure.runtime.operators.watermark import BatchClock
 
 TIME_DIRECTORY = "fissure-time"

@@ -87,7 +87,7 @@ class StageLog:
         context = spark.sparkContext
         if not context.uiWebUrl:
             raise RuntimeError("the Spark UI is off, so its REST API is too: create the session with "
-                               "fissure.spark.stage_log.STAGE_LOG_CONF in RunnerConfig.spark_conf")
+                               "fissure.spark.session.stage_log.STAGE_LOG_CONF in RunnerConfig.spark_conf")
         self.base = f"{context.uiWebUrl}/api/v1/applications/{context.applicationId}"
 
     def get(self, path: str):

@@ -39,11 +39,11 @@ from pyspark.sql import functions as F
 
 from fissure.graph import PipelineError
 from fissure.model.types import STATE_BUCKETS, Kind, Plan
-from fissure.spark.elastic import WorkerThreads
-from fissure.spark.plans import check_plan, sequential_plan
-from fissure.spark.sources import arrow_schema_of, spark_schema_of
-from fissure.spark.state_handler import LightStateProcessor
-from fissure.spark.stages import (
+from fissure.spark.query.elastic import WorkerThreads
+from fissure.plan.plans import check_plan, sequential_plan
+from fissure.spark.io.sources import arrow_schema_of, spark_schema_of
+from fissure.spark.state.handler import LightStateProcessor
+from fissure.spark.query.stages import (
     KEY, KEY_MARK, SPREAD_PREFIX, GraphRegionFunction, GraphStateProcessor, SourceEnvelopeFunction, StageTime,
     TickEnvelopeFunction, WorkerProfiling,
 )
@@ -169,7 +169,7 @@ def compile_graph(graph: StreamGraph, source_frames: Mapping[str, DataFrame], *,
     unreadable line's dead letter says what is wrong with it. `state_access`: the key that signs
     pickled state, and whether an earlier fissure's pickled state may be migrated
     (fissure.runtime.state.codec). `control_frame`: the end-of-input control source of a program
-    with time-aware operators (fissure.spark.time_log), unioned with the sources; `time_tally`:
+    with time-aware operators (fissure.spark.query.time_log), unioned with the sources; `time_tally`:
     the accumulator the keyed stages report event times and key counts into
     (fissure.runtime.operators.time_tally). `combine`: fold the records of aggregates and windows that can
     merge into partials before their exchange (fissure.runtime.operators.combine); False ships every record."""
@@ -284,7 +284,7 @@ def compile_graph(graph: StreamGraph, source_frames: Mapping[str, DataFrame], *,
         if not packed:
             frame = frame.withColumn(KEY, _join_key_column(node, entering, state_partitions))
         output_schema = spark_schema_of(leaving.schema if pack_next is None else PACKED_SCHEMA)
-        # Light to unpickle in PySpark's state-schema processes (fissure.spark.state_handler).
+        # Light to unpickle in PySpark's state-schema processes (fissure.spark.state.handler).
         frame = frame.groupBy(KEY).transformWithStateInPandas(LightStateProcessor(processor), output_schema,
                                                                "Append", "None")
         partitions = state_partitions

@@ -15,14 +15,14 @@ from pyspark.sql import SparkSession
 from fissure.graph import Pipeline
 from fissure.model.throughput import canonical_regions
 from fissure.model.types import Plan
-from fissure.spark.batch_gate import BatchGate
+from fissure.spark.adaptive.batch_gate import BatchGate
 from fissure.spark.config import RunnerConfig
-from fissure.spark.observed_metrics import Publication
+from fissure.spark.query.observed_metrics import Publication
 from fissure.spark.run_end import QueryRestarts
 from fissure.spark.runner import Runner
-from fissure.spark.sinks import DeadLetterLog
-from fissure.spark.sources import SourceLike
-from fissure.spark.state import checkpoint_status
+from fissure.spark.io.sinks import DeadLetterLog
+from fissure.spark.io.sources import SourceLike
+from fissure.spark.state.repartition import checkpoint_status
 from fissure.streamgraph import StreamGraph
 
 log = logging.getLogger(__name__)

@@ -1,5 +1,5 @@
 """What a start checks and keeps in its checkpoint, under the checkpoint's lock
-(fissure.spark.checkpoint_lock):
+(fissure.spark.checkpoint.lock):
 
 - the logs are whole (fissure.lifecycle.checkpoint_logs): a missing offsets file is named as such,
   before Spark reads it as `Multiple streaming jobs detected`;
@@ -26,8 +26,8 @@ from fissure.program_fingerprint import (
     NEW_CHECKPOINT, ProgramComparison, ProgramFingerprint, StateMigration, compare_programs, program_fingerprint,
     refusal_text,
 )
-from fissure.spark.checkpoint_files import CheckpointStore, open_store
-from fissure.spark.checkpoint_lock import CheckpointLock
+from fissure.spark.checkpoint.files import CheckpointStore, open_store
+from fissure.spark.checkpoint.lock import CheckpointLock
 from fissure.streamgraph import StreamGraph, as_graph
 
 log = logging.getLogger(__name__)

@@ -4,7 +4,7 @@ committed micro-batch read.
 Spark's file source logs the files each batch reads in the checkpoint's `sources/<n>/<batch>`
 (JSON lines after a `v1` line, `<batch>.compact` files every 10 batches); a batch's files count
 as read once its `commits/<batch>` exists. Files are listed as Spark's file source lists them
-(fissure.spark.batch_admission.data_files); a source that is not a local directory is reported
+(fissure.spark.io.batch_admission.data_files); a source that is not a local directory is reported
 as not counted.
 """
 
@@ -16,10 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
-from fissure.spark.batch_admission import bytes_per_record, data_files
-from fissure.spark.checkpoint_files import CheckpointStore
-from fissure.spark.checkpoint_guard import batch_ids
-from fissure.spark.sources import FileSource
+from fissure.spark.io.batch_admission import bytes_per_record, data_files
+from fissure.spark.checkpoint.files import CheckpointStore
+from fissure.spark.checkpoint.guard import batch_ids
+from fissure.spark.io.sources import FileSource
 
 
 @dataclass(frozen=True)

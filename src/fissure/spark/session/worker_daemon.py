@@ -26,7 +26,7 @@ PRELOADED_MODULES = (
     "pandas",
     "pyspark.worker",
     "pyspark.sql.pandas.serializers",
-    "fissure.spark.stages",
+    "fissure.spark.query.stages",
 )
 
 

@@ -1,7 +1,7 @@
 """The SparkSession fissure creates when the caller brings none, and the settings every query needs.
 
 Quiet sessions: fissure starts Spark's JVM itself with its stdout and stderr going to a log file
-(fissure.spark.jvm). Everything Spark prints then lands there: the JVM's log4j lines, and the
+(fissure.spark.session.jvm). Everything Spark prints then lands there: the JVM's log4j lines, and the
 output of the Python processes the JVM starts (task workers, and the driver-side worker
 transformWithStateInPandas starts at each query's first batch), which the JVM forwards to its own
 streams. The terminal keeps the driver's own output: the progress line, the results and errors.
@@ -26,7 +26,7 @@ from fissure.lifecycle.watchdog import Heartbeat, read_heartbeat
 from fissure.graph import PipelineError
 from fissure.spark.config import RunnerConfig
 from fissure.runtime.records.fate import HEARTBEAT_DIR_VARIABLE
-from fissure.spark.jvm import SPARK_LOG_TERMINAL, launch_jvm_with_output_to, spark_log_path
+from fissure.spark.session.jvm import SPARK_LOG_TERMINAL, launch_jvm_with_output_to, spark_log_path
 
 # Settings of the session fissure creates (measured on PySpark 4.3: see docs/spark-runner.md).
 SESSION_DEFAULTS = {
@@ -42,8 +42,8 @@ SESSION_DEFAULTS = {
     # traceback for a fatal signal, and the operator fissure noted as running (mark_running).
     "spark.python.worker.faulthandler.enabled": "true",
     "spark.sql.execution.pyspark.udf.faulthandler.enabled": "true",
-    # Workers forked with pyarrow, pandas and fissure's worker code imported (fissure.spark.worker_daemon).
-    "spark.python.daemon.module": "fissure.spark.worker_daemon",
+    # Workers forked with pyarrow, pandas and fissure's worker code imported (fissure.spark.session.worker_daemon).
+    "spark.python.daemon.module": "fissure.spark.session.worker_daemon",
     # Batches of checkpoint history kept (offset and commit logs, each state store's changelogs
     # and snapshots): Spark keeps 100, so a state whose batches each write 8 MB would keep 800 MB of
     # history. fissure resumes from the last committed batch, and repartitions from it, only.
@@ -117,7 +117,7 @@ def create_session(config: RunnerConfig = RunnerConfig()) -> SparkSession:
 
     Spark's output goes to `config.spark_log`, or to `spark.log` in a new temporary directory
     (`spark_log_path()` names it), at log level WARN; with `spark_log="-"` it goes to the
-    terminal as PySpark does, at level ERROR (see fissure.spark.jvm).
+    terminal as PySpark does, at level ERROR (see fissure.spark.session.jvm).
     """
     ensure_worker_python()
     ensure_heartbeat_dir()
@@ -249,7 +249,7 @@ MAX_CAUSE_CHARS = 4000  # a cause is shown whole up to this (a record in a resou
 
 def describe_failure(error: BaseException, spark_log: str | None = None) -> str:
     """A few lines for people about a failed run; the full traceback is appended to `spark_log`
-    (default: the file Spark's output goes to, fissure.spark.jvm.spark_log_path).
+    (default: the file Spark's output goes to, fissure.spark.session.jvm.spark_log_path).
 
     Spark's errors carry the JVM's stack trace and, from a Python worker or a foreachBatch, a
     Python traceback: shown are the first line and the innermost error that is not a wrapper,

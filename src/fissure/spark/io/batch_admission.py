@@ -22,7 +22,7 @@ from fissure.lifecycle.batch_size import BatchCost, BatchSizeDecision, choose_ba
 from fissure.graph import to_arrow_schema
 from fissure.model.spark_model import evaluate_spark
 from fissure.model.types import Plan
-from fissure.spark.sources import FileSource
+from fissure.spark.io.sources import FileSource
 from fissure.local.cost_sample import SampleCosts
 
 # The operator costs a checkpoint's first start measured (`sample_record`): its later starts (a

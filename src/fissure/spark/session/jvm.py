@@ -33,7 +33,7 @@ def launch_jvm_with_output_to(log_path: str | None, settings: dict[str, str], cl
     it to SparkContext, which then uses it. Returns False when a JVM already runs in this process
     (its output stays where it goes); driver options such as extraJavaOptions need the settings
     here. `class_archive`: start the JVM with fissure's class-data-sharing archive
-    (fissure.spark.class_archive), falling back to a start without it.
+    (fissure.spark.session.class_archive), falling back to a start without it.
     """
     global _spark_log
     from pyspark import SparkConf, SparkContext
@@ -62,7 +62,7 @@ def _launch_with_archive(conf, settings: dict[str, str], log):
     then on). None: no archive applies; the caller starts the JVM as usual."""
     from pyspark.java_gateway import launch_gateway
 
-    from fissure.spark.class_archive import JAVA_OPTIONS_SETTING, prepared_archive
+    from fissure.spark.session.class_archive import JAVA_OPTIONS_SETTING, prepared_archive
 
     java_options = settings.get(JAVA_OPTIONS_SETTING, "")
     archive, decision, candidate = prepared_archive(java_options)

@@ -16,7 +16,7 @@ Spark's streaming checkpoint manager (PySpark 4.2+, experimental:
   batch behind that blocks the next start).
 
 A plan switch stops the query at a batch boundary: the batch that was about to run when the stop
-came is abandoned before it computed anything (`fissure.spark.batch_gate` holds every batch at the
+came is abandoned before it computed anything (`fissure.spark.adaptive.batch_gate` holds every batch at the
 entry of its `foreachBatch` until the loop has decided), so only its offset-log entry exists.
 `drop_abandoned_batch` removes that entry, which makes the checkpoint one that stopped cleanly
 after the last committed batch; the next query reads that input again (a file source's own log

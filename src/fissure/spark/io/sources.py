@@ -38,7 +38,7 @@ class FileSource:
 
     Micro-batch size: at most `max_files_per_trigger` files, or files up to
     `max_bytes_per_trigger` bytes in all (at least one file), per batch. Given neither, the runner
-    chooses the bytes (RunnerConfig.batch_size, fissure.spark.batch_admission). Every batch pays a
+    chooses the bytes (RunnerConfig.batch_size, fissure.spark.io.batch_admission). Every batch pays a
     fixed cost (about 1 s for LogWatch's three stateful operators here): small batches are slow.
 
     Bad input: JSON and CSV files are read in PERMISSIVE mode with the raw line of a line that
@@ -49,12 +49,12 @@ class FileSource:
     A path that does not exist raises SourcePathNotFound naming it and the fix: a local one (no
     scheme, or file://) before Spark starts (`check_path`), any other when Spark opens it.
 
-    Files being written and unreadable files (fissure.spark.file_staging): a local directory's
+    Files being written and unreadable files (fissure.spark.io.file_staging): a local directory's
     file is read once it has not been written for `settle_s` seconds (its size and modification
     time unchanged; None: Spark reads every file it lists, as it is then: write elsewhere and
     rename into the directory); a compressed file that does not decompress to its end (a
     truncated `.gz`), one compressed in a way Spark's text, JSON and CSV readers do not
-    decompress (`.xz`, `.br`, an LZ4 frame; fissure.spark.file_staging.unreadable_reason) or a
+    decompress (`.xz`, `.br`, an LZ4 frame; fissure.spark.io.file_staging.unreadable_reason) or a
     Parquet file without a footer becomes one dead letter naming the file
     (`on_unreadable="dead-letter"`) or stops the run naming it (`on_unreadable="stop"`).
     """

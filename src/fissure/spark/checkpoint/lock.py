@@ -7,7 +7,7 @@ with `CONCURRENT_STREAM_LOG_UPDATE`, `Rename destination .../_metadata/v2/0 alre
 `FileNotFoundException` of a `_temporary` folder. The second run is refused instead
 (`CheckpointLocked`, naming the holder). The decisions are fissure.lifecycle.checkpoint_lock's;
 here are the files (`fissure/lock/<generation>` under the checkpoint, through
-fissure.spark.checkpoint_files: exclusive on local file systems and HDFS, best effort on object
+fissure.spark.checkpoint.files: exclusive on local file systems and HDFS, best effort on object
 stores), the identity of this process and whether another one still runs.
 
 A run holds the lock through every query it starts on the checkpoint (the adaptive loop's
@@ -32,7 +32,7 @@ from collections.abc import Callable
 from fissure.lifecycle.checkpoint_lock import (
     LockAction, LockDecision, LockFile, LockRecord, ProcessIdentity, ProcessProbe, decide, holds,
 )
-from fissure.spark.checkpoint_files import CheckpointStore
+from fissure.spark.checkpoint.files import CheckpointStore
 
 log = logging.getLogger(__name__)
 

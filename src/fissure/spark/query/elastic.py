@@ -3,7 +3,7 @@
 Operators declared `waits="io"` / `waits="gil-free"` run on elastic threads inside their fused
 stage (fissure.runtime.elastic.stage). This module connects that to a run:
 
-- compiling (`WorkerThreads`, used by fissure.spark.compile_graph): which steps carry a
+- compiling (`WorkerThreads`, used by fissure.spark.query.compile_graph): which steps carry a
   `WaitingOperator` (declared ones; with `RunnerConfig.detect_waiting_operators` every stateless
   per-record one, switched off until detected), with the run's policy and its parameters; and the
   wrapper `ElasticRegion` around each PE stage that has such steps;
