@@ -125,7 +125,8 @@ def in_process_cpu_overhead(rounds: int) -> dict:
     """(c): thread CPU time per record, profiled against unprofiled, alternating; medians."""
     import pyarrow as pa
 
-    from fissure.runtime.operators.fused import FusedStage, Step, live_batch
+    from fissure.runtime.operators.fused import FusedStage, Step
+    from fissure.runtime.records.carried import live_batch
     from fissure.runtime.profiling.profiler import ProfiledUpdate, ProfileTally, ProfileTallyParam
 
     schema = pa.schema([("i", pa.int64()), ("k", pa.string()), ("x", pa.float64())])

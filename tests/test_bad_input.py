@@ -17,7 +17,8 @@ from fissure.spark.io.sinks import MemorySink
 from fissure.spark.io.sources import FileSource
 from fissure.testing import TestingSink, TestingSource, run_main
 from fissure.runtime.records.columns import DEAD_ERROR, DEAD_OPERATOR, DEAD_RECORD, SEQ
-from fissure.runtime.operators.fused import FusedStage, Step, live_batch
+from fissure.runtime.operators.fused import FusedStage, Step
+from fissure.runtime.records.carried import live_batch
 from fissure.local.executor import run_local
 
 NUMBERS = pa.schema([("n", pa.int64())])

@@ -14,7 +14,7 @@ from fissure.eventtime import WindowRole
 from fissure.windows import Session
 from fissure.combine_policy import combinable_aggregate, combine_decision
 from fissure.runtime.operators.combine import PARTIAL_SCHEMA, CombinePlan, Combiner, combined_key_function, partial_inputs
-from fissure.runtime.operators.fused import live_batch
+from fissure.runtime.records.carried import live_batch
 from fissure.runtime.operators.keyed import group_by_key
 from fissure.runtime.state.codec import StateCodec
 from fissure.runtime.operators.timed import key_function

@@ -26,7 +26,8 @@ from fissure.runtime.elastic.stage import (
     worker_runners,
 )
 from fissure.control.thread_level.verdict import detect_waiting
-from fissure.runtime.operators.fused import FusedStage, Step, live_batch
+from fissure.runtime.operators.fused import FusedStage, Step
+from fissure.runtime.records.carried import live_batch
 from fissure.runtime.pe.element import ProcessingElement
 
 NUMBERS = pa.schema([("n", pa.int64())])

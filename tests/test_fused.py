@@ -9,7 +9,8 @@ import pyarrow as pa
 import pytest
 
 from fissure.runtime.records.columns import DEAD_ERROR, DEAD_OPERATOR, DEAD_RECORD, SEQ, carried_schema
-from fissure.runtime.operators.fused import FusedStage, Step, live_batch
+from fissure.runtime.operators.fused import FusedStage, Step
+from fissure.runtime.records.carried import live_batch
 from fissure.runtime.operators.keyed import StatefulStep, key_text, run_group, run_keys
 from fissure.runtime.state.codec import decode_data, encode_data
 

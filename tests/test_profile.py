@@ -17,7 +17,8 @@ from fissure.profile.records import OperatorCounts, PipelineCounts, RegionCallCo
 from fissure.profile.settings import ProfileSettings
 from fissure.profile.window import BatchProfile, render_table, summarize, waiting_advice, weighted_median
 
-from fissure.runtime.operators.fused import FusedStage, Step, live_batch
+from fissure.runtime.operators.fused import FusedStage, Step
+from fissure.runtime.records.carried import live_batch
 from fissure.runtime.profiling.pieces import ProfiledGraphRegion
 from fissure.runtime.profiling.profiler import ProfiledUpdate, ProfileTally, ProfileTallyParam, attach_tally
 

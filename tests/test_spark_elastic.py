@@ -25,7 +25,8 @@ from fissure.spark.query.elastic import ELASTIC_SWITCHED_PROPERTY, ThreadLevels,
 from fissure.spark.io.sinks import MemorySink
 from fissure.testing import record_files
 from fissure.runtime.elastic.stage import ThreadLevelTally, ThreadLevelTallyParam, WorkerRunners, worker_runners
-from fissure.runtime.operators.fused import FusedStage, Step, live_batch
+from fissure.runtime.operators.fused import FusedStage, Step
+from fissure.runtime.records.carried import live_batch
 
 EVENTS = {"user": str, "i": int}
 SCORED = {"user": str, "i": int, "score": int}

@@ -185,7 +185,7 @@ def test_a_state_back_to_its_fresh_form_is_deleted_not_stored():
 def test_an_unkeyed_state_cleared_is_deleted():
     import pyarrow as pa
 
-    from fissure.runtime.operators.fused import live_batch
+    from fissure.runtime.records.carried import live_batch
 
     def total(state, record):
         state["n"] = state.get("n", 0) + record["v"]

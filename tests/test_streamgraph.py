@@ -11,7 +11,7 @@ from fissure.model.types import Plan, RegionPlan
 from fissure.plan.plans import check_plan
 from fissure.local.executor import LocalGraphRun
 from fissure.runtime.records.columns import DEAD_OPERATOR
-from fissure.runtime.operators.fused import dead_letter_batch, live_batch
+from fissure.runtime.records.carried import dead_letter_batch, live_batch
 from fissure.runtime.records.fate import DeadLetter
 from fissure.compile.stages import (
     EnvelopeLayout, GraphPiece, build_pieces, fusion_runs, pieces_for, plan_graph_stages, state_partitions_of,
@@ -274,7 +274,7 @@ def test_pieces_give_the_same_rows_as_one_piece():
     envelope = EnvelopeLayout(schemas)
     stages = plan_graph_stages(g)
     from fissure.runtime.records.columns import carried_schema
-    from fissure.runtime.operators.fused import live_batch
+    from fissure.runtime.records.carried import live_batch
 
     data = pa.RecordBatch.from_pylist([{"host": f"h{i % 2}", "ts": i, "v": i % 4} for i in range(12)],
                                       schema=schemas["events"])

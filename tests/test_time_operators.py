@@ -424,7 +424,7 @@ def test_the_per_key_runtime_fires_due_keys_deletes_finished_state_and_profiles(
     from fissure.runtime.operators.keyed import BatchTime, run_keys
     from fissure.runtime.profiling.profiler import ProfiledKeyFunction, ProfileTally, RECORDS_IN, RECORDS_OUT, DEAD_LETTERS
     from fissure.runtime.operators.timed import per_key_step
-    from fissure.runtime.operators.fused import live_batch
+    from fissure.runtime.records.carried import live_batch
 
     class Accumulator:
         def __init__(self):

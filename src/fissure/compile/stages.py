@@ -33,7 +33,8 @@ from fissure.model.types import Kind, Plan, RegionPlan
 from fissure.streamgraph import Node, NodeKind, StreamGraph
 from fissure.runtime.records.columns import DEAD_COLUMNS, DEAD_OPERATOR, INTERNAL_FIELDS, SEQ, carried_schema
 from fissure.runtime.elastic.stage import WaitingOperator
-from fissure.runtime.operators.fused import FusedStage, Step, assemble, conform, split_dead
+from fissure.runtime.operators.fused import FusedStage, Step
+from fissure.runtime.records.carried import assemble, conform, split_dead
 from fissure.runtime.profiling.pieces import PieceProfile
 
 ROUTE = "_fissure_route"

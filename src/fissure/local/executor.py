@@ -35,7 +35,8 @@ from fissure.model.types import Kind
 from fissure.graph import Pipeline
 from fissure.streamgraph import NodeKind, PipelineError, StreamGraph, as_graph
 from fissure.runtime.records.columns import DEAD_COLUMNS, DEAD_ERROR, DEAD_OPERATOR, DEAD_RECORD, SEQ, carried_schema
-from fissure.runtime.operators.fused import FusedStage, Step, assemble, conform, live_batch, split_dead
+from fissure.runtime.operators.fused import FusedStage, Step
+from fissure.runtime.records.carried import assemble, conform, live_batch, split_dead
 from fissure.runtime.operators.join import LEFT, RIGHT, JoinArrival, JoinStep, arrivals_of, joined_batch, run_join_group
 from fissure.runtime.operators.keyed import BatchTime, StatefulStep, key_text, run_group, run_keys
 from fissure.runtime.state.codec import StateCodec

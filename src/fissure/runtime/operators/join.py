@@ -15,7 +15,7 @@ import pyarrow as pa
 
 from fissure.runtime.records.arrow_rows import batch_records, column_values
 from fissure.runtime.records.columns import SEQ
-from fissure.runtime.operators.fused import assemble, dead_letter_batch, live_batch, records_to_batch
+from fissure.runtime.records.carried import assemble, dead_letter_batch, live_batch, records_to_batch
 from fissure.eventtime import no_event_time
 from fissure.runtime.operators.keyed import null_key_error
 from fissure.runtime.records.fate import (DeadLetter, OperatorFailedError, describe_error, normalize_emitted, record_failed,

@@ -21,7 +21,7 @@ from __future__ import annotations
 import pyarrow as pa
 
 from fissure.runtime.records.columns import CORRUPT_RECORD, carried_schema
-from fissure.runtime.operators.fused import assemble, dead_letter_batch, live_batch
+from fissure.runtime.records.carried import assemble, dead_letter_batch, live_batch
 from fissure.runtime.records.fate import MAX_DEAD_RECORD_CHARS, DeadLetter, record_text
 from fissure.runtime.records.unreadable_lines import LineFormat, first_invalid_byte, why_unreadable
 

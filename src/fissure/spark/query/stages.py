@@ -24,7 +24,7 @@ from fissure.spark.state.requests import BatchedMapState
 from fissure.streamgraph import NodeKind, StreamGraph
 from fissure.runtime.records.columns import DEAD_COLUMNS, DEAD_OPERATOR, SEQ, SEQ_PARTITION_SHIFT, carried_schema
 from fissure.runtime.elastic.stage import WaitingOperator
-from fissure.runtime.operators.fused import assemble, dead_letter_batch, reshape_dead, split_dead
+from fissure.runtime.records.carried import assemble, dead_letter_batch, reshape_dead, split_dead
 from fissure.runtime.operators.join import LEFT, RIGHT, JoinStep, arrivals_of, joined_batch, run_join_group
 from fissure.local.executor import SOURCE_SHIFT
 from fissure.compile.stages import EnvelopeLayout, GraphStage, StageProfiling, build_pieces
