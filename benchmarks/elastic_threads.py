@@ -54,12 +54,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer  # noqa: E40
 from pathlib import Path  # noqa: E402
 
 from fissure.cli.elastic_sim_curves import (  # noqa: E402
-    CurvePhase,
-    random_workload_spec,
-    replay_curves,
-    rise_plateau_fall_curve,
-    settled_level,
-)
+                                            CurvePhase,
+                                            random_workload_spec,
+                                            replay_curves,
+                                            rise_plateau_fall_curve,
+                                            settled_level,
+                                            )
 from fissure.control.thread_level.config import ElasticityConfig, POLICY_NAMES  # noqa: E402
 from fissure.control.thread_level.policies import make_policy  # noqa: E402
 from fissure.runtime.elastic.runner import ElasticOperatorRunner, ThreadLevelSample  # noqa: E402

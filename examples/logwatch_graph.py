@@ -35,9 +35,9 @@ from fissure.plan.plans import describe_plan  # noqa: E402
 from fissure.local.executor import LocalGraphRun  # noqa: E402
 from generators.loglines import generate, real_lines, split_into_files  # noqa: E402
 from logwatch import (  # noqa: E402
-    BREAKIN, EVENT, PARSED, RANGE_S, RANGED, TIMED, breakins, cutoff, events, lines, parsed, range_, raw_events,
-    realtime,
-)
+                      BREAKIN, EVENT, PARSED, RANGE_S, RANGED, TIMED, breakins, cutoff, events, lines, parsed, range_, raw_events,
+                      realtime,
+                      )
 
 ALERT_EVERY = 10
 HOST_ALERT = {"host": str, "ts": int, "failures": int}

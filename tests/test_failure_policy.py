@@ -10,7 +10,7 @@ import pytest
 
 from fissure import Pipeline, RunnerConfig
 from fissure.lifecycle.failures import (CRASH, RESOURCE, Failure, Restart, RestartPolicy, decide_restart,
-                                      restartable_failure)
+                                        restartable_failure)
 from fissure.spark import run as run_module
 from fissure.spark.session.create import describe_failure
 from fissure.local.executor import DeadLettersWarning, run_local

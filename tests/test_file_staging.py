@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from fissure.spark.io.file_staging import (FileStager, Seen, SettleRule, UnreadableInputFile, batch_files,
-                                        missing_files, unreadable_reason)
+                                           missing_files, unreadable_reason)
 from fissure.spark.io.sources import FileSource
 
 

@@ -7,7 +7,7 @@ import random
 import pytest
 
 from fissure.runtime.state.key_buckets import (COARSE, FINE, FINE_MIN_KEYS, LAYOUT_ENTRY, SubBucketLayout, SubBucketStore,
-                                        fine_entry, key_hash)
+                                               fine_entry, key_hash)
 from fissure.runtime.state.codec import LegacyStateError, StateCodec, StateIntegrityError, decode_data
 
 CODEC = StateCodec("count")

@@ -16,7 +16,7 @@ import pytest
 from fissure import FileSource, Pipeline
 from fissure.graph import OperatorEstimate
 from fissure.local.cost_sample import (CHUNK_RECORDS, WARM_UP_RECORDS, SampleFailed, measure_sample,
-                                    measure_sample_isolated)
+                                       measure_sample_isolated)
 from fissure.spark.io.batch_admission import sample_rows
 from fissure.streamgraph import PipelineError
 

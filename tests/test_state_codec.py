@@ -20,7 +20,7 @@ from fissure.local.executor import LocalGraphRun
 from fissure.runtime.operators.keyed import StatefulStep, run_group
 from fissure.runtime.records.fate import OperatorFailedError
 from fissure.runtime.state.codec import (DATA_HEADER, LegacyStateError, StateCodec, StateCodecError,
-                                        StateIntegrityError, decode_data, encode_data)
+                                         StateIntegrityError, decode_data, encode_data)
 from fissure.streamgraph import as_graph
 
 

@@ -13,10 +13,10 @@ from fissure.local.executor import LocalGraphRun
 from fissure.runtime.records.columns import DEAD_OPERATOR
 from fissure.runtime.records.carried import dead_letter_batch, live_batch
 from fissure.runtime.records.fate import DeadLetter
-from fissure.compile.stages import (
-    EnvelopeLayout, GraphPiece, build_pieces, fusion_runs, pieces_for, plan_graph_stages, state_partitions_of,
-    stream_lifetimes,
-)
+from fissure.runtime.records.envelopes import EnvelopeLayout
+from fissure.runtime.pe.graph_piece import GraphPiece
+from fissure.compile.pieces import build_pieces
+from fissure.compile.stages import fusion_runs, pieces_for, plan_graph_stages, state_partitions_of, stream_lifetimes
 
 EVENT = {"host": str, "ts": int, "v": int}
 HOSTS = {"host": str, "ts": int, "owner": str}

@@ -10,7 +10,7 @@ import pytest
 from fissure import RunnerConfig
 from fissure.lifecycle.progress import ProgressState
 from fissure.lifecycle.watchdog import (Heartbeat, Stall, StallPolicy, judge_batch, read_heartbeat, report_due,
-                                      stuck_operator)
+                                        stuck_operator)
 from fissure.spark import run as run_module
 from fissure.spark.io.input_left import files_left
 from fissure.lifecycle.progress_output import progress_fields

@@ -1,7 +1,7 @@
 """Graph PE profiles as the autopipelining optimizer's input (pure: no Spark, no clock).
 
 A thread t is one piece (one process) of a graph pe stage under the cut it ran with; its piece
-id is `prefix/stage/cut/pN` (fissure.compile.stages.build_pieces). From the summed counts of
+id is `prefix/stage/cut/pN` (fissure.compile.pieces.build_pieces). From the summed counts of
 a window of micro-batches:
 - mu(t) = the piece's thread-CPU seconds / the wall seconds of the mapInArrow calls it ran in;
 - mu(o, t) = the CPU seconds of operator o and of every node downstream of o inside the piece,

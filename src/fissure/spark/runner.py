@@ -44,12 +44,12 @@ from fissure.profile.window import BatchProfile, ProfileSummary, render_table, w
 from fissure.program_fingerprint import program_fingerprint
 from fissure.lifecycle.batch_size import BatchCost, SampleDecision, choose_batch_records, sample_needed
 from fissure.spark.io.batch_admission import (SAMPLE_RECORD, SourceAdmission, admit_file_sources, first_file,
-                                           input_records, model_batch_cost, needs_size, recorded_sample,
-                                           sample_record, sample_rows)
+                                              input_records, model_batch_cost, needs_size, recorded_sample,
+                                              sample_record, sample_rows)
 from fissure.spark.checkpoint.files import LocalStore, open_store
 from fissure.spark.checkpoint.guard import StartGuard, batch_ids
 from fissure.spark.io.file_staging import (FileStager, SettleRule, StagingThread, batch_files, missing_files,
-                                        poll_interval, staged, staging_applies, staging_path)
+                                           poll_interval, staged, staging_applies, staging_path)
 from fissure.spark.checkpoint.lock import CheckpointLock
 from fissure.spark.query.compile_graph import CompiledGraph, compile_graph, sink_frame
 from fissure.spark.query.observed_metrics import Publication, observe_run
@@ -63,7 +63,7 @@ from fissure.spark.io.sinks import DeadLetterLog, write_dead_letters
 from fissure.spark.io.sources import FileSource, check_before_spark, default_file_system, open_source
 from fissure.spark.state.repartition import RepartitionRecovery, delete_checkpoint, recover_unfinished_repartition
 from fissure.spark.query.time_log import (BATCH_CLOCK_PROPERTY, TimeLog, end_of_input_folder, prepare_end_of_input_folder,
-                                    write_end_of_input_marker)
+                                          write_end_of_input_marker)
 from fissure.runtime.operators.time_tally import TimeTally, TimeTallyParam
 from fissure.runtime.operators.timed import LATE
 from fissure.runtime.operators.watermark import BatchClock, next_clock
@@ -71,7 +71,8 @@ from fissure.streamgraph import StreamGraph, as_graph
 from fissure.local.cost_sample import measure_sample_isolated
 from fissure.runtime.elastic.stage import BatchThreadLevels
 from fissure.runtime.records.columns import DEAD_ERROR, DEAD_OPERATOR, DEAD_RECORD, SEQ
-from fissure.compile.stages import ROUTE, plan_graph_stages, state_partitions_of
+from fissure.runtime.records.envelopes import ROUTE
+from fissure.compile.stages import plan_graph_stages, state_partitions_of
 from fissure.runtime.profiling.profiler import ProfileTally, ProfileTallyParam
 
 log = logging.getLogger(__name__)

@@ -19,7 +19,7 @@ from fissure.runtime.records.carried import assemble, dead_letter_batch, live_ba
 from fissure.eventtime import no_event_time
 from fissure.runtime.operators.keyed import null_key_error
 from fissure.runtime.records.fate import (DeadLetter, OperatorFailedError, describe_error, normalize_emitted, record_failed,
-                                    record_text)
+                                          record_text)
 from fissure.runtime.state.codec import StateCodec, StateCodecError, decode_data
 from fissure.runtime.operators.timed import late_reason, seconds_text
 

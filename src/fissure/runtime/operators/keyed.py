@@ -31,16 +31,10 @@ import pyarrow.compute as pc
 
 from fissure.runtime.records.arrow_rows import batch_records, column_values
 from fissure.runtime.records.columns import SEQ
-from fissure.runtime.records.carried import (
-    assemble,
-    dead_letter_batch,
-    live_batch,
-    records_to_batch,
-    reshape_dead,
-    split_dead,
-)
+from fissure.runtime.records.carried import (assemble, dead_letter_batch, live_batch, records_to_batch, reshape_dead,
+                                             split_dead)
 from fissure.runtime.records.fate import (DeadLetter, OperatorFailedError, describe_error, mark_idle, mark_running,
-                                    normalize_emitted, operator_stopped, record_failed, record_text)
+                                          normalize_emitted, operator_stopped, record_failed, record_text)
 from fissure.runtime.state.codec import StateCodec, StateCodecError
 
 # A key's stored state: its bytes under the operator's codec, and whether they are a (verified) pickle.

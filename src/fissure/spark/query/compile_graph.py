@@ -53,10 +53,11 @@ from fissure.runtime.records.columns import DEAD_OPERATOR, SEQ
 from fissure.runtime.profiling.pieces import ProfiledGraphRegion
 from fissure.runtime.records.source_rows import LineFormat, without_corrupt_record
 from fissure.runtime.state.codec import StateAccess, missing_key_message
+from fissure.runtime.records.envelopes import ROUTE, EnvelopeLayout
 from fissure.compile.stages import (
-    ROUTE, EnvelopeLayout, GraphStage, StageProfiling, consumers_after, pieces_for, plan_graph_stages,
-    state_partitions_of, stream_lifetimes,
+    GraphStage, consumers_after, pieces_for, plan_graph_stages, state_partitions_of, stream_lifetimes,
 )
+from fissure.compile.pieces import StageProfiling
 from fissure.runtime.operators.packing import PACKED_SCHEMA, PackSpec
 from fissure.combine_policy import combine_decision
 from fissure.runtime.operators.combine import CombinePlan

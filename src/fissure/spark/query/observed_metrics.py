@@ -35,7 +35,7 @@ from dataclasses import asdict, dataclass
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from fissure.compile.stages import ROUTE
+from fissure.runtime.records.envelopes import ROUTE
 from fissure.runtime.profiling.report_rows import REPORT_ROUTE, REPORT_TEXT, REPORTED_COUNTS
 
 METRIC_NAME = "fissure"

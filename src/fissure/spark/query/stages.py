@@ -27,12 +27,14 @@ from fissure.runtime.elastic.stage import WaitingOperator
 from fissure.runtime.records.carried import assemble, dead_letter_batch, reshape_dead, split_dead
 from fissure.runtime.operators.join import LEFT, RIGHT, JoinStep, arrivals_of, joined_batch, run_join_group
 from fissure.local.executor import SOURCE_SHIFT
-from fissure.compile.stages import EnvelopeLayout, GraphStage, StageProfiling, build_pieces
+from fissure.runtime.records.envelopes import EnvelopeLayout
+from fissure.compile.stages import GraphStage
+from fissure.compile.pieces import StageProfiling, build_pieces
 from fissure.runtime.state.key_buckets import SubBucketStore
 from fissure.runtime.operators.keyed import StatefulStep, run_group, run_grouped_keys, run_keys
 from fissure.runtime.state.codec import StateAccess, StateCodec
 from fissure.runtime.operators.combine import (PARTIAL_KEY, PARTIAL_SCHEMA, CombinePlan, Combiner, combined_key_function,
-                                    is_partial_schema, partial_inputs)
+                                               is_partial_schema, partial_inputs)
 from fissure.runtime.operators.packing import PACKED_KEY, PackSpec, empty_groups, pack, pack_partials, unpack, unpack_apart
 from fissure.runtime.operators.timed import max_event_time, per_key_step
 from fissure.runtime.operators.time_tally import TimeTally
