@@ -21,8 +21,8 @@ Guarantees of `ProcessingElement.process`:
 Start method: fork, always. The Spark worker is itself a forked Python whose imports and
 deserialized stages the children inherit for free; fork needs no pickling of the stages (so
 closures work) and costs about a millisecond. spawn or forkserver would re-import pyarrow and
-the user's code (about a second) and require picklable stages. See pe_child for what keeps the
-child safe when the parent runs other threads at the fork.
+the user's code (about a second) and require picklable stages. See fissure.runtime.pe.child for
+what keeps the child safe when the parent runs other threads at the fork.
 """
 
 from __future__ import annotations
@@ -30,9 +30,6 @@ from __future__ import annotations
 import atexit
 import json
 import os
-import select
-import signal
-import threading
 import time
 import weakref
 from collections import deque
@@ -42,14 +39,6 @@ from typing import NoReturn
 
 import pyarrow as pa
 
-from fissure.runtime.pe.child import (
-    EXIT_CLEAN,
-    EXIT_RUNTIME_FAILED,
-    EXIT_STAGE_FAILED,
-    ChildPlan,
-    child_fds_to_close,
-    run_child,
-)
 from fissure.runtime.pe.stages import (
     PipelineCallStats,
     PipelineProcessDiedError,
@@ -62,18 +51,10 @@ from fissure.runtime.pe.stages import (
     StageFailureReport,
     stage_name,
 )
-from fissure.runtime.pe.wire import (
-    DEFAULT_PIPE_CAPACITY_BYTES,
-    Frame,
-    FrameKind,
-    FrameReader,
-    PendingWrites,
-    PipeClosed,
-    batch_frame_views,
-    decode_batch,
-    frame_views,
-    make_pipe,
-)
+from fissure.runtime.pe.processes import (ChildLink, ChildProcess, children_all_alive, describe_abnormal_exit,
+                                          fork_children, stop_children)
+from fissure.runtime.pe.wire import (DEFAULT_PIPE_CAPACITY_BYTES, Frame, FrameKind, PipeClosed, batch_frame_views,
+                                     decode_batch, frame_views)
 
 __all__ = [
     "CallStats",
@@ -92,17 +73,7 @@ CLOSE_GRACE_S = 2.0  # an idle child exits at once on EOF; this only bounds a st
 FAILURE_GRACE_S = 0.5  # after a failure, children still inside a stage are killed after this
 FAILURE_REPORT_WAIT_S = 5.0  # how long a failure report may take to travel down the chain
 
-_FORK_LOCK = threading.Lock()
-# The parent's pipe ends of every live PE. A child closes all of them (and its siblings' ends),
-# so that each pipe's write end lives in exactly one process and EOF means "writer gone".
-_PARENT_SIDE_FDS: set[int] = set()
 _LIVE_ELEMENTS: "weakref.WeakSet[ProcessingElement]" = weakref.WeakSet()
-
-
-@dataclass(frozen=True)
-class ChildProcess:
-    shape: PipelineShape
-    pid: int
 
 
 @dataclass(frozen=True)
@@ -126,40 +97,12 @@ class _CallFlow:
     caller_consuming_s: float = 0.0
 
 
-class _ChildLink:
-    """The parent's ends of the pipe chain: feed into pipeline 2, results out of pipeline k."""
-
-    def __init__(self, feed_fd: int, result_fd: int) -> None:
-        os.set_blocking(feed_fd, False)
-        os.set_blocking(result_fd, False)
-        self.feed = PendingWrites(feed_fd)
-        self.results = FrameReader(result_fd)
-
-        self._results_poller = select.poll()
-        self._results_poller.register(result_fd, select.POLLIN)
-        self._both_poller = select.poll()
-        self._both_poller.register(result_fd, select.POLLIN)
-        self._both_poller.register(feed_fd, select.POLLOUT)
-
-    def wait(self, want_write: bool, timeout_s: float | None = None) -> None:
-        """Block until results can be read (or, with want_write, input can be written)."""
-        poller = self._both_poller if want_write else self._results_poller
-        poller.poll(None if timeout_s is None else max(0, int(timeout_s * 1000)))
-
-    def close(self) -> None:
-        for fd in (self.feed.fd, self.results.fd):
-            _PARENT_SIDE_FDS.discard(fd)
-            try:
-                os.close(fd)
-            except OSError:
-                pass
-
-
 class ProcessingElement:
     """Runs a list of pipelines (each a list of stages) over a stream of Arrow record batches.
 
     `pipelines[0]` runs in the calling process, every later pipeline in its own child process,
-    forked when the PE is built. See the module docstring for the guarantees and pe_stages for
+    forked when the PE is built. See the module docstring for the guarantees and
+    fissure.runtime.pe.stages for
     what a stage may return. Not thread-safe: one call at a time, from one thread (the thread
     that built the PE should live as long as the PE: on Linux the children are killed when it
     exits, PR_SET_PDEATHSIG).
@@ -187,7 +130,7 @@ class ProcessingElement:
         self._pipe_capacity_bytes = pipe_capacity_bytes
         self._first = PipelineRunner(self._pipelines[0], self._shapes[0])
         self._children: tuple[ChildProcess, ...] = ()
-        self._link: _ChildLink | None = None
+        self._link: ChildLink | None = None
         self._owner_pid = os.getpid()
         self._busy = False
         self._closed = False
@@ -364,7 +307,7 @@ class ProcessingElement:
             link.wait(want_write=True)
             self._receive(flow, block=False)
 
-    def _live_link(self) -> _ChildLink:
+    def _live_link(self) -> ChildLink:
         if self._link is None:
             raise ProcessingElementError(
                 f"{self.name} was closed during a call (a new cut for its region replaces it)"
@@ -406,7 +349,7 @@ class ProcessingElement:
         if report is not None:
             raise StageFailedError(report)
         for child in children:
-            how = _describe_abnormal_exit(exit_statuses.get(child.pid))
+            how = describe_abnormal_exit(exit_statuses.get(child.pid))
             if how is not None and child.pid not in killed_by_us:
                 raise PipelineProcessDiedError(child.shape, child.pid, how)
         raise ProcessingElementError(
@@ -435,51 +378,11 @@ class ProcessingElement:
     def _start_children(self) -> None:
         if self.pipeline_count == 1:
             return
-        with _FORK_LOCK:
-            # pipes[i] carries batches into pipeline i + 2; the last one carries the results back.
-            pipes = [make_pipe(self._pipe_capacity_bytes) for _ in range(self.pipeline_count)]
-            chain_fds = [fd for pipe in pipes for fd in pipe]
-            feed_fd, result_fd = pipes[0][1], pipes[-1][0]
-            children = []
-            try:
-                for index in range(1, self.pipeline_count):
-                    input_fd, output_fd = pipes[index - 1][0], pipes[index][1]
-                    plan = ChildPlan(
-                        shape=self._shapes[index],
-                        stages=self._pipelines[index],
-                        input_fd=input_fd,
-                        output_fd=output_fd,
-                        fds_to_close=tuple(_PARENT_SIDE_FDS)
-                        + child_fds_to_close(chain_fds, keep=(input_fd, output_fd)),
-                        parent_pid=os.getpid(),
-                    )
-                    pid = os.fork()
-                    if pid == 0:
-                        run_child(plan)
-                    children.append(ChildProcess(self._shapes[index], pid))
-            except BaseException:
-                for fd in chain_fds:
-                    os.close(fd)
-                _kill_and_reap([child.pid for child in children])
-                raise
-            for fd in chain_fds:
-                if fd not in (feed_fd, result_fd):
-                    os.close(fd)
-            _PARENT_SIDE_FDS.update((feed_fd, result_fd))
-        self._children = tuple(children)
-        self._link = _ChildLink(feed_fd, result_fd)
+        self._children, self._link = fork_children(self._pipelines, self._shapes, self._pipe_capacity_bytes)
         self.start_count += 1
 
     def _children_all_alive(self) -> bool:
-        if not self._children:
-            return False
-        for child in self._children:
-            try:
-                if os.waitpid(child.pid, os.WNOHANG) != (0, 0):
-                    return False
-            except ChildProcessError:
-                return False
-        return True
+        return children_all_alive(self._children)
 
     def _stop_children(self, grace_s: float) -> tuple[set[int], dict[int, int | None]]:
         """Close the pipes, give the children `grace_s` to exit, SIGKILL the rest, reap all.
@@ -488,76 +391,9 @@ class ProcessingElement:
         """
         children, link = self._children, self._link
         self._children, self._link = (), None
-        if link is not None:
-            link.close()
-        if not children or os.getpid() != self._owner_pid:
-            return set(), {}
-        exit_statuses: dict[int, int | None] = {}
-        deadline_s = time.monotonic() + grace_s
-        pause_s = 0.001
-        while True:
-            for child in children:
-                if child.pid not in exit_statuses:
-                    status = _reap_if_exited(child.pid)
-                    if status is not _STILL_RUNNING:
-                        exit_statuses[child.pid] = status
-            running = [child.pid for child in children if child.pid not in exit_statuses]
-            if not running or time.monotonic() >= deadline_s:
-                break
-            time.sleep(pause_s)
-            pause_s = min(2 * pause_s, 0.05)
-        exit_statuses.update(_kill_and_reap(running))
-        self.forced_kill_count += len(running)
-        return set(running), exit_statuses
-
-
-_STILL_RUNNING = object()
-
-
-def _reap_if_exited(pid: int):
-    """The wait status of an exited child (reaping it), _STILL_RUNNING, or None if unknown."""
-    try:
-        reaped_pid, status = os.waitpid(pid, os.WNOHANG)
-    except ChildProcessError:
-        return None
-    return _STILL_RUNNING if reaped_pid == 0 else status
-
-
-def _kill_and_reap(pids: Iterable[int]) -> dict[int, int | None]:
-    statuses: dict[int, int | None] = {}
-    for pid in pids:
-        if pid <= 0:  # os.kill(0 or -n) would signal a whole process group
-            continue
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        try:
-            statuses[pid] = os.waitpid(pid, 0)[1]
-        except ChildProcessError:
-            statuses[pid] = None
-    return statuses
-
-
-def _describe_abnormal_exit(wait_status: int | None) -> str | None:
-    """How a child ended, in words; None when it ended as a neighbour of a failure should."""
-    if wait_status is None:
-        return None
-    if os.WIFSIGNALED(wait_status):
-        number = os.WTERMSIG(wait_status)
-        try:
-            signal_name = signal.Signals(number).name
-        except ValueError:
-            signal_name = "unknown signal"
-        return f"was killed by signal {number} ({signal_name})"
-    exit_code = os.WEXITSTATUS(wait_status)
-    if exit_code == EXIT_CLEAN:
-        return None
-    if exit_code == EXIT_STAGE_FAILED:
-        return "exited after a stage raised, but its failure report did not reach the parent"
-    if exit_code == EXIT_RUNTIME_FAILED:
-        return "failed in its own read-run-write loop (not in a stage)"
-    return f"exited with status {exit_code} (a stage may have called os._exit)"
+        killed, exit_statuses = stop_children(children, link, grace_s, self._owner_pid)
+        self.forced_kill_count += len(killed)
+        return killed, exit_statuses
 
 
 def _report_from(frame: Frame) -> StageFailureReport:
