@@ -10,7 +10,7 @@ from enum import Enum
 
 
 # Buckets of keys of a partitioned operator on Spark: its groups, one Python call each per batch
-# (fissure.spark.query.stages.GraphStateProcessor). Fixed for good, since a key's state lives under its
+# (fissure.spark.query.keyed_stage.GraphStateProcessor). Fixed for good, since a key's state lives under its
 # bucket; it bounds the state partitions that still split such an operator's work.
 STATE_BUCKETS = 64
 

@@ -44,9 +44,10 @@ from fissure.plan.plans import check_plan, sequential_plan
 from fissure.spark.io.sources import arrow_schema_of, spark_schema_of
 from fissure.spark.state.handler import LightStateProcessor
 from fissure.spark.query.stages import (
-    KEY, KEY_MARK, SPREAD_PREFIX, GraphRegionFunction, GraphStateProcessor, SourceEnvelopeFunction, StageTime,
-    TickEnvelopeFunction, WorkerProfiling,
+    KEY, KEY_MARK, SPREAD_PREFIX, GraphRegionFunction, SourceEnvelopeFunction, TickEnvelopeFunction,
+    WorkerProfiling,
 )
+from fissure.spark.query.keyed_stage import GraphStateProcessor, StageTime
 from fissure.time_program import TimeLayout
 from fissure.streamgraph import NodeKind, StreamGraph
 from fissure.runtime.records.columns import DEAD_OPERATOR, SEQ

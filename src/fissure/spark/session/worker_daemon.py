@@ -27,6 +27,7 @@ PRELOADED_MODULES = (
     "pyspark.worker",
     "pyspark.sql.pandas.serializers",
     "fissure.spark.query.stages",
+    "fissure.spark.query.keyed_stage",
 )
 
 

@@ -3,8 +3,8 @@
 At a query's first planning PySpark starts a fresh Python process on the driver for each
 stateful operator (its state-schema "pre-init", not forked from the worker daemon), unpickles
 the operator's handler there and calls its `init` to learn its state variables. Unpickling
-fissure's handler (fissure.spark.query.stages.GraphStateProcessor) imports pandas, pyarrow, fissure's
-worker layer and the user's module: about 0.5 s of a fresh process (`import fissure.spark.query.stages`
+fissure's handler (fissure.spark.query.keyed_stage.GraphStateProcessor) imports pandas, pyarrow, fissure's
+worker layer and the user's module: about 0.5 s of a fresh process (`import fissure.spark.query.keyed_stage`
 0.47-0.6 s against 0.13 s for PySpark's own handler module, 2 cores), paid once per stateful
 operator before the first micro-batch (benchmarks/results/first_batch.md: 3 such processes,
 4.7 s of the LogWatch example's first batch).
