@@ -34,7 +34,8 @@ import pyarrow.compute as pc
 from fissure.model.types import Kind
 from fissure.graph import Pipeline
 from fissure.streamgraph import NodeKind, PipelineError, StreamGraph, as_graph
-from fissure.runtime.records.columns import DEAD_COLUMNS, DEAD_ERROR, DEAD_OPERATOR, DEAD_RECORD, SEQ, carried_schema
+from fissure.runtime.records.columns import (DEAD_COLUMNS, DEAD_ERROR, DEAD_OPERATOR, DEAD_RECORD, SEQ, SOURCE_SHIFT,
+                                             carried_schema)
 from fissure.runtime.operators.fused import FusedStage, Step
 from fissure.runtime.records.carried import assemble, conform, live_batch, split_dead
 from fissure.runtime.operators.join import LEFT, RIGHT, JoinArrival, JoinStep, arrivals_of, joined_batch, run_join_group
@@ -43,7 +44,6 @@ from fissure.runtime.state.codec import StateCodec
 from fissure.runtime.operators.timed import LATE, max_event_time, per_key_step
 from fissure.runtime.operators.watermark import Deadlines, ProcessingTime, Watermark
 
-SOURCE_SHIFT = 56  # sequence numbers: source index << SOURCE_SHIFT | position
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ DEAD_COLUMNS = (DEAD_OPERATOR, DEAD_ERROR, DEAD_RECORD)
 INTERNAL_COLUMNS = (SEQ, *DEAD_COLUMNS)
 
 SEQ_PARTITION_SHIFT = 40  # room for 2**40 rows per source partition and micro-batch
+SOURCE_SHIFT = 56  # a graph's sequence numbers: source index << SOURCE_SHIFT | position in the source
 
 INTERNAL_FIELDS = (
     pa.field(SEQ, pa.int64()),

@@ -19,10 +19,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from fissure.streamgraph import StreamGraph
-from fissure.runtime.records.columns import DEAD_OPERATOR, SEQ_PARTITION_SHIFT
+from fissure.runtime.records.columns import DEAD_OPERATOR, SEQ_PARTITION_SHIFT, SOURCE_SHIFT
 from fissure.runtime.elastic.stage import WaitingOperator
 from fissure.runtime.records.carried import assemble, dead_letter_batch
-from fissure.local.executor import SOURCE_SHIFT
 from fissure.runtime.records.envelopes import EnvelopeLayout
 from fissure.compile.stages import GraphStage
 from fissure.compile.pieces import StageProfiling, build_pieces
