@@ -88,7 +88,7 @@ def test_calibrate_command_refuses_a_directory_as_output(tmp_path, capsys):
 
 def test_every_calibration_experiment_has_a_valid_plan_and_the_shape_it_is_there_to_measure():
     from fissure.cli.calibrate_cmd import _experiments
-    from fissure.model.spark_model import spark_stages
+    from fissure.model.spark_stages import spark_stages
     from fissure.model.throughput import validate_plan
 
     shapes = {}

@@ -14,15 +14,8 @@ import pytest
 from fissure import Pipeline
 from fissure.streamgraph import as_graph
 from fissure.model.calibration import BatchObservation, fit_spark_constants
-from fissure.model.spark_model import (
-    SparkConstants,
-    SparkWorkload,
-    batch_time_terms,
-    evaluate_spark,
-    hash_balance,
-    spark_stages,
-    batch_part_terms,
-)
+from fissure.model.spark_model import SparkConstants, SparkWorkload, batch_time_terms, evaluate_spark, batch_part_terms
+from fissure.model.spark_stages import hash_balance, spark_stages
 from fissure.model.spec import load_spec
 from fissure.model.types import STATE_BUCKETS, Kind, Machine, OperatorStats, Plan, RegionPlan
 from fissure.plan.planners import plan_chain
