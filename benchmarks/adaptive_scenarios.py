@@ -8,8 +8,9 @@ behaves while plans switch is for the Spark realizer's benchmarks. Writes, with 
 header of benchmarks/method.py, under --out (default benchmarks/results/; --quick: a temporary
 folder):
   adaptive_scenarios.md            the bounds each scenario must meet, over seeds
-  adaptive_scenarios.json          every figure behind it
-  adaptive_<scenario>.png/.json    the timeline of seed 0 (throughput per batch, decisions, threads)
+  adaptive_scenarios.json          every figure behind it, and per scenario the timeline of seed 0
+                                   (throughput per batch, decisions, threads) under "timeline"
+  adaptive_<scenario>.png          that timeline drawn, with --plots only
 
     ./dev python benchmarks/adaptive_scenarios.py            # 20 seeds per scenario, under a minute
     ./dev python benchmarks/adaptive_scenarios.py --quick    # 3 seeds, shortened phases
@@ -196,13 +197,13 @@ def markdown(results: dict) -> str:
                 lines.append(f"| {key} | never | |")
                 continue
             lines.append(f"| {key} | {statistics.median(numbers):.3g} | {min(numbers):.3g} .. {max(numbers):.3g}{missing} |")
-        lines += ["", f"![{name}]({entry['plot']})", ""]
+        lines += ["", f"![{name}]({entry['plot']})", ""] if entry.get("plot") else [""]
     return "\n".join(lines) + "\n"
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    method.add_arguments(parser, repeats=None)
+    method.add_arguments(parser, repeats=None, plots=True)
     parser.add_argument("--seeds", type=int, help="seeds per scenario (default 20, quick 3)")
     args = parser.parse_args(argv)
     run = method.Run("adaptive_scenarios.py", argv, quick=args.quick, out=args.out, master=None, timed=False)
@@ -216,15 +217,17 @@ def main(argv=None) -> int:
             simulated = run_scenario(scenario(name, seed, quick=args.quick))
             runs.append(measure(simulated))
             if seed == 0:
-                plot = f"{prefix}{name}.png"
-                phases = simulated.scenario.simulation.phases
-                ends = [phase.start_s for phase in phases[1:]] + [simulated.system.clock()]
-                references = [ReferenceLine("best static plan" if i == 0 else None, best_at(simulated, phase.start_s),
-                                            phase.start_s, end) for i, (phase, end) in enumerate(zip(phases, ends))]
-                plot_timeline(simulated.timeline, run.path(plot), references)
-                simulated.timeline.write_json(run.path(f"{prefix}{name}.json"))
+                plot = f"{prefix}{name}.png" if args.plots else None
+                if plot:
+                    phases = simulated.scenario.simulation.phases
+                    ends = [phase.start_s for phase in phases[1:]] + [simulated.system.clock()]
+                    references = [ReferenceLine("best static plan" if i == 0 else None,
+                                                best_at(simulated, phase.start_s), phase.start_s, end)
+                                  for i, (phase, end) in enumerate(zip(phases, ends))]
+                    plot_timeline(simulated.timeline, run.path(plot), references)
+                timeline = simulated.timeline.to_dict()
                 title = simulated.scenario.title
-        results["scenarios"][name] = {"title": title, "plot": plot, "runs": runs}
+        results["scenarios"][name] = {"title": title, "plot": plot, "runs": runs, "timeline": timeline}
         print(f"{name}: " + "; ".join(bounds(name, runs)))
     run.write_results(stem, markdown(results), results)
     return 0

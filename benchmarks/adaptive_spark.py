@@ -32,9 +32,10 @@ Every adaptive run plans with the Spark model corrected by its own measurements
 ranking, and the report lists the factors it learned.
 
 Writes under --out (default benchmarks/results/; --quick: suffix _quick, in a temporary folder):
-adaptive_spark.md and .json, and the timelines adaptive_spark_<scenario>.json/.png, with the
-header of benchmarks/method.py. A shared, noisy machine gives no figures: run it on a quiet one;
---quick (small inputs, one repeat) is an end-to-end check only.
+adaptive_spark.md and .json, with the header of benchmarks/method.py; the .json holds each
+scenario's timeline under "timeline", which --plots also draws as adaptive_spark_<scenario>.png.
+A shared, noisy machine gives no figures: run it on a quiet one; --quick (small inputs, one
+repeat) is an end-to-end check only.
 
     ./dev python benchmarks/adaptive_spark.py            # the measurement, 3 repeats (quiet machine!)
     ./dev python benchmarks/adaptive_spark.py --quick    # a few minutes, not figures
@@ -68,7 +69,7 @@ from fissure.spark.session.create import create_session
 from fissure.spark.io.sinks import NoopSink
 from fissure.testing import record_files
 
-OUT = [Path(__file__).resolve().parent / "results"]  # the results folder of this run (--out)
+PLOTS_TO: list[Path | None] = [None]  # the folder --plots draws the timelines into (None: no plots)
 WITHIN = 0.9
 USERS = 50
 
@@ -247,7 +248,8 @@ def reach_best(spark, work: Path, size: Size, quick: bool, stem: str, repeats: i
     share, best_name = block.over_best_of_others("adaptive", among=list(STATIC_CANDIDATES))
     report = block.details["adaptive"][0][0]  # the first repeat's run: its timeline and decisions
     best = medians[best_name]
-    save_timeline(report.timeline, stem + "_reach-best", [ReferenceLine(f"best static plan ({best_name})", best)])
+    timeline = timeline_record(report.timeline, stem + "_reach-best",
+                               [ReferenceLine(f"best static plan ({best_name})", best)])
     return {
         "block": block.to_dict(),
         "static_throughput_per_s": {name: medians[name] for name in STATIC_CANDIDATES},
@@ -266,6 +268,7 @@ def reach_best(spark, work: Path, size: Size, quick: bool, stem: str, repeats: i
                       if e.action != "observe"],
         "model_correction": report.correction,
         "switches": [asdict(switch) for switch in report.switches],
+        "timeline": timeline,
     }
 
 
@@ -339,7 +342,7 @@ def cost_change(spark, work: Path, change: CostChange, quick: bool, stem: str, r
     for segment in segments:
         del segment["throughputs"]
     references = [ReferenceLine(f"best static plan after the change ({best_name})", best, change_s)]
-    save_timeline(report.timeline, stem + "_cost-change", references)
+    timeline = timeline_record(report.timeline, stem + "_cost-change", references)
     return {
         "block": block.to_dict(),
         "change_at_batch": change.change_at,
@@ -359,6 +362,7 @@ def cost_change(spark, work: Path, change: CostChange, quick: bool, stem: str, r
                                    if e.action not in ("observe",)],
         "model_correction": report.correction,
         "switches": [asdict(switch) for switch in report.switches],
+        "timeline": timeline,
     }
 
 
@@ -386,7 +390,7 @@ def bad_injection(spark, work: Path, size: Size, quick: bool, stem: str, inject_
     bad = plan_fingerprint(BAD)
     applied = [entry for entry in entries if entry.action == "apply" and entry.plan_after == bad]
     rolled_back = [entry for entry in entries if entry.action in ("revert", "halt") and entry.plan == bad]
-    save_timeline(report.timeline, stem + "_bad-injection")
+    timeline = timeline_record(report.timeline, stem + "_bad-injection")
     window = rollback_window([asdict(entry) for entry in entries], applied[0].batch_id if applied else None,
                              rolled_back[0].batch_id if rolled_back else None)
     return {
@@ -398,6 +402,7 @@ def bad_injection(spark, work: Path, size: Size, quick: bool, stem: str, inject_
         "retried": len(applied) > 1,
         "reasons": [entry.reason for entry in rolled_back],
         "switches": [asdict(switch) for switch in report.switches],
+        "timeline": timeline,
     }
 
 
@@ -454,12 +459,14 @@ def switch_costs(spark, work: Path, size: Size, every: int = 3) -> dict:
     }
 
 
-def save_timeline(timeline: Timeline, stem: str, references=()) -> None:
-    timeline.write_json(OUT[0] / f"{stem}.json")
-    try:
-        plot_timeline(timeline, OUT[0] / f"{stem}.png", references)
-    except RuntimeError as error:
-        print(f"no plot: {error}", file=sys.stderr)
+def timeline_record(timeline: Timeline, stem: str, references=()) -> dict:
+    """The timeline as the results' JSON keeps it; with --plots also drawn as `stem`.png."""
+    if PLOTS_TO[0] is not None:
+        try:
+            plot_timeline(timeline, PLOTS_TO[0] / f"{stem}.png", references)
+        except RuntimeError as error:
+            print(f"no plot: {error}", file=sys.stderr)
+    return timeline.to_dict()
 
 
 def markdown(document: dict) -> str:
@@ -489,7 +496,7 @@ def markdown(document: dict) -> str:
                   f" within 10 %: {reach['within_10_percent']}. Model correction at the end:"
                   f" {reach['model_correction'] or 'none'}.", ""]
         lines += [f"- {decision}" for decision in reach["decisions"]]
-        lines += ["", f"![reach-best]({document['stem']}_reach-best.png)", ""]
+        lines += ["", f"![reach-best]({document['stem']}_reach-best.png)", ""] if document.get("plots") else [""]
     if change is not None:
         lines += ["## (b) an operator's data-dependent cost quadruples mid-run", "",
                   f"`parse` costs {change['cost_us_before_after'][0]:g} us per record,"
@@ -511,7 +518,7 @@ def markdown(document: dict) -> str:
             lines.append(f"| `{segment['plan']}` | {segment['first_batch']} | {segment['batches']} |"
                          f" {segment['median_throughput_per_s'] or 0:,.0f} |")
         lines += [""] + [f"- {decision}" for decision in change["decisions_after_change"]]
-        lines += ["", f"![cost-change]({document['stem']}_cost-change.png)", ""]
+        lines += ["", f"![cost-change]({document['stem']}_cost-change.png)", ""] if document.get("plots") else [""]
     if bad is not None:
         lines += ["## (c) an injected bad change", "",
                   f"`{bad['injected_plan']}` applied at batch {bad['applied_at_batch']}, rolled back at batch"
@@ -542,7 +549,7 @@ def markdown(document: dict) -> str:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    method.add_arguments(parser)
+    method.add_arguments(parser, plots=True)
     parser.add_argument("--cores", type=int, default=2, help="Spark task slots, local[N] (default 2)")
     parser.add_argument("--inject-at", type=int, default=8, help="(c): the batch the bad plan is injected at")
     parser.add_argument("--only", choices=("reach-best", "cost-change", "bad-injection", "switch-costs"),
@@ -552,7 +559,7 @@ def main(argv=None) -> int:
         args.repeats = 1
     method.check_repeats(args.repeats, args.quick)
     run = method.Run("adaptive_spark.py", argv, quick=args.quick, out=args.out, master=f"local[{args.cores}]")
-    OUT[0] = run.out
+    PLOTS_TO[0] = run.out if args.plots else None
     size = QUICK if args.quick else FULL
     change = QUICK_CHANGE if args.quick else FULL_CHANGE
     parts = set(args.only or ("reach-best", "cost-change", "bad-injection", "switch-costs"))
@@ -575,10 +582,10 @@ def main(argv=None) -> int:
             print("switch costs", file=sys.stderr)
             costs = switch_costs(spark, work, size)
     finally:
-        spark.stop()
+        method.end_spark(spark)
         shutil.rmtree(work, ignore_errors=True)
     document = {
-        "cores": args.cores, "quick": args.quick, "repeats": args.repeats, "size": asdict(size), "cost_change_input": asdict(change), "stem": stem, "reach_best": reach,
+        "cores": args.cores, "quick": args.quick, "repeats": args.repeats, "size": asdict(size), "cost_change_input": asdict(change), "stem": stem, "plots": args.plots, "reach_best": reach,
         "cost_change": change_result, "bad_injection": bad, "switch_costs": costs,
     }
     run.write_results(stem, markdown(document), document)

@@ -104,7 +104,7 @@ def main(argv=None) -> int:
                      + (f"{ratio:.2f} |" if ratio is not None else "1 |"))
     lines.append("\nAutopipelining decisions of the last run:\n")
     lines += [f"- {decision}" for decision in runs["autopipelined"][-1]["decisions"]] or ["- none"]
-    spark.stop()
+    method.end_spark(spark)
     run.write_results("autopipeline_graph", "\n".join(lines) + "\n", document)
     return 0
 

@@ -134,6 +134,7 @@ def main(argv: list[str] | None = None) -> int:
                 "plan": describe_plan(plan, pipeline), "model": model_source, "runs": runs, "medians": medians,
                 "auto_over_best": auto_over_best, "auto_reason": runs["auto"][-1]["admission"]}
     document["fixed_s"], document["per_line_us"] = fixed_cost_fit(runs)
+    method.end_spark(spark)
     run.write_results("batch_size", report_text(document), document)
     return 0
 

@@ -291,7 +291,7 @@ def main(argv: list[str] | None = None) -> int:
                               for variant, program in workload.programs.items()},
             "rates": rates, "skipped": workload.skipped,
             "over_direct": {label: method.paired_ratio(rates, label, DIRECT) for label in workload.runs}}
-    spark.stop()
+    method.end_spark(spark)
     stem = "cost_1m" if args.goal else "cost"
     if args.only:
         stem += "_" + "_".join(name.replace("-", "_") for name in names)

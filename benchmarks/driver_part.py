@@ -99,7 +99,7 @@ def main(argv=None) -> int:
         session.append({"query": number,
                         "rest_s": statistics.median(rest for rest, _ in steady),
                         "stages_s": statistics.median(in_stages for _, in_stages in steady)})
-    spark.stop()
+    method.end_spark(spark)
     results = {}
     for name, per_run in runs.items():
         positions = sorted(set().union(*per_run))

@@ -27,8 +27,8 @@ papers' rules as written against the improved policies, the share of the best le
     ./dev python benchmarks/elastic_threads.py --sim-only  # policies on synthetic curves
 
 Results go to --out (default benchmarks/results/; --quick: a temporary folder): elastic_threads.md /
-.json / .png and elastic_sim_policies.md / .json / .png (only these with --sim-only); --quick adds a
-_quick suffix. The method of benchmarks/method.py: one uncounted warm-up run per operator, the
+.json and elastic_sim_policies.md / .json (only these with --sim-only), and with --plots a .png of
+each; --quick adds a _quick suffix. The method of benchmarks/method.py: one uncounted warm-up run per operator, the
 confirmation blocks' order rotated, at least 3 elastic runs per policy unless --quick, the header
 of every results file written by method.Run.
 """
@@ -668,7 +668,7 @@ def plot_simulation(table: dict, path: Path) -> None:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    method.add_arguments(parser, repeats=None)
+    method.add_arguments(parser, repeats=None, plots=True)
     parser.add_argument("--sim-only", action="store_true", help="only the policies on synthetic curves")
     parser.add_argument("--repeats", type=int, default=None,
                         help=f"elastic runs per policy (default {Settings().repeats}; at least {method.MIN_REPEATS} "
@@ -690,13 +690,15 @@ def main(argv=None) -> int:
     document = {"random_specs": table, "benchmark_shape": shape}
     simulation.write_results(f"elastic_sim_policies{suffix}", markdown_simulation(table, shape, settings.sim_specs,
                                                                                   args.quick), document)
-    plot_simulation(table, simulation.path(f"elastic_sim_policies{suffix}.png"))
+    if args.plots:
+        plot_simulation(table, simulation.path(f"elastic_sim_policies{suffix}.png"))
     if args.sim_only:
         return 0
     results = benchmark(settings, log)
     results["settings"] = asdict(settings)
     measurement.write_results(f"elastic_threads{suffix}", markdown_benchmark(results, settings, args.quick), results)
-    plot_benchmark(results, measurement.path(f"elastic_threads{suffix}.png"))
+    if args.plots:
+        plot_benchmark(results, measurement.path(f"elastic_threads{suffix}.png"))
     return 0
 
 

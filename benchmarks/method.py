@@ -29,9 +29,11 @@ run's own processes), a `--quick` run "quick mode: not a result to quote".
 What "other processes" covers: every process not the run's, those whose environment cannot be
 read (another user's) included, and the hypervisor's steal time (/proc/stat: CPU time the
 virtual machine was ready to run but another guest had the core), which no process list shows.
-A fixed calibration loop (pure Python, `calibration_s`) is timed before and after the run: a
-machine whose speed moved by more than SPEED_TOLERANCE between the two (a slower morning, a
-throttled host) gives figures that are "machine speed moved: not a result to quote".
+A fixed calibration loop (pure Python, `calibration_s`) is timed before and after the run, each
+time in a fresh Python process (`calibration_in_fresh_process`), after the script has ended its
+Spark session and that session's JVM (`end_spark`): a machine whose speed moved by more than
+SPEED_TOLERANCE between the two (a slower morning, a throttled host) gives figures that are
+"machine speed moved: not a result to quote".
 
 No fissure import here: a script may load it before choosing which checkout of fissure to load.
 The pure parts (ordering, medians, ratios, the tie rule, the busy verdict) are tested in
@@ -45,6 +47,7 @@ import os
 import random
 import shlex
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -62,6 +65,7 @@ TIE_TOLERANCE = 0.01  # predicted values within 1 % of the highest are ties
 BUSY = "busy machine: not a result to quote"
 QUICK = "quick mode: not a result to quote"
 SPEED_MOVED = "machine speed moved: not a result to quote"
+SPEED_UNKNOWN = "machine speed not measured after the run: not a result to quote"
 SPEED_TOLERANCE = 0.10  # the calibration loop's time may move this much between before and after
 
 
@@ -211,9 +215,11 @@ def busy(others: float | None, load_before: Sequence[float], cores: int) -> bool
 
 
 def verdict(others: float | None, load_before: Sequence[float], cores: int, quick: bool,
-            steal: float | None = None, speed_moved: float | None = None) -> str | None:
+            steal: float | None = None, speed_moved: float | None = None,
+            speed_unknown: str | None = None) -> str | None:
     """What the report says above its figures: None for a result to quote. `others` and `steal`
-    add up (both are CPU the run did not get); `speed_moved`: the calibration's `speed_change`."""
+    add up (both are CPU the run did not get); `speed_moved`: the calibration's `speed_change`;
+    `speed_unknown`: why the calibration after the run gave no figure (None: it gave one)."""
     reasons = []
     taken = None if others is None else others + (steal or 0.0)
     if busy(taken, load_before, cores):
@@ -222,6 +228,8 @@ def verdict(others: float | None, load_before: Sequence[float], cores: int, quic
                        else f"{BUSY} (load average above {cores} cores before the run)")
     if speed_moved is not None and abs(speed_moved) > SPEED_TOLERANCE:
         reasons.append(f"{SPEED_MOVED} (the calibration loop took {speed_moved:+.0%} CPU time after the run against before)")
+    if speed_unknown is not None:
+        reasons.append(f"{SPEED_UNKNOWN} ({speed_unknown})")
     if quick:
         reasons.append(QUICK)
     return "; ".join(reasons) or None
@@ -304,7 +312,8 @@ def steal_share(before: tuple[float, float] | None, after: tuple[float, float] |
 CALIBRATION_ITERATIONS = 300_000
 
 
-def calibration_s(repeats: int = 15, iterations: int = CALIBRATION_ITERATIONS, pause_s: float = 0.2) -> float:
+def calibration_s(repeats: int = 15, iterations: int = CALIBRATION_ITERATIONS, pause_s: float = 0.2,
+                  clock: Callable[[], float] = time.thread_time, sleep: Callable[[float], None] = time.sleep) -> float:
     """CPU seconds a fixed pure-Python loop takes on its thread (about 0.015 s), the best of
     `repeats`: the machine's speed for one core, as a benchmark's own code sees it. CPU time, not
     wall time: sharing the cores is what the others' share measures; this is the core's own
@@ -315,13 +324,70 @@ def calibration_s(repeats: int = 15, iterations: int = CALIBRATION_ITERATIONS, p
     best = float("inf")
     for repeat in range(repeats):
         if repeat:
-            time.sleep(pause_s)
-        started = time.thread_time()
+            sleep(pause_s)
+        started = clock()
         total = 0
         for index in range(iterations):
             total += index * index % 7
-        best = min(best, time.thread_time() - started)
+        best = min(best, clock() - started)
     return best
+
+
+# The calibration loop in a process of its own: argv 1 is the folder this module is in, 2 and 3 the
+# repeats and the pause between them.
+CALIBRATION_PROGRAM = ("import sys; sys.path.insert(0, sys.argv[1]); import method; "
+                       "print(repr(method.calibration_s(int(sys.argv[2]), pause_s=float(sys.argv[3]))))")
+
+
+def calibration_in_fresh_process(run: Callable[..., subprocess.CompletedProcess] = subprocess.run,
+                                 timeout_s: float = 120.0, repeats: int = 15, pause_s: float = 0.2) -> float:
+    """`calibration_s` in a new Python process (this interpreter): the machine's speed, not the
+    benchmark process's. In the benchmark's own process the loop after a run shared it with what
+    the run left: a heap of its results, py4j's and the runner's threads, a Spark session (cost.py's
+    after-loop ran 10 % slower in two runs while its direct loop, timed before and after the
+    others in each round, ran at the same speed). A new process brings none of them, before the
+    run or after it."""
+    command = [sys.executable, "-c", CALIBRATION_PROGRAM, str(Path(__file__).resolve().parent), str(repeats),
+               repr(pause_s)]
+    try:
+        finished = run(command, capture_output=True, text=True, timeout=timeout_s)
+    except (OSError, subprocess.TimeoutExpired) as error:
+        raise MethodError(f"the calibration process did not finish: {error}") from error
+    if finished.returncode != 0:
+        last_lines = (finished.stderr or "").strip().splitlines()[-3:]
+        raise MethodError(f"the calibration process failed (exit {finished.returncode}): {' / '.join(last_lines)}")
+    try:
+        return float(finished.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError) as error:
+        raise MethodError(f"the calibration process printed no time: {finished.stdout!r}") from error
+
+
+def end_spark(spark, timeout_s: float = 120.0) -> None:
+    """Stop the Spark session `spark` and end the JVM behind it, waiting until that JVM has
+    exited, so that the calibration after the run finds no JVM of the run's still working on the
+    other core (a stopped session leaves its JVM running until the Python process ends: its
+    collector, its compiler threads, a class archive written at exit). PySpark's gateway JVM exits
+    when its standard input closes. No pyspark import: what the session holds, by name."""
+    context_class = type(spark.sparkContext)
+    gateway = getattr(context_class, "_gateway", None)
+    spark.stop()
+    if gateway is None:
+        return
+    process = getattr(gateway, "proc", None)
+    try:
+        gateway.shutdown()  # py4j's connections and its callback server
+    except Exception as error:  # noqa: BLE001 - the JVM is ended below all the same
+        print(f"py4j's gateway did not shut down cleanly: {error}", file=sys.stderr)
+    context_class._gateway = None
+    context_class._jvm = None
+    if process is None:
+        return
+    if process.stdin is not None:
+        process.stdin.close()
+    try:
+        process.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        print(f"Spark's JVM (pid {process.pid}) still runs {timeout_s:g} s after its input closed", file=sys.stderr)
 
 
 def speed_change(before_s: float | None, after_s: float | None) -> float | None:
@@ -448,7 +514,8 @@ def provenance_lines(header: dict) -> list[str]:
         lines.append(f"Steal time (CPU the hypervisor gave other guests): {header['steal_share']:.1%}  ")
     if header.get("speed_change") is not None:
         calibration = header["calibration_s"]
-        lines.append(f"Machine speed (a fixed loop, before / after): {calibration['before'] * 1000:.1f} ms /"
+        where = f" in {calibration['where']}" if calibration.get("where") else ""
+        lines.append(f"Machine speed (a fixed loop{where}, before / after): {calibration['before'] * 1000:.1f} ms /"
                      f" {calibration['after'] * 1000:.1f} ms ({header['speed_change']:+.1%})  ")
     if header.get("verdict"):
         lines.append(f"**{header['verdict'][0].upper()}{header['verdict'][1:]}.**")
@@ -472,8 +539,9 @@ class Run:
 
     def __init__(self, script: str, argv: Sequence[str] | None = None, *, quick: bool = False,
                  out: str | Path | None = None, master: str | None = "local[2]", timed: bool = True,
-                 tree: Path = REPOSITORY) -> None:
+                 tree: Path = REPOSITORY, calibrate: Callable[[], float] = calibration_in_fresh_process) -> None:
         self.script, self.quick, self.timed = script, quick, timed
+        self._calibrate = calibrate
         self.command = command_line(script, argv)
         if out is None:  # a quick run is no result: a temporary folder unless --out says otherwise
             out = tempfile.mkdtemp(prefix=f"fissure-{Path(script).stem}-") if quick else RESULTS
@@ -486,7 +554,7 @@ class Run:
         os.environ.setdefault(RUN_TAG, f"{os.getpid()}-{time.time_ns()}")
         self._others_cpu = OthersCpu(os.environ[RUN_TAG], os.getpid())
         self._steal_before = steal_and_total_s()
-        self.calibration_before_s = calibration_s() if timed else None
+        self.calibration_before_s = calibrate() if timed else None
         self._started = time.monotonic()
 
     def others_cpu_share(self) -> float | None:
@@ -504,11 +572,16 @@ class Run:
         steal = steal_share(self._steal_before, steal_and_total_s())
         header["steal_share"] = None if steal is None else round(steal, 3)
         if self.timed:
-            after_s = calibration_s()
+            try:
+                after_s, unknown = self._calibrate(), None
+            except MethodError as error:
+                after_s, unknown = None, str(error)
             moved = speed_change(self.calibration_before_s, after_s)
-            header["calibration_s"] = {"before": round(self.calibration_before_s, 4), "after": round(after_s, 4)}
+            header["calibration_s"] = {"before": round(self.calibration_before_s, 4),
+                                       "after": None if after_s is None else round(after_s, 4),
+                                       "where": "a fresh Python process"}
             header["speed_change"] = None if moved is None else round(moved, 3)
-            header["verdict"] = verdict(others, self.load_before, self.cores, self.quick, steal, moved)
+            header["verdict"] = verdict(others, self.load_before, self.cores, self.quick, steal, moved, unknown)
         else:
             header["verdict"] = QUICK if self.quick else None
         header["quotable"] = header["verdict"] is None
@@ -531,10 +604,14 @@ class Run:
         return self.out / filename
 
 
-def add_arguments(parser, *, repeats: int | None = MIN_REPEATS, quick: bool = True) -> None:
-    """The options every benchmark shares: --out, and --repeats / --quick where they apply."""
+def add_arguments(parser, *, repeats: int | None = MIN_REPEATS, quick: bool = True, plots: bool = False) -> None:
+    """The options every benchmark shares: --out, and --repeats / --quick / --plots where they apply."""
     parser.add_argument("--out", type=Path, default=None,
                         help="results folder (default benchmarks/results; with --quick a temporary folder)")
+    if plots:
+        parser.add_argument("--plots", action="store_true",
+                            help="also draw the figures as PNG files beside the results (the .json holds every "
+                                 "figure they show; the repository keeps no plots)")
     if quick:
         parser.add_argument("--quick", action="store_true",
                             help="small inputs, fewer repeats: a check of the script, not a result to quote")

@@ -30,8 +30,10 @@ Spark model's first-ranked plan and the best other plan are then measured again,
 a block of their own, and their ratio reported from that block too (the best of seven noisy
 medians sits above its plan's rate, which the first comparison holds against the model). Per plan, each Spark stage of a
 steady micro-batch measured (Spark's monitoring REST API: the session runs the Spark UI) against
-the model's, and the rest of the batch. Writes model_accuracy.md/.json/.png under --out (default
-benchmarks/results/; --quick: model_accuracy_quick.* in a temporary folder, not a result).
+the model's, and the rest of the batch. Writes model_accuracy.md/.json under --out (default
+benchmarks/results/; --quick: model_accuracy_quick.* in a temporary folder, not a result), and with
+--plots the scatter of predicted against measured throughput as model_accuracy.png. With
+--calibrate: model_accuracy_calibrated.md/.json, the calibration under "calibration" in the .json.
 
     ./dev python benchmarks/model_accuracy.py            # the real measurement: a quiet machine, ~20 min
     ./dev python benchmarks/model_accuracy.py --calibrate  # the same after a `fissure calibrate` of its own
@@ -41,6 +43,7 @@ benchmarks/results/; --quick: model_accuracy_quick.* in a temporary folder, not 
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import statistics
 import subprocess
@@ -394,7 +397,7 @@ def summary(results: dict) -> dict:
     return out
 
 
-def report(document: dict, stem: str) -> str:
+def report(document: dict, stem: str, plots: bool = False) -> str:
     totals = document["summary"]
     lines = ["# Model accuracy: predicted against measured throughput on Spark", "",
              f"Spark task slots: {document['cores']}; Spark model constants: {document['spark_constants_from']}", "",
@@ -465,7 +468,8 @@ def report(document: dict, stem: str) -> str:
                              "rotated): the Spark model's first-ranked plan over that best other plan, per repeat "
                              + ", ".join(f"{ratio:.2f}" for ratio in confirmation["ratios"])
                              + f"; median {confirmation['over_best_other']:.2f}.")
-    lines += ["", f"![scatter]({stem}.png)"]
+    if plots:
+        lines += ["", f"![scatter]({stem}.png)"]
     return "\n".join(lines) + "\n"
 
 
@@ -501,7 +505,7 @@ def plot(document: dict, path: Path) -> None:
 def main(argv=None) -> int:
     global LOOPS_PER_US, CALIBRATION_FILE
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    method.add_arguments(parser)
+    method.add_arguments(parser, plots=True)
     parser.add_argument("--records", type=int, default=40_000, help="synthetic workload records")
     parser.add_argument("--lines", type=int, default=60_000, help="logwatch workload lines")
     parser.add_argument("--files", type=int, default=4, help="input files = micro-batches (the first is warm-up)")
@@ -510,8 +514,8 @@ def main(argv=None) -> int:
     parser.add_argument("--master", default="local[2]")
     parser.add_argument("--calibrate", action="store_true",
                         help="run `fissure calibrate` first (a process of its own) and predict with its constants, "
-                             "not the stored calibration's or the defaults; writes model_accuracy_calibrated.* and the "
-                             "calibration beside them")
+                             "not the stored calibration's or the defaults; writes model_accuracy_calibrated.*, the "
+                             "calibration in its .json")
     args = parser.parse_args(argv)
     if args.quick:
         args.records, args.lines, args.files, args.plans, args.repeats = 1500, 1500, 3, 3, 1
@@ -519,7 +523,7 @@ def main(argv=None) -> int:
     run = method.Run("model_accuracy.py", argv, quick=args.quick, out=args.out, master=args.master)
     stem = "model_accuracy" + ("_calibrated" if args.calibrate else "") + ("_quick" if args.quick else "")
     if args.calibrate:  # before this script's session: calibrate runs one of its own
-        CALIBRATION_FILE = run.path(f"{stem}_calibration.json")
+        CALIBRATION_FILE = Path(tempfile.mkdtemp(prefix="fissure-accuracy-calibration-")) / "calibration.json"
         command = [sys.executable, "-m", "fissure", "calibrate", "--master", args.master,
                    "--output", str(CALIBRATION_FILE)] + (["--quick"] if args.quick else [])
         print("calibrating: " + " ".join(command[1:]), flush=True)
@@ -534,7 +538,7 @@ def main(argv=None) -> int:
     cores = default_parallelism(spark)
     settings, constants_from = stored_spark_model(CALIBRATION_FILE)
     if CALIBRATION_FILE is not None:
-        constants_from = f"`fissure calibrate` run just before this run ({CALIBRATION_FILE.name}), {constants_from}"
+        constants_from = f"`fissure calibrate` run just before this run (under \"calibration\" in the JSON), {constants_from}"
     from logwatch import build_pipeline as logwatch_pipeline
 
     workloads = {
@@ -544,12 +548,15 @@ def main(argv=None) -> int:
     }
     results = {name: run_workload(name, spark, pipeline, source, args, work, cores, settings, stage_log)
                for name, (pipeline, source) in workloads.items()}
-    spark.stop()
+    method.end_spark(spark)
     document = {"master": args.master, "quick": args.quick, "cores": cores, "spark_constants_from": constants_from,
                 "spark_constants": settings.constants.to_dict(), "loops_per_us": LOOPS_PER_US,
                 "results": results, "summary": summary(results)}
-    run.write_results(stem, report(document, stem), document)
-    plot(document, run.path(f"{stem}.png"))
+    if CALIBRATION_FILE is not None:
+        document["calibration"] = json.loads(CALIBRATION_FILE.read_text())
+    run.write_results(stem, report(document, stem, args.plots), document)
+    if args.plots:
+        plot(document, run.path(f"{stem}.png"))
     return 0
 
 

@@ -12,7 +12,8 @@ before the defaults change.
     ./dev python benchmarks/model_rescore.py RUN.json [RUN.json ...] --constants FILE [--constants FILE ...]
 
 FILE: a JSON object of constants (missing ones keep their defaults), or a file with one under
-"medians" (benchmarks/calibrate_defaults.py's output) or "spark" (a stored calibration).
+"medians" (benchmarks/calibrate_defaults.py's output), "spark" (a stored calibration) or
+"calibration" > "spark" (a `model_accuracy.py --calibrate` run's JSON, which keeps its calibration).
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ def parse_plan(text: str) -> Plan:
 
 def load_constants(path: Path) -> SparkConstants:
     document = json.loads(path.read_text())
-    values = document.get("medians") or document.get("spark") or document
+    values = document.get("medians") or document.get("spark") or (document.get("calibration") or {}).get("spark") or document
     return SparkConstants().with_values(**{name: float(value) for name, value in values.items()})
 
 

@@ -8,7 +8,8 @@
 
 Each configuration warms both up (not counted), then runs one process and two processes in an order
 rotated each repeat (at least 3) and keeps the medians (benchmarks/method.py). Results go to
-pe_overheads.{md,json,png} under --out (default benchmarks/results/; --quick: a temporary folder).
+pe_overheads.{md,json} under --out (default benchmarks/results/; --quick: a temporary folder), and
+with --plots pe_overheads.png.
 
     ./dev python benchmarks/pe_overheads.py           # the real measurement (a few minutes)
     ./dev python benchmarks/pe_overheads.py --quick   # end to end in well under a minute
@@ -240,7 +241,7 @@ def plot(report: dict, path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    method.add_arguments(parser, repeats=None)
+    method.add_arguments(parser, repeats=None, plots=True)
     args = parser.parse_args(argv)
     size, size_name = (QUICK, "quick") if args.quick else (FULL, "full")
     method.check_repeats(size.repeats, args.quick)
@@ -257,7 +258,8 @@ def main(argv: list[str] | None = None) -> int:
         "results": results,
     }
     run_record.write_results("pe_overheads", markdown_report(report), report)
-    plot(report, run_record.path("pe_overheads.png"))
+    if args.plots:
+        plot(report, run_record.path("pe_overheads.png"))
     return 0
 
 

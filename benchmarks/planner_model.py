@@ -4,7 +4,8 @@ Random chains drawn with the paper's Table 1 parameters (seeded), planned by eve
 plan scored by the throughput model. Writes under benchmarks/results/:
   planner_model.md    summary: heuristic vs optimal (mean, 5th percentile, worst), sweeps, timings
   planner_model.json  every figure behind it
-  planner_model_*.png one plot per sweep, the running times and the heuristic/optimal ratios
+  planner_model.png   with --plots only: a panel per sweep, the running times and the
+                      heuristic/optimal ratios
 
     ./dev python benchmarks/planner_model.py            # full run (several minutes)
     ./dev python benchmarks/planner_model.py --quick    # a smoke run (a temporary folder unless --out)
@@ -162,15 +163,19 @@ def running_times(quick: bool) -> dict:
     return {"by_size": table, "targets": targets}
 
 
-def plot(results: dict, prefix: Path) -> list[str]:
+def plot(results: dict, path: Path) -> str:
+    """One figure: a panel per sweep, the running times and the heuristic/optimal ratios."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    written = []
+    columns = 3
+    rows = (len(results["sweeps"]) + 2 + columns - 1) // columns
+    figure, axes = plt.subplots(rows, columns, figsize=(5.5 * columns, 3.8 * rows), squeeze=False)
+    cells = iter(axes.flat)
     for name, points in results["sweeps"].items():
-        figure, axis = plt.subplots(figsize=(5.5, 3.8))
+        axis = next(cells)
         xs = [point["value"] for point in points]
         for method in METHODS:
             axis.plot(xs, [p["mean_throughput_per_s"][method] for p in points], marker="o", label=method)
@@ -179,36 +184,26 @@ def plot(results: dict, prefix: Path) -> list[str]:
         axis.set_title(f"impact of {name.replace('_', ' ')}")
         axis.grid(alpha=0.3)
         axis.legend(fontsize=7)
-        figure.tight_layout()
-        path = prefix.with_name(f"{prefix.name}_{name}.png")
-        figure.savefig(path, dpi=110)
-        plt.close(figure)
-        written.append(path.name)
     times = results["running_times"]["by_size"]
-    figure, axis = plt.subplots(figsize=(5.5, 3.8))
+    axis = next(cells)
     axis.semilogy([t["operators"] for t in times], [t["optimal_ms"] for t in times], marker="o", label="optimal (exact search)")
     axis.semilogy([t["operators"] for t in times], [t["heuristic_ms"] for t in times], marker="o", label="heuristic")
     axis.set_xlabel("operators = cores")
     axis.set_ylabel("planning time (ms, median)")
     axis.grid(alpha=0.3)
     axis.legend()
-    figure.tight_layout()
-    path = prefix.with_name(f"{prefix.name}_running_time.png")
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
-    written.append(path.name)
-    figure, axis = plt.subplots(figsize=(5.5, 3.8))
+    axis = next(cells)
     ratios = results["default_point"]
     axis.hist([ratios["heuristic_over_optimal"], ratios["paper_heuristic_over_optimal"]], bins=30, label=["fissure heuristic", "Algorithms 1-4 as written"])
     axis.set_xlabel("throughput / exhaustive optimum (model)")
     axis.set_ylabel("instances")
     axis.legend()
+    for axis in cells:
+        axis.set_visible(False)
     figure.tight_layout()
-    path = prefix.with_name(f"{prefix.name}_ratios.png")
     figure.savefig(path, dpi=110)
     plt.close(figure)
-    written.append(path.name)
-    return written
+    return path.name
 
 
 def markdown(results: dict) -> str:
@@ -243,7 +238,7 @@ def markdown(results: dict) -> str:
             ratios = point["heuristic_over_optimal"]
             cells = " | ".join(f"{point['mean_throughput_per_s'][m]:,.0f}" for m in METHODS)
             lines.append(f"| {point['value']} | {cells} | {statistics.fmean(ratios):.4f} | {min(ratios):.4f} |")
-        lines.append(f"\n![{name}](planner_model_{name}.png)\n")
+        lines.append("")
     lines += ["## Planning time", "", "| operators = cores | configurations (M = 2C) | heuristic ms | exhaustive ms |", "|---|---|---|---|"]
     for row in results["running_times"]["by_size"]:
         lines.append(f"| {row['operators']} | {row['configurations']:,} | {row['heuristic_ms']:.2f} | {row['optimal_ms']:.2f} |")
@@ -253,13 +248,14 @@ def markdown(results: dict) -> str:
             f"| {row['operators']} operators, {row['cores']} cores | < {row['target_ms']:.0f} ms | "
             f"{row['median_ms']:.2f} | {row['p95_ms']:.2f} | {row['max_ms']:.2f} | {row['instances']} |"
         )
-    lines.append("\n![running time](planner_model_running_time.png) ![ratios](planner_model_ratios.png)\n")
+    if results.get("plot"):
+        lines.append(f"\n![sweeps, planning time, ratios]({results['plot']})\n")
     return "\n".join(lines) + "\n"
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    bench.add_arguments(parser, repeats=None)
+    bench.add_arguments(parser, repeats=None, plots=True)
     parser.add_argument("--instances", type=int, help="random chains per sweep point (default 200, quick 5)")
     parser.add_argument("--default-instances", type=int, help="chains at the Table 1 defaults (default 1000)")
     parser.add_argument(
@@ -289,10 +285,12 @@ def main(argv=None) -> int:
     print(f"[{time.monotonic() - started:6.1f} s] timing the planners", file=sys.stderr)
     results["running_times"] = running_times(args.quick)
     suffix = "_quick" if args.quick else ""
-    prefix = run.path(f"planner_model{suffix}")
-    results["plots"] = plot(results, prefix)
-    run.write_results(prefix.name, markdown(results), results)
-    print(f"wrote {prefix}.md, .json and {len(results['plots'])} plots in {time.monotonic() - started:.0f} s", file=sys.stderr)
+    stem = f"planner_model{suffix}"
+    if args.plots:
+        results["plot"] = plot(results, run.path(f"{stem}.png"))
+    written = run.write_results(stem, markdown(results), results)
+    print(f"wrote {written} and .json{' and ' + results['plot'] if args.plots else ''} in "
+          f"{time.monotonic() - started:.0f} s", file=sys.stderr)
     return 0
 
 

@@ -32,8 +32,8 @@ against the same operators timed alone.
     ./dev python benchmarks/profiling_overhead.py --quick    # end to end in a few minutes (not figures)
 
 The method of benchmarks/method.py (warm-up, rotation, medians of at least 3, one writer); results:
-profiling_overhead.md/.json/.png under --out (default benchmarks/results/; --quick: a temporary
-folder).
+profiling_overhead.md/.json under --out (default benchmarks/results/; --quick: a temporary
+folder), and with --plots profiling_overhead.png.
 """
 
 from __future__ import annotations
@@ -243,7 +243,7 @@ def accuracy(spark, source, args, work) -> dict:
             "neighbour_slowdown": statistics.median(row["isolated_loaded_us"] / row["isolated_us"] for row in works)}
 
 
-def report(document: dict, stem: str) -> str:
+def report(document: dict, stem: str, plots: bool = False) -> str:
     lines = ["# Profiling overhead and accuracy on Spark", ""]
     lines += ["## Overhead (target: at most 2 %)", "",
               "Runs alternate in adjacent pairs (ABBA) after one discarded warm-up pair; overhead = 1 - the "
@@ -300,7 +300,8 @@ def report(document: dict, stem: str) -> str:
               f"{100 * acc['worst_deviation_cpu_defined']:.1f} %, work-defined {100 * acc['worst_deviation_work_idle']:.1f} %"
               f" (against the loaded reference: {100 * acc['worst_deviation_work_loaded']:.1f} %). A busy neighbour "
               f"core multiplies a work-defined operator's CPU time by {acc['neighbour_slowdown']:.3f} (median)."]
-    lines += ["", f"![overhead]({stem}.png)"]
+    if plots:
+        lines += ["", f"![overhead]({stem}.png)"]
     return "\n".join(lines) + "\n"
 
 
@@ -337,7 +338,7 @@ def plot(document: dict, path: Path) -> None:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    method.add_arguments(parser, repeats=9)
+    method.add_arguments(parser, repeats=9, plots=True)
     parser.add_argument("--records", type=int, default=100_000)
     parser.add_argument("--files", type=int, default=5, help="input files = micro-batches (the first is warm-up)")
     parser.add_argument("--accuracy-repeats", type=int, default=5, help="Spark runs of the known-cost chain")
@@ -362,10 +363,11 @@ def main(argv=None) -> int:
                             "mixed": overhead(spark, "mixed", shared.mixed_pipeline(), source, args, work)}
     known_source = shared.synthetic_source(work / "known-input", args.accuracy_records, args.files)
     document["accuracy"] = accuracy(spark, known_source, args, work)
-    spark.stop()
+    method.end_spark(spark)
     stem = "profiling_overhead_quick" if args.quick else "profiling_overhead"
-    run.write_results(stem, report(document, stem), document)
-    plot(document, run.path(f"{stem}.png"))
+    run.write_results(stem, report(document, stem, args.plots), document)
+    if args.plots:
+        plot(document, run.path(f"{stem}.png"))
     return 0
 
 

@@ -366,7 +366,7 @@ def main(argv=None) -> int:
             logwatch_source(Path(work) / "logs", args.lines, args.files),
             logwatch_source(Path(work) / "logs-screen", max(1, int(args.lines * screen)), args.files),
             False, args, work)
-    spark.stop()
+    method.end_spark(spark)
     stem = "spark_chain" + (f"_{args.only}" if args.only else "")
     run.write_results(stem, report(args, results), {"master": args.master, "results": results})
     return 0

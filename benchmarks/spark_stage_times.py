@@ -183,7 +183,7 @@ def main(argv=None) -> int:
                                          "cpu_s": run["cpu_s"], "batch_ms": run["batch_ms"],
                                          "stages_ms": run["stages_ms"], "stages": summarize(run["positions"]),
                                          "phases_ms": run["phases_ms"], "state_ms": run["state_ms"]})
-    spark.stop()
+    method.end_spark(spark)
     document["results"] = results
     bench_run.write_results("spark_stage_times_quick" if args.quick else "spark_stage_times", report(document), document)
     return 0

@@ -158,6 +158,7 @@ def main(argv: list[str] | None = None) -> int:
         "sub-buckets of about 128 (fewer bytes a key than an entry each).  ",
         f"Snapshots Spark wrote (zips and SST files, last repeat): {held_bytes[-1]['snapshots']:,} B; the state folder "
         f"at the end: {held_bytes[-1]['all']:,} B."])
+    method.end_spark(spark)
     run.write_results("state_size", text, document)
     return 0
 

@@ -17,7 +17,7 @@ from fissure.control.adaptive.decisions import Action, Decision, Phase, PlanSwit
 from fissure.control.adaptive.observations import BatchObservation, OperatorProfile
 from fissure.control.adaptive.search import ScoredPlan
 from fissure.control.change import ChangeDetector
-from fissure.control.driver import RecordingRealizer, ReferenceLine, plot_timeline, run_adaptive
+from fissure.control.driver import RecordingPlanRealizer, ReferenceLine, plot_timeline, run_adaptive
 from fissure.control.plan_change import (
     PlanChange,
     PlanEdit,
@@ -237,7 +237,7 @@ def test_the_driver_discards_a_restarted_querys_first_batch_with_its_reason():
     ctl = controller(config=AdaptiveConfig(**{**CONFIG.__dict__, "profile_batches": 8, "profile_s": 1.0}))
     script = [batch(i, 1000.0) for i in range(4)] + [replace(batch(4, 50.0), query_start=True)] + \
              [batch(i, 1000.0) for i in range(5, 8)]
-    timeline = run_adaptive(ScriptedSource(script), RecordingRealizer(), ctl, clock=lambda: 0.0)
+    timeline = run_adaptive(ScriptedSource(script), RecordingPlanRealizer(), ctl, clock=lambda: 0.0)
     (entry,) = [entry for entry in timeline.entries if entry.batch_id == 4]
     assert entry.reason == "first batch of a restarted query under [a,b,c] discarded (start-up cost)"
     assert timeline.entries[-1].reason.startswith("profiling [a,b,c]: 6 of 8 batches")
@@ -449,7 +449,7 @@ class ScriptedSource:
 
 def test_the_driver_realizes_switches_and_records_the_timeline(tmp_path):
     ctl = controller()
-    realizer = RecordingRealizer(SwitchCosts(restart_with_state_s=7.0))
+    realizer = RecordingPlanRealizer(SwitchCosts(restart_with_state_s=7.0))
     seen: list[str] = []
     timeline = run_adaptive(ScriptedSource([batch(i, 1000.0) for i in range(4)]), realizer, ctl, clock=lambda: 0.0,
                             on_decision=lambda decision, entry: seen.append(entry.action))
@@ -468,7 +468,7 @@ def test_the_driver_realizes_switches_and_records_the_timeline(tmp_path):
 
 def test_a_failed_switch_keeps_the_old_plan_and_blacklists_the_change():
     ctl = controller()
-    realizer = RecordingRealizer(fail_for={"[a,b,c]x2"})
+    realizer = RecordingPlanRealizer(fail_for={"[a,b,c]x2"})
     timeline = run_adaptive(ScriptedSource([batch(i, 1000.0) for i in range(8)]), realizer, ctl, clock=lambda: 0.0)
     failed = [entry for entry in timeline.entries if entry.action == "revert"]
     assert len(failed) == 1 and failed[0].switch_kind is None
@@ -479,7 +479,7 @@ def test_a_failed_switch_keeps_the_old_plan_and_blacklists_the_change():
 
 def test_a_failed_switch_back_halts_with_the_candidate_in_force():
     ctl = controller()
-    timeline = run_adaptive(ScriptedSource([batch(i, 1000.0) for i in range(10)]), RecordingRealizer(fail_for={"[a,b,c]"}),
+    timeline = run_adaptive(ScriptedSource([batch(i, 1000.0) for i in range(10)]), RecordingPlanRealizer(fail_for={"[a,b,c]"}),
                             ctl, clock=lambda: 0.0)
     halt = next(entry for entry in timeline.entries if entry.action == "halt")
     assert halt.batch_id == 6 and halt.plan_after == "[a,b,c]x2"
@@ -489,7 +489,7 @@ def test_a_failed_switch_back_halts_with_the_candidate_in_force():
 
 def test_injections_wait_for_a_running_evaluation():
     ctl = controller()
-    timeline = run_adaptive(ScriptedSource([batch(i, 1000.0) for i in range(6)]), RecordingRealizer(), ctl,
+    timeline = run_adaptive(ScriptedSource([batch(i, 1000.0) for i in range(6)]), RecordingPlanRealizer(), ctl,
                             clock=lambda: 0.0, injections={4: PIPE})
     assert all(not entry.reason.startswith("injected") for entry in timeline.entries)  # KEYED evaluated
     assert ctl.phase is Phase.EVALUATING

@@ -237,6 +237,126 @@ class TestBusyVerdict:
         longer = method.calibration_s(repeats=2, iterations=200_000, pause_s=0.0)
         assert 0 < short < longer
 
+    def test_the_calibration_is_the_best_of_its_repeats_on_the_clock_given_with_pauses_between(self):
+        readings = iter([0.0, 0.030, 1.0, 1.020, 2.0, 2.025])  # three loops: 30, 20 and 25 ms
+        pauses = []
+        best = method.calibration_s(repeats=3, iterations=10, pause_s=0.2, clock=lambda: next(readings),
+                                    sleep=pauses.append)
+        assert best == pytest.approx(0.020)
+        assert pauses == [0.2, 0.2]  # between the loops, not before the first
+
+    def test_the_calibration_runs_in_a_new_python_process(self):
+        import subprocess
+
+        commands = []
+
+        def run(command, **options):
+            commands.append(command)
+            return subprocess.CompletedProcess(command, 0, stdout="0.0152\n", stderr="")
+
+        assert method.calibration_in_fresh_process(run=run, repeats=15, pause_s=0.2) == pytest.approx(0.0152)
+        (command,) = commands
+        assert command[:2] == [sys.executable, "-c"] and "method.calibration_s(" in command[2]
+        assert Path(command[3]) == Path(method.__file__).resolve().parent
+        assert command[4:] == ["15", "0.2"]
+
+    def test_a_calibration_process_that_fails_says_why(self):
+        import subprocess
+
+        def failing(command, **options):
+            return subprocess.CompletedProcess(command, 1, stdout="", stderr="Traceback ...\nMemoryError")
+
+        def silent(command, **options):
+            return subprocess.CompletedProcess(command, 0, stdout="", stderr="")
+
+        with pytest.raises(MethodError, match="exit 1.*MemoryError"):
+            method.calibration_in_fresh_process(run=failing)
+        with pytest.raises(MethodError, match="printed no time"):
+            method.calibration_in_fresh_process(run=silent)
+
+    def test_the_calibration_program_runs_as_a_process_of_its_own(self):
+        # one short loop, no pause: the program imports this module in a new interpreter and prints a time
+        assert method.calibration_in_fresh_process(repeats=1, pause_s=0.0) > 0
+
+    def test_a_run_takes_its_calibration_before_anything_runs_and_again_when_it_writes(self, tmp_path, monkeypatch):
+        monkeypatch.setattr(method, "load", lambda: [0.1, 0.1, 0.1])
+        monkeypatch.setattr(method.Run, "others_cpu_share", lambda self: 0.0)
+        readings = iter([0.010, 0.0125])
+        run = method.Run("example.py", [], out=tmp_path, calibrate=lambda: next(readings))
+        assert run.calibration_before_s == 0.010
+        run.write_results("example", "# Title\n", {})
+        header = json.loads((tmp_path / "example.json").read_text())["provenance"]
+        assert header["calibration_s"] == {"before": 0.01, "after": 0.0125, "where": "a fresh Python process"}
+        assert header["speed_change"] == pytest.approx(0.25)
+        assert method.SPEED_MOVED in header["verdict"] and header["quotable"] is False
+        assert "a fixed loop in a fresh Python process, before / after): 10.0 ms / 12.5 ms (+25.0%)" in (
+            tmp_path / "example.md").read_text()
+
+    def test_a_calibration_that_fails_after_the_run_leaves_no_result_to_quote(self, tmp_path, monkeypatch):
+        monkeypatch.setattr(method, "load", lambda: [0.1, 0.1, 0.1])
+        monkeypatch.setattr(method.Run, "others_cpu_share", lambda self: 0.0)
+        readings = iter([0.010])
+
+        def calibrate():
+            try:
+                return next(readings)
+            except StopIteration:
+                raise MethodError("the calibration process failed (exit 1): MemoryError") from None
+
+        run = method.Run("example.py", [], out=tmp_path, calibrate=calibrate)
+        run.write_results("example", "# Title\n", {})
+        header = json.loads((tmp_path / "example.json").read_text())["provenance"]
+        assert header["calibration_s"]["after"] is None and header["speed_change"] is None
+        assert method.SPEED_UNKNOWN in header["verdict"] and "MemoryError" in header["verdict"]
+
+    def test_end_spark_stops_the_session_then_ends_its_jvm_and_waits_for_it(self):
+        events = []
+
+        class Stdin:
+            def close(self):
+                events.append("input closed")
+
+        class Jvm:
+            pid, stdin = 4242, Stdin()
+
+            def wait(self, timeout):
+                events.append("waited")
+                return 0
+
+        class Gateway:
+            proc = Jvm()
+
+            def shutdown(self):
+                events.append("gateway shut down")
+
+        class Context:
+            _gateway, _jvm = Gateway(), object()
+
+        class Session:
+            sparkContext = Context()
+
+            def stop(self):
+                events.append("session stopped")
+
+        method.end_spark(Session())
+        assert events == ["session stopped", "gateway shut down", "input closed", "waited"]
+        assert Context._gateway is None and Context._jvm is None  # a later session starts a JVM of its own
+
+    def test_end_spark_without_a_jvm_of_its_own_only_stops_the_session(self):
+        events = []
+
+        class Context:
+            _gateway = None
+
+        class Session:
+            sparkContext = Context()
+
+            def stop(self):
+                events.append("session stopped")
+
+        method.end_spark(Session())
+        assert events == ["session stopped"]
+
     def test_a_process_that_ends_between_two_reads_is_not_counted(self, monkeypatch):
         import builtins
         import os
@@ -273,7 +393,7 @@ class TestWriter:
     def test_header_after_the_title_and_in_the_json(self, tmp_path, monkeypatch):
         monkeypatch.setattr(method, "load", lambda: [9.0, 9.0, 9.0])
         monkeypatch.setattr(method.Run, "others_cpu_share", lambda self: 0.5)
-        run = method.Run("example.py", ["--repeats", "3"], out=tmp_path)
+        run = method.Run("example.py", ["--repeats", "3"], out=tmp_path, calibrate=lambda: 0.015)
         run.write_results("example", "# Title\n\nbody\n", {"figure": 1.5})
         text = (tmp_path / "example.md").read_text()
         lines = text.splitlines()
@@ -291,14 +411,14 @@ class TestWriter:
     def test_quiet_machine_is_quotable(self, tmp_path, monkeypatch):
         monkeypatch.setattr(method, "load", lambda: [0.1, 0.1, 0.1])
         monkeypatch.setattr(method.Run, "others_cpu_share", lambda self: 0.02)
-        run = method.Run("example.py", [], out=tmp_path)
+        run = method.Run("example.py", [], out=tmp_path, calibrate=lambda: 0.015)
         run.write_results("example", "# Title\n", {})
         assert json.loads((tmp_path / "example.json").read_text())["provenance"]["quotable"] is True
         assert "not a result to quote" not in (tmp_path / "example.md").read_text()
 
     def test_quick_run_goes_to_a_temporary_folder(self, monkeypatch):
         monkeypatch.setattr(method, "load", lambda: [0.1, 0.1, 0.1])
-        run = method.Run("example.py", ["--quick"], quick=True)
+        run = method.Run("example.py", ["--quick"], quick=True, calibrate=lambda: 0.015)
         assert run.out != method.RESULTS
 
 

@@ -1,5 +1,5 @@
 """Every figure the README and docs/benchmarks.md quote stands in the results file they name,
-and that file was written from a clean tree.
+and that file was written from a clean tree; benchmarks/results holds the current results only.
 
 A figure matches a number of its file when both round to the same digits (6.8 quotes 6.77;
 14.5 quotes 14.5); a goal ("goal 12 s", "goal: at most 10 %") is a target, not a measurement, and
@@ -126,3 +126,43 @@ def test_a_goals_row_names_its_files_revision(row):
     assert revision is not None, f"{name} has no Revision line"
     assert row["revision"].split()[0].rstrip(",") == revision.group(1), (
         f"the goals table gives {row['revision']!r} for {name}, measured at {revision.group(1)}")
+
+
+# benchmarks/results keeps each benchmark's current .md and .json; earlier runs stay in git history.
+MOST_RESULTS_FILES = 59
+
+
+def results_files() -> list[Path]:
+    return sorted(path for path in RESULTS.rglob("*") if path.is_file())
+
+
+def referring_text() -> str:
+    """What may refer to a results file: the README, docs/ and the benchmark scripts."""
+    texts = [REPOSITORY / "README.md", *sorted((REPOSITORY / "docs").glob("*.md")),
+             *sorted((REPOSITORY / "benchmarks").glob("*.py"))]
+    return "\n".join(path.read_text() for path in texts)
+
+
+def test_the_results_folder_keeps_the_current_results_only():
+    files = results_files()
+    assert len(files) <= MOST_RESULTS_FILES, (
+        f"benchmarks/results holds {len(files)} files (at most {MOST_RESULTS_FILES}): superseded runs leave "
+        "the tree (a doc quotes one as the file at a revision), a plot is drawn with --plots and not kept")
+
+
+def test_every_results_file_is_referred_to_by_a_doc_or_a_script():
+    text = referring_text()
+    unreferred = []
+    for path in results_files():
+        name = path.relative_to(RESULTS).as_posix()
+        # write_results writes NAME.md and NAME.json together: the .md named stands for both
+        if name in text or (path.suffix == ".json" and path.with_suffix(".md").name in text):
+            continue
+        unreferred.append(name)
+    assert not unreferred, f"no doc or script refers to {unreferred}: name them in docs/benchmarks.md, or remove them"
+
+
+def test_a_results_report_links_only_to_files_beside_it():
+    for path in RESULTS.glob("*.md"):
+        for target in re.findall(r"\]\(([\w.-]+)\)", path.read_text()):
+            assert (RESULTS / target).exists(), f"{path.name} links to {target}, which benchmarks/results does not hold"

@@ -9,7 +9,8 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from fissure.control.thread_level.decisions import PeriodMeasurement, ThreadLevelPolicy
+from fissure.control.loop import run_loop
+from fissure.control.thread_level.decisions import PeriodMeasurement, ThreadLevelDecision, ThreadLevelPolicy
 
 
 @dataclass(frozen=True)
@@ -31,26 +32,45 @@ def settled_level(levels: Sequence[int]) -> int:
     return next(level for level in reversed(tail) if counts[level] == top)
 
 
+class SimulatedThreadLevel:
+    """The realizer of a replay: the thread level the simulated operator runs at."""
+
+    def __init__(self, level: int) -> None:
+        self.level = level
+
+    def apply(self, decision: ThreadLevelDecision) -> float | None:
+        if decision.level == self.level:
+            return None
+        self.level = decision.level
+        return 0.0  # a simulated level change costs nothing
+
+
 def replay_curves(
     policy: ThreadLevelPolicy, phases: Sequence[CurvePhase], noise: float, seed: int, period_s: float = 1.0
 ) -> tuple[tuple[int, ...], ...]:
     """Drive `policy` through the phases with a fake clock; the level in force in each period.
 
     Each period the policy sees the phase's throughput at the level in force times
-    (1 + noise x a standard normal draw from random.Random(seed)); the CPU check passes.
+    (1 + noise x a standard normal draw from random.Random(seed)); the CPU check passes. The
+    policy runs in the control loop (fissure.control.loop), `SimulatedThreadLevel` its realizer.
     """
     draws = random.Random(seed)
+    threads = SimulatedThreadLevel(policy.level)
+    levels_per_phase: list[tuple[int, ...]] = []
     now_s = 0.0
-    levels_per_phase = []
-    for phase in phases:
-        levels = []
-        for _ in range(phase.periods):
-            level = policy.level
-            levels.append(level)
-            measured = phase.throughput_per_s[level - 1] * (1 + noise * draws.gauss(0.0, 1.0))
-            now_s += period_s
-            policy.decide(PeriodMeasurement(now_s=now_s, throughput_per_s=measured))
-        levels_per_phase.append(tuple(levels))
+
+    def periods():
+        nonlocal now_s
+        for phase in phases:
+            levels = []
+            for _ in range(phase.periods):
+                levels.append(threads.level)
+                measured = phase.throughput_per_s[threads.level - 1] * (1 + noise * draws.gauss(0.0, 1.0))
+                now_s += period_s
+                yield PeriodMeasurement(now_s=now_s, throughput_per_s=measured)
+            levels_per_phase.append(tuple(levels))
+
+    run_loop(periods(), policy, threads, clock=lambda: now_s)
     return tuple(levels_per_phase)
 
 

@@ -13,18 +13,23 @@ project's 2-core machine that kept a cut for a 2.6 % rise and ran the graph at 0
 
 Every decision is a frozen value with its reason; the clock and the measurements come in as
 arguments. A missing or NaN measurement means "no change yet" and a log line.
+
+`AutopipelinePolicy` is the whole stage as a policy of the loop contract (fissure.control.loop):
+one `AutopipelineWindow` of micro-batches in, one decision out; profile -> optimize -> insert ->
+evaluate -> keep or revert and blacklist -> halt. Its realizer on Spark sets a graph runner's
+pipeline boundaries (fissure.spark.adaptive.autopipelining).
 """
 
 from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 
 from fissure.control.noise import NoiseEstimate, judge_gain
-from fissure.plan.autopipeline import AutopipelinePlan
+from fissure.plan.autopipeline import AutopipelinePlan, AutopipelineProfile, plan_autopipelining
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +95,14 @@ class AutopipelineControlDecision:
     insert: tuple[str, ...] = ()
     keep: tuple[str, ...] = ()
     revert: tuple[str, ...] = ()
+
+    def summary(self) -> str:
+        """One line for a loop's timeline: `insert big`, `continue: keep big, revert small`."""
+        if self.insert:
+            return f"{self.action.value} {','.join(self.insert)}"
+        verdicts = [f"{label} {','.join(ports)}" for label, ports in (("keep", self.keep), ("revert", self.revert))
+                    if ports]
+        return f"{self.action.value}: {', '.join(verdicts)}" if verdicts else self.action.value
 
     @classmethod
     def wait(cls, reason: str, blacklist: frozenset[str]) -> AutopipelineControlDecision:
@@ -206,3 +219,86 @@ def evaluate_round(
     return AutopipelineControlDecision(
         ControlAction.CONTINUE, reason, new_blacklist, keep=keep, revert=revert
     )
+
+
+# -- the stage as a loop policy -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AutopipelineWindow:
+    """What the loop sees once per window of micro-batches.
+
+    `throughput_per_s`: records into each port per second of batch wall time over the window;
+    `samples`: the same per batch of the window; `measurements` and `stage_first_nodes`: what the
+    optimizer's profile is built from (the profiler's piece measurements, the first node of every
+    PE stage), handed to the policy's `profile_of`.
+    """
+
+    batch_id: int  # the window's last batch
+    now_s: float
+    throughput_per_s: Mapping[str, float]
+    samples: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
+    measurements: tuple = ()
+    stage_first_nodes: tuple[str, ...] = ()
+
+    def summary(self) -> str:
+        """One line for a loop's timeline: `batch 5: big 200/s, small 100/s`."""
+        rates = ", ".join(f"{port} {rate:g}/s" for port, rate in sorted(self.throughput_per_s.items()))
+        return f"batch {self.batch_id}: {rates or 'no port measured'}"
+
+
+ProfileOf = Callable[[AutopipelineWindow, frozenset[str]], AutopipelineProfile]
+
+
+class AutopipelinePolicy:
+    """Profile -> optimize -> insert -> evaluate, one window at a time (the module docstring).
+
+    `profile_of(window, blacklist)` builds the optimizer's profile of a window (on Spark:
+    fissure.profile.graph_profile.autopipeline_profile); `input_port_count`: the graph's
+    non-source input ports, what the blacklisted share is taken of. Phases: "profiling",
+    "evaluating", "halted". Every window ran under unchanged cuts, so its per-batch rates feed
+    the noise estimate after the decision.
+    """
+
+    def __init__(self, input_port_count: int, profile_of: ProfileOf,
+                 config: AutopipelineControlConfig = AutopipelineControlConfig()) -> None:
+        self.input_port_count, self.profile_of, self.config = input_port_count, profile_of, config
+        self.phase = "profiling"
+        self.blacklist: frozenset[str] = frozenset()
+        self.noise = NoiseEstimate()  # the spread of a port's rate per batch under unchanged cuts
+        self.last_profile: AutopipelineProfile | None = None
+        self._round: InsertionRound | None = None
+
+    def decide(self, window: AutopipelineWindow) -> AutopipelineControlDecision:
+        if self.phase == "halted":
+            return AutopipelineControlDecision.wait("halted: autopipelining has stopped", self.blacklist)
+        if self.phase == "profiling":
+            decision = self._optimize(window)
+        else:
+            decision = self._evaluate(window)
+        for rates in window.samples.values():
+            self.noise = self.noise.with_window(rates)
+        return decision
+
+    def _optimize(self, window: AutopipelineWindow) -> AutopipelineControlDecision:
+        profile = self.profile_of(window, self.blacklist)
+        self.last_profile = profile
+        decision = decide_after_optimization(plan_autopipelining(profile), self.blacklist)
+        if decision.action is ControlAction.INSERT:
+            self._round = InsertionRound(
+                decision.insert, window.now_s,
+                {port: window.throughput_per_s.get(port, float("nan")) for port in decision.insert},
+                {port: window.samples.get(port, ()) for port in decision.insert})
+            self.phase = "evaluating"
+        else:
+            self.phase = "halted"
+        return decision
+
+    def _evaluate(self, window: AutopipelineWindow) -> AutopipelineControlDecision:
+        decision = evaluate_round(self._round, window.throughput_per_s, window.now_s, self.blacklist,
+                                  self.input_port_count, self.config, samples_after=window.samples,
+                                  noise=self.noise)
+        if decision.action is not ControlAction.WAIT:
+            self.blacklist = decision.blacklist
+            self.phase = "halted" if decision.action is ControlAction.HALT else "profiling"
+        return decision

@@ -1,15 +1,17 @@
-"""The adaptive loop without any mechanism: observations in, decisions out, switches realized.
+"""The adaptive loop behind the loop contract (fissure.control.loop), and its timeline.
 
     timeline = run_adaptive(source, realizer, controller, clock)
     timeline.write_json("run.json"); plot_timeline(timeline, "run.png")
 
-`source.next_batch()` gives one `BatchObservation` per micro-batch (None when the stream ends),
-the `AdaptiveController` decides, and a `PlanRealizer` applies every switch a decision carries
-at the batch boundary, returning what the switch cost. The Spark realizer (stop the query,
-repartition state, restart on the checkpoint; or re-fork a PE's processes) lives in the spark
-layer; `RecordingRealizer` is the fake for tests, and `fissure.control.simulate` a model-driven
-system that is both a source and a realizer. Every decision goes into a `Timeline` (per batch:
-time, throughput, plan in force, decision and reason) with a JSON export and a PNG plot.
+`source.next_batch()` gives one `BatchObservation` per micro-batch (None when the stream ends);
+`AdaptivePolicy` is the `AdaptiveController` as a loop policy (with the plans it is made to try),
+and `PlanSwitchRealizer` hands every switch a decision carries to a `PlanRealizer` at the batch
+boundary, which returns what the switch cost. `run_adaptive` runs them through `run_loop`. The
+Spark realizer (stop the query, repartition state, restart on the checkpoint; or re-cut a PE's
+processes) lives in the spark layer; `RecordingPlanRealizer` is the fake for tests, and
+`fissure.control.simulate` a model-driven system that is both a source and a realizer. Every
+decision goes into a `Timeline` (per batch: time, throughput, plan in force, decision and
+reason) with a JSON export and a PNG plot.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from fissure.control.adaptive.config import SwitchCosts
 from fissure.control.adaptive.controller import AdaptiveController
 from fissure.control.adaptive.decisions import Action, Decision, Phase
 from fissure.control.adaptive.observations import BatchObservation, usable
+from fissure.control.loop import LoopStep, RealizerFailure, run_loop
 from fissure.control.plan_change import SwitchKind, plan_fingerprint
 from fissure.model.types import Plan
 
@@ -40,7 +43,8 @@ class ObservationSource(Protocol):
 class PlanRealizer(Protocol):
     """What touches the engine: applies a plan at a batch boundary.
 
-    `apply` returns the seconds of processing the switch cost (None: the driver times the call).
+    `apply` returns the seconds of processing the switch cost (None: `PlanSwitchRealizer` times
+    the call).
     When it raises, the previous plan must still be in force.
     """
 
@@ -54,12 +58,9 @@ class RealizedSwitch:
     cost_s: float
 
 
-class RealizerFailure(RuntimeError):
-    """Raised by `RecordingRealizer` for the plans it was told to refuse."""
-
-
-class RecordingRealizer:
-    """The test fake: records every switch and reports the cost `costs` gives its kind.
+class RecordingPlanRealizer:
+    """The test fake of a `PlanRealizer`: records every switch and reports the cost `costs` gives
+    its kind.
 
     Plans whose fingerprint is in `fail_for` raise `RealizerFailure` (and are not recorded).
     """
@@ -146,6 +147,57 @@ class Timeline:
             handle.write("\n")
 
 
+class AdaptivePolicy:
+    """The `AdaptiveController` as a loop policy: it decides on every batch; a plan in `injections`
+    (batch id -> plan) is tried from that batch on, as soon as no evaluation runs and the batch's
+    decision switched nothing (scenario (c), or an operator's request)."""
+
+    def __init__(self, controller: AdaptiveController, injections: Mapping[int, Plan] | None = None) -> None:
+        self.controller = controller
+        self._pending = dict(sorted((injections or {}).items()))
+        self._last: Decision | None = None
+        self.ran_under: Plan = controller.plan  # the plan the last observed batch ran under
+
+    def decide(self, observation: BatchObservation) -> Decision:
+        self.ran_under = self.controller.plan
+        self._last = self.controller.observe(observation)
+        return self._last
+
+    def follow_up(self, observation: BatchObservation) -> Decision | None:
+        due = next((batch_id for batch_id in self._pending if batch_id <= observation.batch_id), None)
+        if due is None or self._last is None or self._last.switch is not None \
+                or self.controller.phase is Phase.EVALUATING:
+            return None
+        plan = self._pending.pop(due)
+        return self.controller.inject(plan, observation.batch_id, observation.now_s, f"injected at batch {due}")
+
+    def realized(self, decision: Decision, cost_s: float) -> None:
+        self.controller.switch_applied(decision.switch.kind, cost_s)
+
+    def failed(self, decision: Decision, error: Exception, now_s: float) -> Decision:
+        """A failed switch leaves the old plan in force: the controller blacklists the change, or
+        halts when the switch was one back."""
+        log.exception("adaptive: the realizer failed to apply %s", decision.switch.change.after)
+        return self.controller.switch_failed(decision.batch_id, now_s, f"{type(error).__name__}: {error}")
+
+
+class PlanSwitchRealizer:
+    """The adaptive loop's realizer: hands the switch a decision carries to a `PlanRealizer`;
+    a decision without one changes nothing. A cost the plan realizer does not report is timed
+    with `clock`."""
+
+    def __init__(self, plans: PlanRealizer, clock: Callable[[], float]) -> None:
+        self.plans, self.clock = plans, clock
+
+    def apply(self, decision: Decision) -> float | None:
+        switch = decision.switch
+        if switch is None:
+            return None
+        started = self.clock()
+        cost_s = usable(self.plans.apply(switch.plan, switch.kind))
+        return cost_s if cost_s is not None else max(0.0, self.clock() - started)
+
+
 def run_adaptive(
     source: ObservationSource,
     realizer: PlanRealizer,
@@ -164,47 +216,15 @@ def run_adaptive(
     the last decision).
     """
     timeline = timeline if timeline is not None else Timeline()
-    pending = dict(sorted((injections or {}).items()))
-    while (observation := source.next_batch()) is not None:
-        ran_under = controller.plan
-        decisions = [controller.observe(observation)]
-        due = next((batch_id for batch_id in pending if batch_id <= observation.batch_id), None)
-        if due is not None and decisions[-1].switch is None and controller.phase is not Phase.EVALUATING:
-            plan = pending.pop(due)
-            decisions.append(controller.inject(plan, observation.batch_id, observation.now_s, f"injected at batch {due}"))
-        for decision in decisions:
-            for outcome in _realize(decision, realizer, controller, clock):
-                entry = timeline.record(observation, ran_under, outcome.decision, outcome.cost_s)
-                if on_decision is not None:
-                    on_decision(outcome.decision, entry)
+    policy = AdaptivePolicy(controller, injections)
+
+    def record(step: LoopStep[BatchObservation, Decision]) -> None:
+        entry = timeline.record(step.observation, policy.ran_under, step.decision, step.cost_s)
+        if on_decision is not None:
+            on_decision(step.decision, entry)
+
+    run_loop(iter(source.next_batch, None), policy, PlanSwitchRealizer(realizer, clock), clock, on_step=record)
     return timeline
-
-
-@dataclass(frozen=True)
-class _Outcome:
-    decision: Decision
-    cost_s: float | None  # None: no switch made
-
-
-def _realize(
-    decision: Decision, realizer: PlanRealizer, controller: AdaptiveController, clock: Callable[[], float]
-) -> list[_Outcome]:
-    """The decision with what its switch cost; a failed switch adds the controller's answer."""
-    switch = decision.switch
-    if switch is None:
-        return [_Outcome(decision, None)]
-    started = clock()
-    try:
-        reported = realizer.apply(switch.plan, switch.kind)
-    except Exception as error:  # noqa: BLE001 - any realizer failure leaves the old plan in force
-        log.exception("adaptive: the realizer failed to apply %s", switch.change.after)
-        failure = controller.switch_failed(decision.batch_id, clock(), f"{type(error).__name__}: {error}")
-        return [_Outcome(decision, None), _Outcome(failure, None)]
-    cost_s = usable(reported)
-    if cost_s is None:
-        cost_s = max(0.0, clock() - started)
-    controller.switch_applied(switch.kind, cost_s)
-    return [_Outcome(decision, cost_s)]
 
 
 # -- the plot --------------------------------------------------------------------------------------

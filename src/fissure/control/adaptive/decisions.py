@@ -65,6 +65,10 @@ class Decision:
     blacklisted: PlanChange | None = None
     correction: Correction | None = None  # the model correction a planning decision used, if any
 
+    def summary(self) -> str:
+        """One line for a loop's timeline: the action and the plan in force after it."""
+        return f"{self.action.value} {self.plan_in_force}"
+
     @classmethod
     def observe(cls, batch_id: int, now_s: float, plan_in_force: str, reason: str) -> Decision:
         return cls(Action.OBSERVE, reason, batch_id, now_s, plan_in_force)

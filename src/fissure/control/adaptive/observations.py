@@ -66,6 +66,12 @@ class BatchObservation:
     thread_levels: Mapping[str, tuple[int, ...]] | None = None
     query_start: bool = False
 
+    def summary(self) -> str:
+        """One line for a loop's timeline: `batch 7: 1000 records at 12,593/s`."""
+        throughput = usable(self.throughput_per_s)
+        rate = "no usable throughput" if throughput is None else f"{throughput:,.0f}/s"
+        return f"batch {self.batch_id}: {self.records_in} records at {rate}"
+
 
 @dataclass(frozen=True)
 class Sample:

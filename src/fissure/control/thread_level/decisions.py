@@ -31,6 +31,16 @@ class PeriodMeasurement:
     cpu_usage: float | None = None
     level_in_force: int | None = None
 
+    def summary(self) -> str:
+        """One line for a loop's timeline: `412/s, CPU 63%`."""
+        value = self.throughput_per_s
+        parts = [f"{value:.4g}/s" if value is not None else "no throughput"]
+        if self.cpu_usage is not None:
+            parts.append(f"CPU {self.cpu_usage:.0%}")
+        if self.level_in_force is not None:
+            parts.append(f"{self.level_in_force} threads active")
+        return ", ".join(parts)
+
 
 @dataclass(frozen=True)
 class ThreadLevelDecision:
@@ -45,6 +55,10 @@ class ThreadLevelDecision:
     def changed(self) -> bool:
         return self.level != self.previous_level
 
+    def summary(self) -> str:
+        """One line for a loop's timeline: `level 3 -> 5` or `hold level 3`."""
+        return f"level {self.previous_level} -> {self.level}" if self.changed else f"hold level {self.level}"
+
     @classmethod
     def hold(cls, level: int, now_s: float, reason: str) -> ThreadLevelDecision:
         return cls(level=level, previous_level=level, now_s=now_s, reason=reason)
@@ -55,7 +69,8 @@ class ThreadLevelDecision:
 
 
 class ThreadLevelPolicy(Protocol):
-    """What the runner and `fissure elastic-sim` need from a policy."""
+    """What the runner and `fissure elastic-sim` need from a policy: a loop policy
+    (fissure.control.loop) that also tells the level it holds."""
 
     name: str
 

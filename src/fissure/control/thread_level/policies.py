@@ -1,6 +1,6 @@
 """The two thread-level policies: `TrustTrendPolicy` (updateThreadLevel of the Streams 4.2 elastic
 scheduler) and `ElasticOperatorPolicy` (the elastic operator of the IPDPS 2009 paper), and
-`make_policy` by name.
+`make_policy` by name; `StaticThreadLevel`, the baseline that never moves.
 """
 
 from __future__ import annotations
@@ -175,6 +175,24 @@ class ElasticOperatorPolicy(PolicyBase):
 
     def _stable_reason(self) -> str:
         return "stable: no better peak above, or no gain over the level below"
+
+
+class StaticThreadLevel:
+    """No elasticity: the same level every period (a baseline, `static_threads`)."""
+
+    name = "static"
+
+    def __init__(self, level: int) -> None:
+        if level < 1:
+            raise ValueError(f"a static thread level must be >= 1, got {level}")
+        self._level = level
+
+    @property
+    def level(self) -> int:
+        return self._level
+
+    def decide(self, measurement: PeriodMeasurement) -> ThreadLevelDecision:
+        return ThreadLevelDecision.hold(self._level, measurement.now_s, f"static thread level {self._level}")
 
 
 def make_policy(name: str, config: ElasticityConfig | None = None) -> ThreadLevelPolicy:

@@ -13,7 +13,9 @@ back in input order. Every `period_s` of the injected clock spent inside run() (
 several short runs) the runner measures the throughput (operator calls finished per second) and
 the CPU usage,
 asks the policy for the next thread level (fissure.control.thread_level) and applies it by waking
-or suspending scheduler threads. Between runs the threads park; close() ends them.
+or suspending scheduler threads: a control loop (fissure.control.loop) whose collector is the
+period meter and whose realizer is `SchedulerThreadLevel`. It steps once per period, never per
+item. Between runs the threads park; close() ends them.
 """
 
 from __future__ import annotations
@@ -29,9 +31,10 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
+from fissure.control.loop import ControlLoop, LoopTimeline
 from fissure.control.thread_level.config import ElasticityConfig
 from fissure.control.thread_level.decisions import PeriodMeasurement, ThreadLevelDecision, ThreadLevelPolicy
-from fissure.control.thread_level.policies import make_policy
+from fissure.control.thread_level.policies import StaticThreadLevel, make_policy
 from fissure.runtime.elastic.scheduler import DynamicScheduler, Port, SchedulerConfig, SchedulerStopped
 
 log = logging.getLogger(__name__)
@@ -85,6 +88,25 @@ class ThreadLevelSample:
     cpu_usage: float | None
     next_level: int
     reason: str
+
+
+class SchedulerThreadLevel:
+    """The thread-level loop's realizer: runs the scheduler at the decided level (wakes or
+    suspends its threads); the seconds that took, None when the level stays."""
+
+    __slots__ = ("scheduler", "clock")
+
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self.scheduler: DynamicScheduler | None = None  # the runner's, while it has one
+        self.clock = clock
+
+    def apply(self, decision: ThreadLevelDecision) -> float | None:
+        scheduler = self.scheduler
+        if scheduler is None or decision.level == scheduler.thread_level:
+            return None
+        started = self.clock()
+        scheduler.set_thread_level(decision.level)
+        return self.clock() - started
 
 
 @dataclass(frozen=True)
@@ -208,6 +230,9 @@ class ElasticOperatorRunner(Generic[T, R]):
         else:
             self.policy = None
         self.clock = clock
+        self._threads = SchedulerThreadLevel(clock)
+        policy_in_force = self.policy if self.policy is not None else StaticThreadLevel(static_threads)
+        self._loop = ControlLoop(policy_in_force, self._threads, clock, timeline=LoopTimeline(max_steps=timeline_periods))
         self.cpu_usage = cpu_usage if cpu_usage is not None else SystemCpuUsage()
         self.replicas = self.config.max_threads
         self.max_in_flight = max_in_flight or 2 * self.replicas
@@ -270,7 +295,7 @@ class ElasticOperatorRunner(Generic[T, R]):
             scheduler.add_port(f"{self.name}[{index}]", replica_handler) for index in range(self.replicas)
         ]
         scheduler.start(1)
-        self._scheduler = scheduler
+        self._scheduler = self._threads.scheduler = scheduler
         # A runner dropped without close() must not leave its parked threads behind.
         self._finalizer = weakref.finalize(self, scheduler.shutdown, False)
         return scheduler
@@ -278,6 +303,7 @@ class ElasticOperatorRunner(Generic[T, R]):
     def close(self) -> None:
         """Stop the threads (the end of the worker, or after a failure); run() may start new ones."""
         scheduler, self._scheduler = self._scheduler, None
+        self._threads.scheduler = None
         if scheduler is None:
             return
         self._finalizer.detach()
@@ -330,8 +356,13 @@ class ElasticOperatorRunner(Generic[T, R]):
         in order (a thread working through the replicas one by one releases them in bursts)."""
         return sum(port.executed for port in self._replica_ports)
 
+    @property
+    def loop_timeline(self) -> LoopTimeline[PeriodMeasurement, ThreadLevelDecision]:
+        """The control loop's steps (fissure.control.loop), the latest `timeline_periods`."""
+        return self._loop.timeline
+
     def _maybe_decide(self, scheduler: DynamicScheduler) -> None:
-        """At the end of each period: measure, ask the policy, apply its level."""
+        """At the end of each period: measure, let the loop decide and apply the level."""
         now_s = self.clock()
         elapsed_s = self._period.elapsed_s(now_s)
         if elapsed_s < self.config.period_s:
@@ -342,19 +373,11 @@ class ElasticOperatorRunner(Generic[T, R]):
         cpu = self.cpu_usage()
         level = scheduler.thread_level
         in_force = scheduler.level_in_force()
-        if self.policy is None:
-            decision = ThreadLevelDecision.hold(level, now_s, f"static thread level {level}")
-        else:
-            decision = self.policy.decide(
-                PeriodMeasurement(
-                    now_s=now_s,
-                    throughput_per_s=throughput,
-                    cpu_usage=cpu,
-                    level_in_force=in_force if in_force != level else None,
-                )
-            )
-            if decision.level != level:
-                scheduler.set_thread_level(decision.level)
+        measurement = PeriodMeasurement(
+            now_s=now_s, throughput_per_s=throughput, cpu_usage=cpu,
+            level_in_force=in_force if in_force != level else None,
+        )
+        decision = self._loop.step(measurement)[0].decision
         sample = ThreadLevelSample(
             time_s=now_s,
             period_s=elapsed_s,

@@ -1,18 +1,20 @@
 """The autopipelining loop of a running graph: profile -> optimize -> insert -> evaluate, live.
 
-After every micro-batch (the Runner calls `on_batch` at the end of its foreachBatch), the
-loop counts batches into a window. When a window of `profile_batches` batches is complete it
-reads what the graph PEs reported in it (fissure.runtime.profiling.pieces), and:
-- profiling: builds mu(t), mu(o, t) (fissure.profile.graph_profile), runs the optimizer
-  (`plan_autopipelining`) and the control stage's `decide_after_optimization`; an INSERT adds the
-  ports as pipeline boundaries from the next batch on (`Runner.set_boundaries`: a Spark local
-  property, no restart), a HALT ends the loop;
-- evaluating: compares each new port's throughput (records into it per second of batch wall
-  time) with the window before the insertion through `evaluate_round`, batch by batch against
-  the spread this run's windows measured under unchanged cuts (fissure.control.noise): the ports
-  that did not gain beyond the noise are removed again and blacklisted; CONTINUE goes back to
-  profiling, HALT ends the loop.
-The decisions (`AutopipelineControlDecision`, each with its reason) are kept in order.
+The loop contract (fissure.control.loop) with its collector and realizer on a graph `Runner`:
+- the collector: after every micro-batch (the Runner calls `on_batch` at the end of its
+  foreachBatch) it counts the batch into a window; when a window of `profile_batches` batches is
+  complete it reads what the graph PEs reported in it (fissure.runtime.profiling.pieces) and steps
+  the loop with an `AutopipelineWindow`: each port's throughput (records into it per second of
+  batch wall time), per batch and over the window, and the pieces' measurements;
+- the policy: `AutopipelinePolicy` (fissure.control.autopipeline_control): profiling builds
+  mu(t), mu(o, t) (fissure.profile.graph_profile) and runs the optimizer; evaluating compares each
+  new port's throughput with the window before the insertion, batch by batch against the spread
+  this run's windows measured under unchanged cuts (fissure.control.noise);
+- the realizer: `RunnerBoundaries` adds an INSERT's ports as pipeline boundaries from the next
+  batch on and removes a verdict's reverted ones (`Runner.set_boundaries`: a Spark local
+  property, no restart).
+The decisions (`AutopipelineControlDecision`, each with its reason) are kept in order, with the
+boundaries in force after each (`LoopDecision`).
 """
 
 from __future__ import annotations
@@ -21,12 +23,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from fissure.control.noise import NoiseEstimate
 from fissure.control.autopipeline_control import (
-    AutopipelineControlConfig, AutopipelineControlDecision, ControlAction, InsertionRound,
-    decide_after_optimization, evaluate_round,
+    AutopipelineControlConfig, AutopipelineControlDecision, AutopipelinePolicy, AutopipelineWindow, ControlAction,
 )
-from fissure.plan.autopipeline import DEFAULT_BETA, plan_autopipelining
+from fissure.control.loop import ControlLoop, LoopStep
+from fissure.control.noise import NoiseEstimate
+from fissure.plan.autopipeline import DEFAULT_BETA, AutopipelineProfile
 from fissure.profile.graph_profile import autopipeline_profile, piece_measurements, port_throughput_per_s
 from fissure.streamgraph import NodeKind
 from fissure.runtime.profiling.profiler import ProfileTally
@@ -51,6 +53,26 @@ class LoopDecision:
     decision: AutopipelineControlDecision
 
 
+class RunnerBoundaries:
+    """The autopipelining loop's realizer: a decision's ports become (INSERT) or stop being
+    (a verdict's `revert`) pipeline boundaries of the runner's next batches. WAIT changes nothing."""
+
+    def __init__(self, runner, clock: Callable[[], float]) -> None:
+        self.runner, self.clock = runner, clock
+
+    def apply(self, decision: AutopipelineControlDecision) -> float | None:
+        if decision.action is ControlAction.WAIT:
+            return None
+        boundaries = set(self.runner.boundaries)
+        if decision.action is ControlAction.INSERT:
+            boundaries |= set(decision.insert)
+        else:
+            boundaries -= set(decision.revert)
+        started = self.clock()
+        self.runner.set_boundaries(boundaries)
+        return self.clock() - started
+
+
 class GraphAutopipeliner:
     """Drives `runner` (a Runner that counts node by node: `profile_pieces=True`); see the module
     docstring."""
@@ -61,28 +83,51 @@ class GraphAutopipeliner:
             raise ValueError("autopipelining needs the runner's node-by-node counts: Runner(..., profile_pieces=True)")
         self.runner, self.config, self.clock = runner, config, clock
         graph = runner.graph
-        self.input_port_count = sum(1 for node in graph.nodes if node.kind not in (NodeKind.SOURCE, NodeKind.SINK))
-        self.blacklist: frozenset[str] = frozenset()
+        input_port_count = sum(1 for node in graph.nodes if node.kind not in (NodeKind.SOURCE, NodeKind.SINK))
+        self.policy = AutopipelinePolicy(input_port_count, self._profile_of, config.control)
+        self.loop = ControlLoop(self.policy, RunnerBoundaries(runner, clock), clock, on_step=self._record)
         self.decisions: list[LoopDecision] = []
-        self.phase = "profiling"  # "evaluating", "halted"
-        self._round: InsertionRound | None = None
         self._window: list = []
         self._snapshot = ProfileTally()
         self._batch_snapshot = ProfileTally()
         self._batch_rates: list[dict[str, float]] = []  # per batch of the window: records/s per port
-        self.noise = NoiseEstimate()  # the spread of a port's rate per batch under unchanged cuts
-        self.last_profile = None
+
+    # -- the policy's state, read-only --------------------------------------------------------------
+    @property
+    def phase(self) -> str:
+        return self.policy.phase
+
+    @property
+    def blacklist(self) -> frozenset[str]:
+        return self.policy.blacklist
+
+    @property
+    def noise(self) -> NoiseEstimate:
+        return self.policy.noise
+
+    @property
+    def last_profile(self) -> AutopipelineProfile | None:
+        return self.policy.last_profile
+
+    @property
+    def input_port_count(self) -> int:
+        return self.policy.input_port_count
 
     def attach(self) -> GraphAutopipeliner:
         self.runner.listeners.on_batch.append(self.on_batch)
         return self
 
-    def _first_nodes(self) -> list[str]:
+    def _first_nodes(self) -> tuple[str, ...]:
         stages = self.runner.compiled.stages if self.runner.compiled is not None else ()
-        return [stage.nodes[0] for stage in stages if stage.kind == "pe"]
+        return tuple(stage.nodes[0] for stage in stages if stage.kind == "pe")
+
+    def _profile_of(self, window: AutopipelineWindow, blacklist: frozenset[str]) -> AutopipelineProfile:
+        return autopipeline_profile(self.runner.graph, window.measurements, stage_first_nodes=window.stage_first_nodes,
+                                    beta=self.config.beta, blacklist=blacklist)
 
     def on_batch(self, batch) -> None:
-        if self.phase == "halted":
+        """The collector: count the batch into the window; step the loop when the window is full."""
+        if self.policy.phase == "halted":
             return
         now = self.runner.profile_tally()
         self._batch_rates.append(port_throughput_per_s(piece_measurements(now.minus(self._batch_snapshot).pieces),
@@ -98,42 +143,10 @@ class GraphAutopipeliner:
         self._snapshot = now
         self._window = []
         self._batch_rates = []
-        throughput = port_throughput_per_s(measurements, wall_s)
         if not measurements:
             return
-        if self.phase == "profiling":
-            self._optimize(batch.batch_id, measurements, throughput, samples)
-        else:
-            self._evaluate(batch.batch_id, throughput, samples)
-        for rates in samples.values():  # every window ran under unchanged cuts
-            self.noise = self.noise.with_window(rates)
+        self.loop.step(AutopipelineWindow(batch.batch_id, self.clock(), port_throughput_per_s(measurements, wall_s),
+                                          samples, tuple(measurements), self._first_nodes()))
 
-    def _optimize(self, batch_id: int, measurements, throughput, samples) -> None:
-        profile = autopipeline_profile(self.runner.graph, measurements, stage_first_nodes=self._first_nodes(),
-                                       beta=self.config.beta, blacklist=self.blacklist)
-        self.last_profile = profile
-        decision = decide_after_optimization(plan_autopipelining(profile), self.blacklist)
-        boundaries = set(self.runner.boundaries)
-        if decision.action is ControlAction.INSERT:
-            self._round = InsertionRound(decision.insert, self.clock(),
-                                         {port: throughput.get(port, float("nan")) for port in decision.insert},
-                                         {port: samples.get(port, ()) for port in decision.insert})
-            boundaries |= set(decision.insert)
-            self.phase = "evaluating"
-        else:
-            self.phase = "halted"
-        self._apply(batch_id, boundaries, decision)
-
-    def _evaluate(self, batch_id: int, throughput, samples) -> None:
-        decision = evaluate_round(self._round, throughput, self.clock(), self.blacklist, self.input_port_count,
-                                  self.config.control, samples_after=samples, noise=self.noise)
-        if decision.action is ControlAction.WAIT:
-            self.decisions.append(LoopDecision(batch_id, tuple(self.runner.boundaries), decision))
-            return
-        self.blacklist = decision.blacklist
-        self.phase = "halted" if decision.action is ControlAction.HALT else "profiling"
-        self._apply(batch_id, set(self.runner.boundaries) - set(decision.revert), decision)
-
-    def _apply(self, batch_id: int, boundaries: set[str], decision: AutopipelineControlDecision) -> None:
-        self.runner.set_boundaries(boundaries)
-        self.decisions.append(LoopDecision(batch_id, tuple(sorted(boundaries)), decision))
+    def _record(self, step: LoopStep[AutopipelineWindow, AutopipelineControlDecision]) -> None:
+        self.decisions.append(LoopDecision(step.observation.batch_id, tuple(self.runner.boundaries), step.decision))

@@ -2,7 +2,8 @@
 
 PySpark's MapState sends a request to its state server and waits for the answer before it sends
 the next one: a round trip per entry (with an entry per key, its read and write cost 380 us a key,
-calibrated on this 2-core machine: benchmarks/results/archive/calibrate_defaults_before_sub_buckets.md).
+calibrated on this 2-core machine: benchmarks/results/archive/calibrate_defaults_before_sub_buckets.md
+at revision 2790930).
 The state server (TransformWithStateInPySparkStateServer) reads a request, answers it and reads
 the next, so a batch's requests can be written back to back and their answers read after them;
 the answers come in the requests' order. `CHUNK` requests go before their answers are read, which keeps either
