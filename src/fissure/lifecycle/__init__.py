@@ -1,1 +1,1 @@
-"""A run's life as pure decisions (no Spark, the clock passed in): restarts after failures, stalls, batch sizes, progress, and who holds a checkpoint."""
+"""A run's lifecycle: restarts after failures, stalls, batch sizes, progress, checkpoint locks and logs."""

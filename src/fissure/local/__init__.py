@@ -1,1 +1,1 @@
-"""Running a program in this process: the reference executor (`run_local`), the driver's cost sample, a processing element's calibration."""
+"""Running a program in this process: `run_local`, the driver's cost sample, the PE's calibration."""

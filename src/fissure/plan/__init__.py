@@ -1,4 +1,4 @@
-"""Optimizers: pure functions from operator statistics or profiles to configurations."""
+"""Planners and plans: which plan a program runs with, from the models, profiles and stored calibration."""
 
 from fissure.plan.planners import METHODS, PlanResult, plan_chain
 

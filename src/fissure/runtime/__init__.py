@@ -1,1 +1,1 @@
-"""What runs in Spark's Python workers (and in `run_local`), no pyspark: records, the profiler, keyed state, operators, elastic threads, the processing element."""
+"""What runs in Spark's Python workers and in `run_local` (no pyspark): records, operators, state, PE."""

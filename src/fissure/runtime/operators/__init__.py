@@ -1,1 +1,1 @@
-"""Operators as the workers run them: fused stateless runs, keyed and time-aware operators, combining before the exchange, joins, watermarks, packed exchange."""
+"""Operators as the workers run them: fused, keyed, time-aware, combined, joined; watermarks, packing."""

@@ -1,1 +1,1 @@
-"""The processing element: a region's pipelines running at once in forked processes, batches passed over pipes."""
+"""The processing element: a region's pipelines at once in forked processes, batches over pipes."""

@@ -1,1 +1,1 @@
-"""The in-worker profiler: counts and timings per operator and per graph piece, and the report rows that carry them to the driver."""
+"""The in-worker profiler: counts and timings per operator and graph piece, reported to the driver."""

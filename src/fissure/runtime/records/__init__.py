@@ -1,1 +1,1 @@
-"""Records as the workers carry them: fissure's own columns, Arrow rows as Python values, a source's rows, and a record's fate (dead letters)."""
+"""Records as the workers carry them: carried batches and envelopes, Arrow rows, a record's fate."""

@@ -1,1 +1,1 @@
-"""Keyed state as the workers keep it: how a key's state is encoded, and its layout in Spark's MapState entries."""
+"""Keyed state as the workers keep it: its encoding, and its layout in Spark's MapState entries."""

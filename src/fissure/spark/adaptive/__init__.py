@@ -1,1 +1,1 @@
-"""The loops around a running query on Spark: adaptive re-planning (queries, observations, switches, the batch gate) and live autopipelining."""
+"""The loops around a running query on Spark: adaptive re-planning and live autopipelining."""

@@ -15,6 +15,9 @@ The loop contract (fissure.control.loop) with its collector and realizer on a gr
   property, no restart).
 The decisions (`AutopipelineControlDecision`, each with its reason) are kept in order, with the
 boundaries in force after each (`LoopDecision`).
+
+Spark mechanism with no pyspark import: its collector reads the graph runner's batches and its
+realizer sets the runner's boundaries as a Spark local property; fissure.spark.run drives it.
 """
 
 from __future__ import annotations

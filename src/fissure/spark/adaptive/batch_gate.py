@@ -8,6 +8,9 @@ the next batch begins (measured), so the loop decides on batch N-1 while batch N
 it decides takes effect exactly from batch N: new pipeline boundaries the runner sets as a Spark
 local property when N's write starts (an in-PE switch, `Runner.set_boundaries`), or N abandoned
 before it ran (`BatchAbandoned`: the query stops for a restart, and the next query runs N's input).
+
+Spark mechanism with no pyspark import: it holds the foreachBatch calls of the queries the runs
+start (fissure.spark.adaptive.queries, and fissure.spark.run's bounded runs).
 """
 
 from __future__ import annotations

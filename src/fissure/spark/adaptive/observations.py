@@ -4,6 +4,9 @@
 the pipeline's declared estimates otherwise). The source also releases every held batch once
 every batch before it is observed: the loop's side of the `BatchGate`. It marks each query's
 first batch with input (`BatchObservation.query_start`), which the controller never measures.
+
+Spark mechanism with no pyspark import: it reads the progress reports of the queries that
+fissure.spark.adaptive.queries starts, for the adaptive run alone.
 """
 
 from __future__ import annotations

@@ -17,6 +17,9 @@ A switch's cost is measured from the stop request to the moment the new query's 
 reaches its `foreachBatch` (planned, about to compute); an in-PE switch costs what the driver
 spends setting the cut (the PE forks its new processes inside the next batch's tasks, about a
 millisecond each). Each switch is a `SwitchRecord` (stop, repartition, start, total seconds).
+
+Spark mechanism with no pyspark import: it stops and starts the adaptive run's queries
+(fissure.spark.adaptive.queries), for the adaptive run alone.
 """
 
 from __future__ import annotations

@@ -1,1 +1,1 @@
-"""fissure's own files in a Spark checkpoint: the lock that lets one run at a time, and what a start checks and keeps there."""
+"""fissure's own files in a Spark checkpoint: the lock of one run at a time, what a start checks."""

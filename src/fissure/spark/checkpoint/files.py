@@ -12,6 +12,8 @@ can checkpoint to, with what each one guarantees for a file created exclusively.
   check and write are each less than `settle_s` apart, the later write wins and the earlier one
   reads the other's record and steps back. That is a timing assumption, not a guarantee: keep to
   one driver per checkpoint there (Spark itself asks the same of its checkpoint).
+
+Spark mechanism with no pyspark import: it reaches Hadoop's FileSystem through the session's JVM.
 """
 
 from __future__ import annotations

@@ -10,6 +10,9 @@
 - a start that fails removes only what it can prove it made (`StartGuard.undo`): the entries that
   were not in the checkpoint when the lock was taken, and only when the checkpoint held no
   stream then and holds no committed batch now (a run holding the lock is the only writer).
+
+Spark mechanism with no pyspark import: what it checks are Spark's checkpoint logs, for the runs
+that start a query on them.
 """
 
 from __future__ import annotations

@@ -14,6 +14,9 @@ A run holds the lock through every query it starts on the checkpoint (the adapti
 restarts, `fissure.run`'s restarts after a worker crash) and renews its lease every quarter of
 `lease_s`; a run that finds a newer generation than its own at a renewal has lost the checkpoint
 to another (its lease ran out) and stops.
+
+Spark mechanism with no pyspark import: its files are written through
+fissure.spark.checkpoint.files, on whatever file system the checkpoint is.
 """
 
 from __future__ import annotations

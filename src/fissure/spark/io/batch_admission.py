@@ -8,6 +8,9 @@ where the operators' declared hints would otherwise stand. Spark's file source
 admits bytes (`maxBytesPerTrigger`), so the records become bytes at the directory's measured
 bytes per record (a sample of its first file: newlines for text, JSON and CSV; the footer's row
 count for Parquet). A directory with no file yet keeps Spark's default (all new files).
+
+Spark mechanism with no pyspark import: its figure is Spark's file source option
+`maxBytesPerTrigger`, set by the runner.
 """
 
 from __future__ import annotations

@@ -21,6 +21,8 @@ holding a symbolic link to each file that is
 Links, not copies: Spark reads the file itself, nothing is duplicated, and a file deleted before
 Spark reads it is missing as it would be without staging (`missing_files` reports it). The
 staging directory keeps the source directory's layout (partition folders `key=value/` included).
+
+Spark mechanism with no pyspark import: it prepares the directory Spark's file source reads.
 """
 
 from __future__ import annotations

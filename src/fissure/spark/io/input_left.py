@@ -6,6 +6,9 @@ Spark's file source logs the files each batch reads in the checkpoint's `sources
 as read once its `commits/<batch>` exists. Files are listed as Spark's file source lists them
 (fissure.spark.io.batch_admission.data_files); a source that is not a local directory is reported
 as not counted.
+
+Spark mechanism with no pyspark import: it reads the file source's logs Spark keeps in the
+checkpoint.
 """
 
 from __future__ import annotations

@@ -28,6 +28,9 @@ A batch runs only when a source has new input, so at end of input the runner wri
 `fissure-end-of-input/`, a text source of the query: its row becomes a report envelope that every
 stage passes on (its only effect: each keyed stage runs every bucket), and the batch that reads it
 runs with the end-of-input clock.
+
+Spark mechanism with no pyspark import: the clock travels as a Spark local property and lives in
+the query's checkpoint.
 """
 
 from __future__ import annotations

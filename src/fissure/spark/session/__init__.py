@@ -1,1 +1,1 @@
-"""Starting Spark for fissure: the session and its settings, the driver's JVM and its class archive, the Python worker daemon, the stages Spark's REST API reports."""
+"""Starting Spark for fissure: the session, the driver's JVM and class archive, the worker daemon."""

@@ -9,6 +9,8 @@ the whole batch.
 
 The REST API is served by the Spark UI, which fissure's sessions turn off: a session meant for a
 StageLog needs `STAGE_LOG_CONF` (the UI on, on a free port).
+
+Spark mechanism with no pyspark import: it reads Spark's monitoring REST API of a session.
 """
 
 from __future__ import annotations

@@ -1,1 +1,1 @@
-"""Keyed state on Spark: the handler Spark pickles, a MapState's batched requests, and repartitioning a checkpoint's state offline."""
+"""Keyed state on Spark: the handler Spark pickles, batched MapState requests, offline repartition."""
