@@ -73,7 +73,7 @@ def run_record_steps(steps: Sequence[Step], records: Sequence[dict], seqs: Seque
         dead_before = len(dead)
         if timed:
             cpu_started_s, wall_started_s = time.thread_time(), time.perf_counter()
-        if step.waiting is not None and step.waiting.engaged():  # elastic threads: worker.elastic_stage
+        if step.waiting is not None and step.waiting.engaged():  # elastic threads: fissure.runtime.elastic.stage
             following, following_seqs = step.waiting.run(step, current, current_seqs, dead)
         else:
             following, following_seqs = _RECORD_LOOPS[step.action](step, current, current_seqs, dead)
