@@ -64,7 +64,7 @@ from fissure.spark.adaptive.loop import run_adaptive_on_spark
 from fissure.spark.adaptive.observations import OperatorProfiles, SparkObservations
 from fissure.spark.adaptive.queries import QueryManager
 from fissure.spark.adaptive.realizer import SparkPlanRealizer
-from fissure.spark.config import RunnerConfig
+from fissure.config import RunnerConfig
 from fissure.spark.session.create import create_session
 from fissure.spark.io.sinks import NoopSink
 from fissure.testing import record_files

@@ -29,7 +29,7 @@ sys.path.insert(0, str(REPOSITORY / "examples"))
 sys.path.insert(0, str(REPOSITORY / "benchmarks"))
 
 import fissure  # noqa: E402
-from fissure.spark.adaptive.autopipelining import GraphAutopipelineConfig  # noqa: E402
+from fissure.config import GraphAutopipelineConfig  # noqa: E402
 from generators.loglines import generate, split_into_files  # noqa: E402
 from logwatch_graph import build_graph  # noqa: E402
 import method  # noqa: E402
@@ -40,9 +40,10 @@ def measure(spark, source_dir: str, batch_kb: int, lines: int, boundaries, autop
     graph = build_graph()
     sinks = {name: fissure.NoopSink() for name in graph.sinks}
     source = fissure.FileSource(source_dir, format="text", max_bytes_per_trigger=batch_kb * 1024)
-    report = fissure.run(graph, {"raw": source}, sinks, spark=spark, boundaries=boundaries,
-                         checkpoint=tempfile.mkdtemp(dir=work, prefix="ckpt-"), autopipeline=autopipeline,
-                         autopipeline_config=GraphAutopipelineConfig(profile_batches=2, beta=beta))
+    report = fissure.run(graph, {"raw": source}, sinks, checkpoint=tempfile.mkdtemp(dir=work, prefix="ckpt-"),
+                         config=fissure.RunnerConfig(
+                             spark=spark, boundaries=boundaries, replanning="autopipeline" if autopipeline else "off",
+                             autopipelining=GraphAutopipelineConfig(profile_batches=2, beta=beta)))
     busy_s = sum(batch.wall_s for batch in report.batch_log)
     return {"lines_per_s": lines / busy_s if busy_s > 0 else 0.0, "batches": report.batches,
             "boundaries_at_end": list(report.boundaries),

@@ -28,7 +28,7 @@ sys.path.insert(0, str(REPOSITORY / "examples"))
 sys.path.insert(0, str(REPOSITORY / "benchmarks"))
 
 import fissure  # noqa: E402
-from fissure.spark.config import RunnerConfig  # noqa: E402
+from fissure.config import RunnerConfig  # noqa: E402
 from fissure.plan.plans import describe_plan, planner_plan  # noqa: E402
 import method  # noqa: E402
 

@@ -133,8 +133,8 @@ def run_answer(spark, workload: Workload, label: str):
     if how[0] == "fissure":
         _, program, plan = how
         sink = fissure.MemorySink()
-        fissure.run(program, workload.check_source, sink, plan=plan, spark=spark, checkpoint=tempfile.mkdtemp(),
-                    progress=False)
+        fissure.run(program, workload.check_source, sink, plan=plan, checkpoint=tempfile.mkdtemp(),
+                    config=fissure.RunnerConfig(spark=spark, progress="off"))
         return answer(sink.records())
     peer = how[1]
     if peer == "bytewax":
@@ -266,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.only:
         names = tuple(name for name in names if name in args.only) or tuple(args.only)
         records = {name: records.get(name, max(files, int(SIZES[name] * args.scale))) for name in names}
-    from fissure.spark.config import RunnerConfig
+    from fissure.config import RunnerConfig
     from fissure.spark.session.create import create_session
 
     spark = create_session(RunnerConfig(master="local[2]"))

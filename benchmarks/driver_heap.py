@@ -2,7 +2,7 @@
 
 PySpark keeps every `foreachBatch` function in py4j's callback pool for the session's life;
 fissure's Runner cuts that function from itself when its query stops (`DetachableBatchFunction`
-in fissure/spark/runner.py). This script runs the model-accuracy benchmark's stateless chain
+in fissure/spark/query/binding.py). This script runs the model-accuracy benchmark's stateless chain
 (`model_accuracy.py`: four busy operators, 3,000 records in 4 files) `--queries` times in one
 session, each a fresh Runner started, run to its end and stopped, and reads the driver JVM's used
 heap after a full garbage collection (Python's first, so that the proxies it dropped release their
@@ -32,7 +32,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import fissure  # noqa: E402
-from fissure.spark import runner as runner_module  # noqa: E402
+from fissure.spark.query import runner as runner_module  # noqa: E402
 
 import method  # noqa: E402
 import model_accuracy  # noqa: E402

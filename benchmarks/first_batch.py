@@ -30,7 +30,7 @@ PLANS = ("sequential", "planner")
 PARTS = ("triggerExecution", "queryPlanning", "addBatch", "walCommit", "commitOffsets", "latestOffset")
 
 ONE_RUN = """
-import json, sys, tempfile, time
+import dataclasses, json, sys, tempfile, time
 sys.path.insert(0, {examples!r})
 import fissure, logwatch
 from pyspark.sql.streaming import StreamingQueryListener
@@ -52,7 +52,7 @@ spark = create_session(config)
 spark.streams.addListener(FirstBatch())
 source = fissure.FileSource(logwatch.prepare_input(work + "/in", 0, 1), format="text")
 report = fissure.run(logwatch.build_pipeline(), source, fissure.MemorySink(), plan={plan!r},
-                     checkpoint=work + "/checkpoint", config=config, spark=spark, progress=False)
+                     checkpoint=work + "/checkpoint", config=dataclasses.replace(config, spark=spark, progress="off"))
 deadline = time.time() + 30  # the listener bus delivers progress events asynchronously
 while not durations and time.time() < deadline:
     time.sleep(0.2)

@@ -44,12 +44,12 @@ VARIANTS = {
 PHASES = ("imports", "session", "query start", "first batch", "to output")
 
 ONE_RUN = """
-import json, sys, tempfile, time
+import dataclasses, json, sys, tempfile, time
 started = time.monotonic()
 sys.path.insert(0, {examples!r})
 import fissure, logwatch
 from fissure.spark.session.create import create_session
-import fissure.spark.runner as runner
+import fissure.spark.query.runner as runner
 marks = {{"imports": time.monotonic()}}
 original_start = runner.Runner._start
 def timed_start(self, *args, **kwargs):
@@ -69,7 +69,7 @@ marks["session"] = time.monotonic()
 source = fissure.FileSource(logwatch.prepare_input(work + "/in", 0, 5), format="text")
 sink = fissure.MemorySink()
 fissure.run(logwatch.build_pipeline(), source, sink, plan="planner", checkpoint=work + "/checkpoint",
-            config=config, spark=spark, progress=False)
+            config=dataclasses.replace(config, spark=spark, progress="off"))
 found = sink.records()
 marks["to output"] = time.monotonic()
 print(json.dumps({{"marks_s": {{name: at - started for name, at in marks.items()}}, "break_ins": len(found)}}))

@@ -44,7 +44,7 @@ def measure(ui: bool, records: int, master: str) -> dict:
     spark = create_session(fissure.RunnerConfig(master=master, spark_ui=ui))
     session_s = time.perf_counter() - started
     pipeline = fissure.Pipeline("ui-startup").map("double", lambda record: {"i": record["i"] * 2})
-    report = fissure.run(pipeline, source, fissure.NoopSink(), spark=spark, progress=False)
+    report = fissure.run(pipeline, source, fissure.NoopSink(), config=fissure.RunnerConfig(spark=spark, progress="off"))
     to_first_result_s = time.perf_counter() - started
     ui_url = spark.sparkContext.uiWebUrl
     spark.stop()

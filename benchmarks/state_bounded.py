@@ -88,8 +88,9 @@ def run(spark, batches: list[list[dict]], expire: bool, work: Path) -> list[int 
     import fissure
     from fissure.testing import TestingSink, TestingSource
 
-    report = fissure.run(program(expire), TestingSource(batches=batches), TestingSink([]), spark=spark,
-                         checkpoint=str(work / ("expiring" if expire else "kept")), progress=False)
+    report = fissure.run(program(expire), TestingSource(batches=batches), TestingSink([]),
+                         checkpoint=str(work / ("expiring" if expire else "kept")),
+                         config=fissure.RunnerConfig(spark=spark, progress="off"))
     by_batch = {entry.batch_id: entry.state_keys for entry in report.batch_log}
     return [by_batch.get(batch) for batch in range(len(batches))]
 
@@ -103,7 +104,7 @@ def main(argv=None) -> int:
     if args.quick:
         args.batches, args.users = 8, 200
     run_record = method.Run("state_bounded.py", argv, quick=args.quick, out=args.out, timed=False)
-    from fissure.spark.config import RunnerConfig
+    from fissure.config import RunnerConfig
     from fissure.spark.session.create import create_session
 
     spark = create_session(RunnerConfig(master="local[2]"))

@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
         args.keys, args.repeats = 40_000, 1  # about 625 keys a bucket: enough to switch to one entry per key
     method.check_repeats(args.repeats, args.quick)
     run = method.Run("state_size.py", argv, quick=args.quick, out=args.out)
-    from fissure.spark.config import RunnerConfig
+    from fissure.config import RunnerConfig
     from fissure.spark.session.create import create_session
 
     spark = create_session(RunnerConfig(master="local[2]"))

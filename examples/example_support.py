@@ -40,10 +40,10 @@ def run_for_people(pipeline: fissure.Pipeline, source, sink, args: argparse.Name
     """Run to the end with the progress line; on failure print why (and where the log is), exit 1."""
     spark_log = spark_log_of(directory)
     print(f"{pipeline.name}: starting Spark (its output goes to {spark_log})", file=sys.stderr)
-    config = fissure.RunnerConfig(master=args.master, spark_log=spark_log)
+    config = fissure.RunnerConfig(master=args.master, spark_log=spark_log, progress="auto")
     try:
         return fissure.run(pipeline, source, sink, plan=args.plan, checkpoint=os.path.join(directory, "checkpoint"),
-                           config=config, progress=True)
+                           config=config)
     except fissure.PipelineError as error:
         print(f"\n{pipeline.name}: {error}", file=sys.stderr)
     except KeyboardInterrupt:

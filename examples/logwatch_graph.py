@@ -115,11 +115,12 @@ def main(argv: list[str] | None = None) -> int:
     spark_log = os.path.join(directory, "spark.log")
     print(f"{graph.name}: {len(all_lines):,} lines; starting Spark (its output goes to {spark_log})", file=sys.stderr)
     report = fissure.run(graph, {"raw": source}, sinks, plan=args.plan,
-                         boundaries=boundaries if boundaries is not None or not autopipeline else (),
                          checkpoint=os.path.join(directory, "checkpoint"),
-                         config=fissure.RunnerConfig(master=args.master, spark_log=spark_log),
-                         autopipeline=autopipeline,
-                         autopipeline_config=GraphAutopipelineConfig(profile_batches=2, beta=args.beta))
+                         config=fissure.RunnerConfig(
+                             master=args.master, spark_log=spark_log,
+                             boundaries=boundaries if boundaries is not None or not autopipeline else (),
+                             replanning="autopipeline" if autopipeline else "off",
+                             autopipelining=GraphAutopipelineConfig(profile_batches=2, beta=args.beta)))
 
     print(f"\n{graph.name}: {report.batches} micro-batches in {report.elapsed_s:.1f} s, "
           f"{report.dead_letters} dead letters")

@@ -88,7 +88,7 @@ def main(argv=None) -> int:
     source = fissure.FileSource(absolute(args.input), format="text",
                                 max_files_per_trigger=args.files_per_batch)
     report = fissure.run(pipeline, source, fissure.FileSink(output, format="json"), plan=args.plan,
-                         checkpoint=checkpoint, spark=spark, progress=False)
+                         checkpoint=checkpoint, config=fissure.RunnerConfig(spark=spark, progress="off"))
     batches = f"{report.batches} micro-batch" + ("" if report.batches == 1 else "es")
     print(f"{report.input_records} lines in {batches}, plan {describe_plan(report.plan, pipeline)}")
     if report.input_records:

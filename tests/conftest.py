@@ -29,7 +29,7 @@ def pytest_collection_modifyitems(config, items):
 def spark():
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    from fissure.spark.config import RunnerConfig
+    from fissure.config import RunnerConfig
     from fissure.spark.session.create import create_session
 
     from fissure.spark.session.stage_log import STAGE_LOG_CONF

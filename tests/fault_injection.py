@@ -119,8 +119,11 @@ DRIVER = textwrap.dedent("""
         run_adaptive_on_spark(graph, source, sinks, plan=SEQUENTIAL, adaptive_config=hands_off,
                               injections={1: plan_from_json(REPLICATED)}, **common)
     else:
+        from dataclasses import replace
         plan = {"sequential": SEQUENTIAL, "replicated": REPLICATED}.get(plan_name, plan_name)
-        fissure.run(graph, source, sinks, plan=plan, **common)
+        settings = {name: common[name] for name in ("available_now", "dead_letters") if name in common}
+        fissure.run(graph, source, sinks, plan=plan, checkpoint=checkpoint,
+                    config=replace(config, progress="off", **settings))
     print("done", flush=True)
 """)
 

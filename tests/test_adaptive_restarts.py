@@ -1,7 +1,7 @@
 """An adaptive run ends as a plain run does: after the machine's failure the same policy
 (fissure.lifecycle.failures) starts the plan in force again on the checkpoint through the
 QueryManager, with the same warning and the same `not restarted` note, and a bounded run its
-timeout ends with input left raises RunTimedOut (fissure.spark.run_end). Fakes stand in for Spark."""
+timeout ends with input left raises RunTimedOut (fissure.spark.query.run_end). Fakes stand in for Spark."""
 
 from __future__ import annotations
 
@@ -11,10 +11,11 @@ import pytest
 
 from fissure import Pipeline, RunnerConfig
 from fissure.model.types import Plan, RegionPlan
-from fissure.spark.adaptive import loop as adaptive, queries as adaptive_queries
+from fissure.spark.adaptive import loop as adaptive
+from fissure.spark.adaptive import queries as adaptive_queries
 from fissure.spark.adaptive.observations import OperatorProfiles, SparkObservations
 from fissure.spark.adaptive.queries import QueryManager
-from fissure.spark.run_end import RunTimedOut
+from fissure.spark.query.run_end import RunTimedOut
 from fissure.spark.io.sources import FileSource
 from fissure.spark.state.repartition import CheckpointStatus
 

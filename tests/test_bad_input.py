@@ -226,8 +226,8 @@ def test_on_spark_undecodable_lines_are_dead_letters_and_every_good_line_is_proc
     pipeline = (Pipeline("text").filter("always", lambda r: True)
                 .map("words", lambda r: {"word": r["value"].split()[0]}, schema={"word": str}))
     out, dead = MemorySink(), MemorySink()
-    report = fissure.run(pipeline, FileSource(str(tmp_path / "in")), out, dead_letters=dead, spark=spark,
-                         progress=False, profile=None)
+    report = fissure.run(pipeline, FileSource(str(tmp_path / "in")), out,
+                         config=fissure.RunnerConfig(dead_letters=dead, spark=spark, progress="off", profiling=None))
     assert sorted(row["word"] for row in out.records()) == ["alpha", "beta"]
     assert report.dead_letters == 1
     (letter,) = dead_letters_of(dead)
@@ -245,7 +245,7 @@ def test_on_spark_a_graph_of_two_text_sources_keeps_the_good_lines_of_the_bad_fi
     g.union("both", g.source("a"), g.source("b")).filter("always", lambda r: True).sink("lines")
     out, dead = MemorySink(), MemorySink()
     fissure.run(g, {"a": FileSource(str(tmp_path / "a")), "b": FileSource(str(tmp_path / "b"))}, {"lines": out},
-                dead_letters=dead, spark=spark, progress=False, profile=None)
+                config=fissure.RunnerConfig(dead_letters=dead, spark=spark, progress="off", profiling=None))
     assert sorted(row["value"] for row in out.records()) == ["one", "three", "two"]
     (letter,) = dead_letters_of(dead)
     assert letter["operator"] == "a" and "InvalidUTF8" in letter["error"]
@@ -281,8 +281,8 @@ def test_on_spark_unreadable_lines_are_dead_letters_with_the_raw_line(spark, tmp
     pipeline = Pipeline("records").map("check", lambda r: {"user": r["user"], "amount": r["amount"] * 2, "n": r["n"]})
     out, dead = MemorySink(), MemorySink()
     fissure.run(pipeline, FileSource(str(tmp_path / "in"), format=file_format,
-                                     schema={"user": str, "amount": float, "n": int}),
-                out, dead_letters=dead, spark=spark, progress=False, profile=None)
+                                     schema={"user": str, "amount": float, "n": int}), out,
+                config=fissure.RunnerConfig(dead_letters=dead, spark=spark, progress="off", profiling=None))
     assert sorted((row["user"], row["amount"], row["n"]) for row in out.records()) == [("ann", 3.0, 1),
                                                                                        ("eve", 8.0, 5)]
     letters = dead_letters_of(dead)
@@ -299,16 +299,16 @@ def test_on_spark_null_keys_are_dead_letters_and_a_float_does_not_fit_an_int(spa
     out: list = []
     dead = MemorySink()
     program = build()
-    fissure.run(program, TestingSource(HOSTS, batch_size=2), TestingSink(out), dead_letters=dead, spark=spark,
-                progress=False, profile=None)
+    fissure.run(program, TestingSource(HOSTS, batch_size=2), TestingSink(out),
+                config=fissure.RunnerConfig(dead_letters=dead, spark=spark, progress="off", profiling=None))
     letters = dead_letters_of(dead)
     check_null_keys(out, [type("Letter", (), {"error": row["error"], "record": row["record"]}) for row in letters])
     assert {letter["operator"] for letter in letters} == {"per_host"}
     truncating = Pipeline("ints").map("half", lambda r: {"n": r["v"] / 2}, schema={"n": int})
     out = []
     dead = MemorySink()
-    fissure.run(truncating, TestingSource([{"v": 6}, {"v": 7}]), TestingSink(out), dead_letters=dead, spark=spark,
-                progress=False, profile=None)
+    fissure.run(truncating, TestingSource([{"v": 6}, {"v": 7}]), TestingSink(out),
+                config=fissure.RunnerConfig(dead_letters=dead, spark=spark, progress="off", profiling=None))
     assert out == [{"n": 3}]  # 6 / 2 = 3.0 fits; 7 / 2 = 3.5 does not become 3
     (letter,) = dead_letters_of(dead)
     assert letter["operator"] == "half" and "field 'n' is declared int64" in letter["error"] and \

@@ -23,7 +23,7 @@ from fissure.spark.checkpoint.files import LocalStore
 from fissure.spark.checkpoint.guard import CheckpointDamaged, ProgramChanged
 from fissure.spark.checkpoint.lock import LOCK_FOLDER, CheckpointLocked, this_process
 from fissure.lifecycle.checkpoint_lock import LockRecord
-from fissure.spark.runner import Runner
+from fissure.spark.query.runner import Runner
 from fissure.spark.io.sinks import FileSink, MemorySink
 from fissure.spark.state.repartition import checkpoint_status
 from fissure.testing import record_files
@@ -88,9 +88,9 @@ def assert_counted_once(rows, total):
         assert {k: sorted(v) for k, v in seen.items()} == {k: list(range(1, len(v) + 1)) for k, v in seen.items()}
 
 
-def run(program, tmp_path, spark, first, last, **options):
-    fissure.run(program, write_events(tmp_path, first, last), FileSink(str(tmp_path / "out")),
-                checkpoint=str(tmp_path / "ckpt"), spark=spark, progress=False, **options)
+def run(program, tmp_path, spark, first, last, plan="sequential"):
+    fissure.run(program, write_events(tmp_path, first, last), FileSink(str(tmp_path / "out")), plan=plan,
+                checkpoint=str(tmp_path / "ckpt"), config=fissure.RunnerConfig(spark=spark, progress="off"))
 
 
 def sink_rows(spark, tmp_path):
@@ -147,7 +147,7 @@ def test_a_failed_start_keeps_a_checkpoint_another_writer_filled_meanwhile(spark
     # Read as Spark lists the files (settle_s=None): a staged source's log names the staging
     # folder inside its checkpoint, so a copy of that checkpoint elsewhere would not resume.
     fissure.run(counts(), replace(write_events(tmp_path, 0, 20), settle_s=None), FileSink(str(tmp_path / "out")),
-                checkpoint=str(done), spark=spark, progress=False)
+                checkpoint=str(done), config=fissure.RunnerConfig(spark=spark, progress="off"))
     checkpoint = tmp_path / "ckpt"
 
     def meanwhile(session):
@@ -160,7 +160,7 @@ def test_a_failed_start_keeps_a_checkpoint_another_writer_filled_meanwhile(spark
     status = checkpoint_status(spark, str(checkpoint))
     assert (status.last_batch, status.last_committed) == (1, 1)
     fissure.run(counts(), replace(write_events(tmp_path, 20, 30), settle_s=None), FileSink(str(tmp_path / "out")),
-                checkpoint=str(checkpoint), spark=spark, progress=False)  # resumes on it: the counts go on
+                checkpoint=str(checkpoint), config=fissure.RunnerConfig(spark=spark, progress="off"))  # resumes: counts go on
     assert_counted_once(sink_rows(spark, tmp_path), 30)
 
 

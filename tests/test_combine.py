@@ -10,9 +10,9 @@ import pyarrow as pa
 import pytest
 
 from fissure import Aggregate, Count, Max, Mean, Min, Pipeline, Sliding, Sum, Tumbling
-from fissure.eventtime import WindowRole
-from fissure.windows import Session
-from fissure.combine_policy import combinable_aggregate, combine_decision
+from fissure.program.eventtime import WindowRole
+from fissure.program.windows import Session
+from fissure.program.combine_policy import combinable_aggregate, combine_decision
 from fissure.runtime.operators.combine import PARTIAL_SCHEMA, CombinePlan, Combiner, combined_key_function, partial_inputs
 from fissure.runtime.records.carried import live_batch
 from fissure.runtime.operators.keyed import group_by_key

@@ -95,7 +95,7 @@ def reports():
     from fissure.model.types import Plan, RegionPlan
     from fissure.spark.adaptive.loop import AdaptiveRunReport
     from fissure.plan.plans import describe_plan
-    from fissure.spark.runner import BatchTime, GraphBatch, RunReport
+    from fissure.spark.query.runner import BatchTime, GraphBatch, RunReport
 
     plan = Plan((RegionPlan((("parse", "count"),), replicas=2),))
     figures = dict(plan=plan, batches=40, input_records=120_000, dead_letters=3, elapsed_s=12.0,
@@ -132,15 +132,15 @@ def test_a_report_prints_as_one_short_line_of_its_key_figures():
 def no_spark(monkeypatch):
     """Every entry point's session factory refuses: a check that passes this ran before Spark."""
     import fissure.spark.adaptive.loop
-    import fissure.spark.run
-    import fissure.spark.runner
+    import fissure.spark.query.run
+    import fissure.spark.query.runner
 
     def refuse(*args, **kwargs):
         raise AssertionError("Spark was started")
 
-    monkeypatch.setattr(fissure.spark.runner, "create_session", refuse)
+    monkeypatch.setattr(fissure.spark.query.runner, "create_session", refuse)
     monkeypatch.setattr(fissure.spark.adaptive.loop, "create_session", refuse)
-    monkeypatch.setattr(fissure.spark.run, "create_session", refuse)
+    monkeypatch.setattr(fissure.spark.query.run, "create_session", refuse)
 
 
 def keyed_on_user() -> Pipeline:
@@ -156,7 +156,8 @@ def test_a_missing_local_source_directory_is_named_with_the_fix_before_spark_sta
     missing = tmp_path / "no" / "such-dir"
     for path in (str(missing), f"file://{missing}"):
         with pytest.raises(SourcePathNotFound) as raised:
-            fissure.run(Pipeline("p").map("up", lambda r: r), FileSource(path), MemorySink(), adaptive=adaptive)
+            fissure.run(Pipeline("p").map("up", lambda r: r), FileSource(path), MemorySink(),
+                        config=fissure.RunnerConfig(replanning="adaptive" if adaptive else "off"))
         message = str(raised.value)
         assert message.startswith(f"file source {path!r}: the directory {missing} does not exist; create it "
                                   f"(`mkdir -p {missing}`) before the run")
@@ -168,7 +169,7 @@ def test_a_missing_local_source_directory_is_named_with_the_fix_before_spark_sta
 def test_a_path_without_a_scheme_is_checked_early_only_where_it_is_known_to_be_local(tmp_path):
     from fissure.spark.io.sources import FileSource, SourcePathNotFound, check_before_spark, default_file_system
 
-    from fissure.streamgraph import as_graph
+    from fissure.program.graph import as_graph
 
     graph = as_graph(Pipeline("p").map("up", lambda r: r))
     missing = {"source": FileSource(str(tmp_path / "missing"))}
@@ -184,7 +185,7 @@ def test_a_path_without_a_scheme_is_checked_early_only_where_it_is_known_to_be_l
 @pytest.mark.parametrize("make_source", ["text", "json", "testing"])
 def test_a_program_that_does_not_fit_its_source_fails_before_spark_starts(no_spark, tmp_path, make_source):
     import fissure
-    from fissure.graph import PipelineError
+    from fissure.program.operators import PipelineError
     from fissure.spark.io.sinks import MemorySink
     from fissure.spark.io.sources import FileSource
     from fissure.testing import TestingSource
@@ -195,8 +196,9 @@ def test_a_program_that_does_not_fit_its_source_fails_before_spark_starts(no_spa
               "testing": TestingSource([{"name": "a", "n": 1}])}[make_source]
     fields = "value" if make_source == "text" else "name, n"
     expected = f"operator 'per_user' .* is keyed on field 'user', but its input .* has only {fields}"
-    for run in (lambda: fissure.run(keyed_on_user(), source, MemorySink(), progress=False),
-                lambda: fissure.run(keyed_on_user(), source, MemorySink(), progress=False, adaptive=True),
+    for run in (lambda: fissure.run(keyed_on_user(), source, MemorySink(), config=fissure.RunnerConfig(progress="off")),
+                lambda: fissure.run(keyed_on_user(), source, MemorySink(),
+                                    config=fissure.RunnerConfig(progress="off", replanning="adaptive")),
                 lambda: fissure.Runner(keyed_on_user(), source, MemorySink())):
         with pytest.raises(PipelineError, match=expected):
             run()

@@ -14,7 +14,8 @@ import pyarrow as pa
 import pytest
 
 from fissure.control.thread_level.config import ElasticityConfig
-from fissure.graph import Pipeline, PipelineError, Waits
+from fissure.program.chain import Pipeline
+from fissure.program.operators import PipelineError, Waits
 from fissure.runtime.records.columns import DEAD_OPERATOR
 from fissure.runtime.elastic.stage import (
     BatchThreadLevels,

@@ -11,7 +11,7 @@ import pytest
 
 import fissure
 from fissure import Pipeline
-from fissure.graph import PipelineError
+from fissure.program.operators import PipelineError
 from fissure.spark.session.create import describe_failure
 from fissure.spark.io.sinks import MemorySink
 from fissure.testing import record_files
@@ -89,8 +89,8 @@ def test_a_failed_run_names_the_operator_and_the_cause(spark, tmp_path, case):
     build, expected = CASES[case]
     source = record_files(tmp_path / "in", [{"user": f"u{i % 2}", "i": i} for i in range(5)], EVENTS)
     with pytest.raises(Exception) as raised:
-        fissure.run(build(), source, MemorySink(), spark=spark, progress=False,
-                    config=fissure.RunnerConfig(query_restarts=0))
+        fissure.run(build(), source, MemorySink(),
+                    config=fissure.RunnerConfig(query_restarts=0, spark=spark, progress="off"))
     summary = describe_failure(raised.value)
     assert "caused by" in summary, summary
     for text in expected:
@@ -106,5 +106,6 @@ def test_a_closure_that_cannot_be_serialized_is_named_before_the_query_starts(sp
 
     source = record_files(tmp_path / "in", [{"user": "u", "i": 1}], EVENTS)
     with pytest.raises(PipelineError, match="operator 'guarded': its function cannot be serialized") as raised:
-        fissure.run(with_count("guarded", guarded), source, MemorySink(), spark=spark, progress=False)
+        fissure.run(with_count("guarded", guarded), source, MemorySink(),
+                    config=fissure.RunnerConfig(spark=spark, progress="off"))
     assert "lock" in str(raised.value)

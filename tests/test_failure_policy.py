@@ -1,6 +1,6 @@
 """Whose fault a failure is, and when the run starts its query again: a resource error is never a
 record's dead letter, the restart budget is per window of time, the same record failing the same
-way stops the run naming it (fissure.lifecycle.failures, fissure.runtime.records.fate, fissure.spark.run)."""
+way stops the run naming it (fissure.lifecycle.failures, fissure.runtime.records.fate, fissure.spark.query.run)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pytest
 
 from fissure import Pipeline, RunnerConfig
 from fissure.lifecycle.failures import (CRASH, RESOURCE, Failure, Restart, RestartPolicy, decide_restart,
-                                        restartable_failure)
-from fissure.spark import run as run_module
+                                      restartable_failure)
+from fissure.spark.query import run as run_module
 from fissure.spark.session.create import describe_failure
 from fissure.local.executor import DeadLettersWarning, run_local
 from fissure.runtime.records.fate import ResourceExhausted, is_resource_error, record_failed
@@ -192,9 +192,8 @@ class FakeClock:
 def run_loop(monkeypatch, script, step_s, config=RunnerConfig()):
     monkeypatch.setattr(run_module, "Runner", FakeRunner)
     FakeRunner.script, FakeRunner.clock, FakeRunner.starts = list(script), FakeClock(step_s), 0
-    return run_module._run_to_end(None, None, None, limit=None, checkpoint="ckpt", spark=None, config=config,
-                                  available_now=True, timeout_s=None, runner_options={}, autopipeline=False,
-                                  autopipeline_config=None, clock=FakeRunner.clock)
+    return run_module._run_to_end(None, None, None, plan=None, checkpoint="ckpt", spark=None, config=config,
+                                  lock=None, clock=FakeRunner.clock)
 
 
 def test_the_run_recovers_from_four_crashes_twenty_minutes_apart(monkeypatch, caplog):

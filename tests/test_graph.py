@@ -6,7 +6,8 @@ import pyarrow as pa
 import pytest
 
 from fissure import OperatorEstimate, Pipeline, PipelineError
-from fissure.graph import Action, BatchFormat, output_schemas
+from fissure.program.chain import output_schemas
+from fissure.program.operators import Action, BatchFormat
 from fissure.model.types import Kind, OperatorStats
 
 

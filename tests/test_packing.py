@@ -134,7 +134,8 @@ def test_the_exchange_before_a_keyed_stage_moves_packed_rows_not_records(spark, 
                 .partitioned("count", count, key="word", schema={"word": str, "count": int}))
     sink = fissure.MemorySink()
     before = {stage["stageId"] for stage in StageLog(spark).get("/stages")}
-    fissure.run(pipeline, source, sink, spark=spark, checkpoint=str(tmp_path / "checkpoint"), progress=False)
+    fissure.run(pipeline, source, sink, checkpoint=str(tmp_path / "checkpoint"),
+                config=fissure.RunnerConfig(spark=spark, progress="off"))
     totals: dict[str, list[int]] = {}
     for record in sink.records():
         totals.setdefault(record["word"], []).append(record["count"])

@@ -45,7 +45,8 @@ def test_a_profiled_run_counts_every_operator_exactly_and_logs_each_batch(spark,
     plan = Plan((RegionPlan((("double",), ("third", "guard")), 1), RegionPlan((("count",),), 1)))
     sink = fissure.MemorySink()
     checkpoint = tmp_path / "checkpoint"
-    report = fissure.run(pipeline, source, sink, plan=plan, spark=spark, checkpoint=str(checkpoint), progress=False)
+    report = fissure.run(pipeline, source, sink, plan=plan, checkpoint=str(checkpoint),
+                         config=fissure.RunnerConfig(spark=spark, progress="off"))
 
     kept = [i for i in range(records) if i % 3 != 0 and i != 700]
     assert len(sink.records()) == len(kept) and report.dead_letters == 1

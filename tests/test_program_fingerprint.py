@@ -8,11 +8,11 @@ import pytest
 
 from fissure import Pipeline, PipelineError, StreamGraph, TumblingWindow
 from fissure.lifecycle.checkpoint_logs import missing_log_files
-from fissure.program_fingerprint import (
+from fissure.program.fingerprint import (
     NEW_CHECKPOINT, READS_OLD_STATE, RENAME, ProgramFingerprint, StateMigration, compare_programs,
     program_fingerprint, refusal_text,
 )
-from fissure.streamgraph import as_graph
+from fissure.program.graph import as_graph
 
 COUNTED = {"host": str, "user": str, "n": int}
 

@@ -31,7 +31,7 @@ SCRIPT = textwrap.dedent("""
     pipeline = (fissure.Pipeline("wc").flat_map("split", words, schema={"word": str})
                 .partitioned("count", count, key="word", schema={"word": str, "n": int}))
     sink = fissure.MemorySink()
-    fissure.run(pipeline, fissure.FileSource(directory + "/in"), sink, progress="lines")
+    fissure.run(pipeline, fissure.FileSource(directory + "/in"), sink, config=fissure.RunnerConfig(progress="lines"))
     print(sorted((record["word"], record["n"]) for record in sink.records()))
     from fissure.spark.session.jvm import spark_log_path
     print("log", spark_log_path())
@@ -71,8 +71,8 @@ def test_a_failed_run_notes_its_cause_and_spark_log(spark, tmp_path):
     (inputs / "a.txt").write_text("x\n")
     pipeline = fissure.Pipeline("crashes").partitioned("count", _crash, key="value")
     with pytest.raises(Exception) as raised:
-        fissure.run(pipeline, fissure.FileSource(str(inputs)), fissure.MemorySink(), spark=spark, progress=False,
-                    config=fissure.RunnerConfig(query_restarts=0))
+        fissure.run(pipeline, fissure.FileSource(str(inputs)), fissure.MemorySink(),
+                    config=fissure.RunnerConfig(query_restarts=0, spark=spark, progress="off"))
     notes = "\n".join(getattr(raised.value, "__notes__", []))
     assert "caused by Python worker exited unexpectedly (crashed) while operator 'count' was running" in notes
     assert spark_log_path() is not None and spark_log_path() in notes
@@ -157,6 +157,6 @@ def test_importing_the_state_handler_loads_neither_pandas_nor_pyarrow_nor_the_wo
     import sys
 
     code = ("import sys, fissure.spark.state.handler; "
-            "print(sorted(m for m in ('pandas', 'pyarrow', 'fissure.runtime.operators.keyed', 'fissure.graph') if m in sys.modules))")
+            "print(sorted(m for m in ('pandas', 'pyarrow', 'fissure.runtime.operators.keyed', 'fissure.program.operators') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

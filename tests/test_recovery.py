@@ -14,7 +14,7 @@ import pytest
 
 import fissure
 from fissure import Pipeline
-from fissure.spark.runner import Runner
+from fissure.spark.query.runner import Runner
 from fissure.spark.io.sinks import FileSink, MemorySink
 from fissure.spark.state.repartition import checkpoint_status, unfinished_repartition
 from fissure.testing import record_files
@@ -87,7 +87,8 @@ def test_a_repartition_killed_midway_is_finished_at_the_next_start(spark, tmp_pa
     or adaptive, finishes the repartition and resumes: every input once, every count 1..n."""
     checkpoint, out = str(tmp_path / "ckpt"), str(tmp_path / "out")
     source = record_files(tmp_path / "in", events(0, 20), EVENTS, records_per_file=PER_FILE, max_files_per_trigger=1)
-    fissure.run(word_count(), source, FileSink(out), checkpoint=checkpoint, spark=spark, progress=False)
+    fissure.run(word_count(), source, FileSink(out), checkpoint=checkpoint,
+                config=fissure.RunnerConfig(spark=spark, progress="off"))
     committed = checkpoint_status(spark, checkpoint)
     assert (committed.last_batch, committed.last_committed, committed.state_partitions) == (1, 1, 1)
 
@@ -105,8 +106,10 @@ def test_a_repartition_killed_midway_is_finished_at_the_next_start(spark, tmp_pa
     source = record_files(tmp_path / "in", events(20, 40), EVENTS, records_per_file=PER_FILE,
                           max_files_per_trigger=1, first_file=2)
     with caplog.at_level("WARNING", logger="fissure.spark.state.repartition"):
-        fissure.run(word_count(), source, FileSink(out), checkpoint=checkpoint, spark=spark, progress=False,
-                    adaptive=adaptive, run_dir=str(tmp_path / "run"))
+        fissure.run(word_count(), source, FileSink(out), checkpoint=checkpoint,
+                    config=fissure.RunnerConfig(spark=spark, progress="off",
+                                                replanning="adaptive" if adaptive else "off",
+                                                run_dir=str(tmp_path / "run")))
     assert any("recovered" in record.getMessage() and "did not finish" in record.getMessage()
                for record in caplog.records)
     after = checkpoint_status(spark, checkpoint)
@@ -171,7 +174,7 @@ CRASHING_DRIVER = textwrap.dedent("""
                 .partitioned("count", count, key="user", schema={"user": str, "i": int, "n": int}))
     try:  # the embedded default master: RunnerConfig() as it comes
         fissure.run(pipeline, FileSource(inputs, format="json", schema={"user": str, "i": int}), FileSink(out),
-                    progress=False)
+                    config=fissure.RunnerConfig(progress="off"))
     except Exception as error:
         print(describe_failure(error), flush=True)
         sys.exit(1)

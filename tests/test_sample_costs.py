@@ -14,11 +14,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from fissure import FileSource, Pipeline
-from fissure.graph import OperatorEstimate
+from fissure.program.operators import OperatorEstimate
 from fissure.local.cost_sample import (CHUNK_RECORDS, WARM_UP_RECORDS, SampleFailed, measure_sample,
-                                       measure_sample_isolated)
+                                    measure_sample_isolated)
 from fissure.spark.io.batch_admission import sample_rows
-from fissure.streamgraph import PipelineError
+from fissure.program.operators import PipelineError
 
 TEXT = pa.schema([pa.field("value", pa.string())])
 

@@ -26,7 +26,7 @@ from fissure.spark.adaptive.loop import run_adaptive_on_spark
 from fissure.spark.adaptive.observations import OperatorProfiles, SparkObservations
 from fissure.spark.adaptive.queries import QueryManager, canonical_plan
 from fissure.spark.adaptive.realizer import SparkPlanRealizer, plan_boundaries, same_physical_plan
-from fissure.spark.config import RunnerConfig
+from fissure.config import RunnerConfig
 from fissure.spark.io.sinks import ForeachBatchSink, MemorySink
 from fissure.control.adaptive.spark_model_search import SparkModelSearch
 from fissure.spark.state.repartition import checkpoint_status, offset_entry_state_partitions

@@ -14,7 +14,7 @@ from fissure.model.types import Plan, RegionPlan
 from fissure.spark.adaptive.loop import run_adaptive_on_spark
 from fissure.spark.query.observed_metrics import METRIC_NAME, METRIC_VERSION, fissure_metrics
 from fissure.plan.plans import describe_plan
-from fissure.spark.runner import Runner
+from fissure.spark.query.runner import Runner
 from fissure.spark.io.sinks import MemorySink
 from fissure.testing import record_files
 
@@ -133,7 +133,8 @@ def test_a_listener_reads_operator_statistics_and_the_plan_from_progress_events(
     listener = ProgressListener()
     spark.streams.addListener(listener)
     try:
-        report = fissure.run(program, source(tmp_path), sinks_of(program), plan=plan, spark=spark, progress=False)
+        report = fissure.run(program, source(tmp_path), sinks_of(program), plan=plan,
+                             config=fissure.RunnerConfig(spark=spark, progress="off"))
         wait_for(listener, report.batches)
     finally:
         spark.streams.removeListener(listener)

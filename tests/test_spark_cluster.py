@@ -34,8 +34,7 @@ DRIVER = textwrap.dedent("""
     sink = fissure.MemorySink()
     plan = Plan((RegionPlan((("words",),), 2), RegionPlan((("count",),), 2)))
     fissure.run(pipeline, source, sink, plan=plan, checkpoint=work + "/ckpt",
-                config=fissure.RunnerConfig(master=master, spark_conf={"spark.executor.memory": "1g"}),
-                progress=False)
+                config=fissure.RunnerConfig(master=master, spark_conf={"spark.executor.memory": "1g"}, progress="off"))
     totals = {}
     for record in sink.records():
         totals[record["word"]] = max(totals.get(record["word"], 0), record["count"])

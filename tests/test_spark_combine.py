@@ -7,7 +7,7 @@ import pytest
 
 import fissure
 from fissure import Pipeline, Sum
-from fissure.spark.config import RunnerConfig
+from fissure.config import RunnerConfig
 from fissure.spark.session.stage_log import STAGE_LOG_CONF, StageLog
 from fissure.testing import TestingSink, run_batches, text_files
 
@@ -28,9 +28,10 @@ def run_on_spark(spark, tmp_path, name: str, aggregate, combine: bool):
     source = text_files(str(tmp_path / f"in-{name}"), lines, lines_per_file=150, max_files_per_trigger=1)
     sink, dead = fissure.MemorySink(), []
     before = {stage["stageId"] for stage in StageLog(spark).get("/stages")}
-    config = RunnerConfig(combine_aggregates=combine, spark_conf=STAGE_LOG_CONF)
-    report = fissure.run(words_program(aggregate), source, sink, spark=spark, checkpoint=str(tmp_path / f"ckpt-{name}"),
-                         dead_letters=TestingSink(dead), progress=False, config=config)
+    config = RunnerConfig(combine_aggregates=combine, spark_conf=STAGE_LOG_CONF, spark=spark,
+                          dead_letters=TestingSink(dead), progress="off")
+    report = fissure.run(words_program(aggregate), source, sink, checkpoint=str(tmp_path / f"ckpt-{name}"),
+                         config=config)
     shuffled = sum(stage.get("shuffleWriteBytes", 0) for stage in StageLog(spark).get("/stages")
                    if stage["stageId"] not in before)
     return sink, dead, shuffled, lines, report.profile.operator("counts")
@@ -78,9 +79,9 @@ def test_a_combined_window_gives_the_in_process_windows_and_late_records(spark, 
     for combine in (True, False):
         sink, dead = fissure.MemorySink(), []
         before = {stage["stageId"] for stage in StageLog(spark).get("/stages")}
-        fissure.run(program, TestingSource(batches=batches), sink, spark=spark, dead_letters=TestingSink(dead),
-                    checkpoint=str(tmp_path / f"ckpt-{combine}"), progress=False,
-                    config=RunnerConfig(combine_aggregates=combine, spark_conf=STAGE_LOG_CONF))
+        fissure.run(program, TestingSource(batches=batches), sink, checkpoint=str(tmp_path / f"ckpt-{combine}"),
+                    config=RunnerConfig(combine_aggregates=combine, spark_conf=STAGE_LOG_CONF, spark=spark,
+                                        dead_letters=TestingSink(dead), progress="off"))
         shuffled = sum(stage.get("shuffleWriteBytes", 0) for stage in StageLog(spark).get("/stages")
                        if stage["stageId"] not in before)
         results[combine] = (sorted(tuple(sorted(row.items())) for row in sink.records()),
@@ -106,9 +107,9 @@ def test_an_aggregate_reading_the_source_is_combined_where_the_source_becomes_en
     for combine in (True, False):
         sink = fissure.MemorySink()
         before = {stage["stageId"] for stage in StageLog(spark).get("/stages")}
-        fissure.run(program, TestingSource(batches=batches), sink, spark=spark, progress=False,
-                    checkpoint=str(tmp_path / f"ckpt-{combine}"),
-                    config=RunnerConfig(combine_aggregates=combine, spark_conf=STAGE_LOG_CONF))
+        fissure.run(program, TestingSource(batches=batches), sink, checkpoint=str(tmp_path / f"ckpt-{combine}"),
+                    config=RunnerConfig(combine_aggregates=combine, spark_conf=STAGE_LOG_CONF, spark=spark,
+                                        progress="off"))
         shuffled[combine] = sum(stage.get("shuffleWriteBytes", 0) for stage in StageLog(spark).get("/stages")
                                 if stage["stageId"] not in before)
         assert sorted(tuple(sorted(row.items())) for row in sink.records()) == expected

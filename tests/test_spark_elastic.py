@@ -20,7 +20,7 @@ from fissure.control.driver import Timeline, plot_timeline
 from fissure.control.thread_level.config import ElasticityConfig
 from fissure.model.types import Plan, RegionPlan
 from fissure.spark.query import elastic as spark_elastic
-from fissure.spark.config import RunnerConfig
+from fissure.config import RunnerConfig
 from fissure.spark.query.elastic import ELASTIC_SWITCHED_PROPERTY, ThreadLevels, WorkerThreads
 from fissure.spark.io.sinks import MemorySink
 from fissure.testing import record_files
@@ -98,9 +98,11 @@ def test_a_waiting_operator_of_a_graph_runs_on_threads_in_its_graph_pe(spark, tm
     records = [{"user": f"u{i % 5}", "i": i} for i in range(500)]
     source = record_files(tmp_path / "in", records, EVENTS, records_per_file=250, max_files_per_trigger=1)
     sinks = {"scored": MemorySink(), "counts": MemorySink()}
-    config = RunnerConfig(thread_elasticity=ElasticityConfig(period_s=0.05, max_threads=8, cpu_usage_limit=None))
-    report = fissure.run(graph, {"events": source}, sinks, spark=spark, config=config,
-                         plan=Plan(regions=(RegionPlan((("enrich",),)), RegionPlan((("per_user",),), replicas=2))))
+    config = RunnerConfig(thread_elasticity=ElasticityConfig(period_s=0.05, max_threads=8, cpu_usage_limit=None),
+                          spark=spark)
+    report = fissure.run(graph, {"events": source}, sinks,
+                         plan=Plan(regions=(RegionPlan((("enrich",),)), RegionPlan((("per_user",),), replicas=2))),
+                         config=config)
     local = fissure.run_local(graph, {"events": records})
     assert sorted(r["i"] for r in sinks["scored"].records()) == sorted(r["i"] for r in local["scored"])
     assert sorted(map(str, sinks["counts"].records())) == sorted(map(str, local["counts"]))

@@ -39,17 +39,15 @@ def test_a_memory_error_restarts_the_query_and_is_never_a_dead_letter(spark, tmp
     marker = str(tmp_path / "failed")
     pipeline = Pipeline("greedy").map("greedy", greedy_on(marker, mode == "always"), schema=EVENTS)
     sink = MemorySink()
-    config = fissure.RunnerConfig(query_restarts=1)
+    config = fissure.RunnerConfig(query_restarts=1, spark=spark, progress="off")
     if mode == "once":
-        report = fissure.run(pipeline, source, sink, spark=spark, progress=False, config=config,
-                             checkpoint=str(tmp_path / "ckpt"))
+        report = fissure.run(pipeline, source, sink, checkpoint=str(tmp_path / "ckpt"), config=config)
         assert os.path.exists(marker)
         assert report.dead_letters == 0
         assert sorted(record["i"] for record in sink.records()) == list(range(6))
         return
     with pytest.raises(Exception) as raised:
-        fissure.run(pipeline, source, sink, spark=spark, progress=False, config=config,
-                    checkpoint=str(tmp_path / "ckpt"))
+        fissure.run(pipeline, source, sink, checkpoint=str(tmp_path / "ckpt"), config=config)
     summary = describe_failure(raised.value)
     assert "not restarted: the same failure 2 times in a row on the same record" in summary, summary
     assert "MemoryError: the operator's buffer" in summary and "in operator 'greedy'" in summary, summary
@@ -62,9 +60,10 @@ def test_an_adaptive_run_restarts_its_query_after_a_memory_error_and_ends_with_e
     marker = str(tmp_path / "failed")
     pipeline = Pipeline("greedy").map("greedy", greedy_on(marker, always=False), schema=EVENTS)
     sink = MemorySink()
-    report = fissure.run(pipeline, source, sink, spark=spark, progress=False, adaptive=True,
-                         config=fissure.RunnerConfig(query_restarts=1, batch_sample_costs=False),
-                         checkpoint=str(tmp_path / "ckpt"), run_dir=str(tmp_path / "run"))
+    report = fissure.run(pipeline, source, sink, checkpoint=str(tmp_path / "ckpt"),
+                         config=fissure.RunnerConfig(query_restarts=1, batch_sample_costs=False, spark=spark,
+                                                     progress="off", replanning="adaptive",
+                                                     run_dir=str(tmp_path / "run")))
     assert os.path.exists(marker)
     assert report.dead_letters == 0 and report.queries == 2
     assert sorted(record["i"] for record in sink.records()) == list(range(6))
@@ -87,10 +86,10 @@ def test_a_hung_operator_is_reported_by_name_and_the_timeout_says_what_is_left(s
     marker = str(tmp_path / "hung")
     pipeline = (Pipeline("hung").map("tag", lambda record: record, schema=EVENTS)
                 .map("slow_lookup", hangs_on(3, marker), schema=EVENTS))
-    config = fissure.RunnerConfig(stall_factor=2, stall_min_s=2, progress_interval_s=0.5)
+    config = fissure.RunnerConfig(stall_factor=2, stall_min_s=2, progress_interval_s=0.5, spark=spark,
+                                  progress="off", timeout_s=40)
     with pytest.raises(fissure.RunTimedOut) as raised:
-        fissure.run(pipeline, source, MemorySink(), spark=spark, progress=False, config=config, timeout_s=40,
-                    checkpoint=str(tmp_path / "ckpt"))
+        fissure.run(pipeline, source, MemorySink(), checkpoint=str(tmp_path / "ckpt"), config=config)
     assert os.path.exists(marker)
     stalls = [stall for stall in raised.value.report.stalls if stall.batch_id == 1]  # batch 0 is file 0's
     assert stalls and all(stall.operator == "slow_lookup" for stall in stalls), raised.value.report.stalls

@@ -45,8 +45,8 @@ def test_a_truncated_gzip_is_one_dead_letter_naming_the_file_or_stops_the_run(sp
     old_file(source_dir / "cut.txt.gz", whole[: len(whole) // 2])
     old_file(source_dir / "packed.txt.xz", lzma.compress(b"c\nd\n"))  # Spark would read its bytes as lines
     sink, letters = MemorySink(), MemorySink()
-    report = fissure.run(program(), FileSource(str(source_dir)), sink, spark=spark, dead_letters=letters,
-                         checkpoint=str(tmp_path / "ckpt"), progress=False, profile=None)
+    report = fissure.run(program(), FileSource(str(source_dir)), sink, checkpoint=str(tmp_path / "ckpt"),
+                         config=fissure.RunnerConfig(spark=spark, dead_letters=letters, progress="off", profiling=None))
     assert sorted(record["value"] for record in sink.records()) == ["A", "B"]
     letter, packed = sorted(letters.records(), key=lambda letter: letter["error"])
     assert letter["operator"] == "source" and "cut.txt.gz" in letter["error"] and "cut short" in letter["error"]
@@ -54,8 +54,9 @@ def test_a_truncated_gzip_is_one_dead_letter_naming_the_file_or_stops_the_run(sp
     assert "packed.txt.xz" in packed["error"] and "does not decompress" in packed["error"]
     assert report.dead_letters == 2
     with pytest.raises(UnreadableInputFile, match=r"cut.txt.gz cannot be read"):
-        fissure.run(program(), FileSource(str(source_dir), on_unreadable="stop"), MemorySink(), spark=spark,
-                    checkpoint=str(tmp_path / "ckpt-stop"), progress=False, profile=None)
+        fissure.run(program(), FileSource(str(source_dir), on_unreadable="stop"), MemorySink(),
+                    checkpoint=str(tmp_path / "ckpt-stop"),
+                    config=fissure.RunnerConfig(spark=spark, progress="off", profiling=None))
 
 
 def test_a_file_written_in_place_while_the_stream_runs_is_read_once_whole(spark, tmp_path):
@@ -93,12 +94,12 @@ def test_a_file_deleted_after_spark_listed_it_is_reported(spark, tmp_path):
             raise RuntimeError("the driver dies here")
 
     with pytest.raises(Exception, match="the driver dies here"):
-        fissure.run(program(), source, ForeachBatchSink(fails_on_the_second_batch), spark=spark,
-                    checkpoint=str(tmp_path / "ckpt"), progress=False, profile=None)
+        fissure.run(program(), source, ForeachBatchSink(fails_on_the_second_batch), checkpoint=str(tmp_path / "ckpt"),
+                    config=fissure.RunnerConfig(spark=spark, progress="off", profiling=None))
     os.remove(source_dir / "part-1.txt")  # listed for batch 1, which is replayed now
     sink = MemorySink()
-    report = fissure.run(program(), source, sink, spark=spark, checkpoint=str(tmp_path / "ckpt"), progress=False,
-                         profile=None)
+    report = fissure.run(program(), source, sink, checkpoint=str(tmp_path / "ckpt"),
+                         config=fissure.RunnerConfig(spark=spark, progress="off", profiling=None))
     assert sink.records() == []
     assert report.missing_files == (str(source_dir / "part-1.txt"),)
     assert "1 input file missing" in report.describe() and report.summary()["missing_files"] == list(report.missing_files)

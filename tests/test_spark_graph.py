@@ -14,14 +14,15 @@ import time
 
 import pytest
 
-from fissure import PipelineError, StreamGraph, TumblingWindow, run_local
+import fissure
+from fissure import Pipeline, PipelineError, StreamGraph, TumblingWindow, run_local
 from fissure.cli.autopipeline_cmd import load_profile
 from fissure.control.autopipeline_control import ControlAction
 from fissure.model.types import Plan, RegionPlan
 from fissure.profile.graph_profile import autopipeline_profile, piece_measurements, profile_json
-from fissure.spark.adaptive.autopipelining import GraphAutopipelineConfig
-from fissure.spark.run import run_graph
-from fissure.spark.runner import Runner
+from fissure.config import GraphAutopipelineConfig
+from fissure.spark.query.run import run_graph
+from fissure.spark.query.runner import Runner
 from fissure.spark.io.sinks import MemorySink
 from fissure.testing import record_files
 
@@ -96,8 +97,8 @@ def assert_same_as_local(sinks):
 def test_graph_matches_run_local_and_runs_shared_work_once(spark, tmp_path, boundaries, partitions):
     calls = tmp_path / "parse-calls.txt"
     sinks = {name: MemorySink() for name in ("all", "counts", "enriched")}
-    report = run_graph(build_graph(str(calls)), sources(tmp_path), sinks, spark=spark, boundaries=boundaries,
-                       state_partitions=partitions)
+    report = run_graph(build_graph(str(calls)), sources(tmp_path), sinks,
+                       config=fissure.RunnerConfig(spark=spark, boundaries=boundaries, state_partitions=partitions))
     local = assert_same_as_local(sinks)
     assert len(local["enriched"]) > 0 and len(local["all"]) < len(EVENTS)  # the join and the dead letters matter
     # `parsed` feeds big, small (pe stage) and per_host (keyed stage), big feeds enrich: each
@@ -133,7 +134,8 @@ def test_a_plan_replicates_stateless_and_keyed_stages_of_a_graph(spark, tmp_path
 @pytest.mark.slow
 def test_the_planner_plans_a_graph_as_the_chain_of_its_stages(spark, tmp_path):
     sinks = {name: MemorySink() for name in ("all", "counts", "enriched")}
-    report = run_graph(build_graph(), sources(tmp_path), sinks, spark=spark, plan="planner")
+    report = run_graph(build_graph(), sources(tmp_path), sinks, plan="planner",
+                       config=fissure.RunnerConfig(spark=spark))
     assert report.plan.method != "sequential" and report.plan.operators == build_graph().names
     assert_same_as_local(sinks)
 
@@ -145,7 +147,8 @@ def test_fissure_run_runs_every_program(spark, tmp_path):
     import fissure
 
     sinks = {name: MemorySink() for name in ("all", "counts", "enriched")}
-    report = fissure.run(build_graph(), sources(tmp_path), sinks, spark=spark, progress=False)
+    report = fissure.run(build_graph(), sources(tmp_path), sinks,
+                         config=fissure.RunnerConfig(spark=spark, progress="off"))
     assert report.batches == len(report.batch_log) >= 2 and report.input_records == len(EVENTS) + len(HOST_RECORDS)
     assert_same_as_local(sinks)
 
@@ -154,13 +157,14 @@ def test_fissure_run_runs_every_program(spark, tmp_path):
      .partitioned("per_host", count, key="host", schema={"host": str, "n": int}).sink("counts"))
     chain_sink = MemorySink()
     report = fissure.run(chain, {"events": sources(tmp_path / "chain")["events"]}, {"counts": chain_sink},
-                         spark=spark, progress=False, plan="planner")
+                         plan="planner", config=fissure.RunnerConfig(spark=spark, progress="off"))
     assert report.input_records == len(EVENTS) and len(report.batch_log) == report.batches >= 1
     assert canonical(chain_sink.records()) == canonical(run_local(chain, {"events": EVENTS})["counts"])
 
-    pipeline = chain.as_chain()
+    pipeline = Pipeline.from_graph(chain)
     piped = MemorySink()
-    report = fissure.run(pipeline, sources(tmp_path / "piped")["events"], piped, spark=spark, autopipeline=True)
+    report = fissure.run(pipeline, sources(tmp_path / "piped")["events"], piped,
+                         config=fissure.RunnerConfig(spark=spark, replanning="autopipeline"))
     assert len(report.batch_log) >= 2 and report.decisions
     assert canonical(piped.records()) == canonical(run_local(pipeline, EVENTS)["sink"])
 
@@ -177,8 +181,9 @@ def test_sinks_named_like_the_operators_that_feed_them(spark, tmp_path):
     big.sink("big")
     big.partitioned("per_host", count, key="host", schema={"host": str, "n": int}).sink("per_host")
     sinks = {name: MemorySink() for name in g.sinks}
-    report = fissure.run(g, {"events": sources(tmp_path)["events"]}, sinks, spark=spark, progress=False,
-                         boundaries=["big"], state_partitions=2)
+    report = fissure.run(g, {"events": sources(tmp_path)["events"]}, sinks,
+                         config=fissure.RunnerConfig(spark=spark, progress="off", boundaries=["big"],
+                                                     state_partitions=2))
     local = run_local(g, {"events": EVENTS})
     for name, sink in sinks.items():
         assert canonical(sink.records()) == canonical(local[name]), name
@@ -194,8 +199,8 @@ def test_binding_and_boundary_errors_name_the_fix(spark, tmp_path):
     with pytest.raises(PipelineError, match="per_host name no stateless operator"):
         runner.set_boundaries(["big", "per_host"])
     with pytest.raises(PipelineError, match="'nowhere' name no stateless operator"):
-        run_graph(graph, sources(tmp_path), {name: MemorySink() for name in graph.sinks}, spark=spark,
-                  boundaries=["nowhere"])
+        run_graph(graph, sources(tmp_path), {name: MemorySink() for name in graph.sinks},
+                  config=fissure.RunnerConfig(spark=spark, boundaries=["nowhere"]))
 
 
 @pytest.mark.slow
@@ -235,8 +240,8 @@ def test_boundaries_change_live_and_pieces_are_profiled(spark, tmp_path):
 def test_autopipelining_loop_inserts_boundaries_while_running(spark, tmp_path):
     sinks = {name: MemorySink() for name in ("all", "counts", "enriched")}
     config = GraphAutopipelineConfig(profile_batches=1, beta=0.0)  # every process is a bottleneck
-    report = run_graph(build_graph(), sources(tmp_path), sinks, spark=spark, autopipeline=True,
-                       autopipeline_config=config)
+    report = run_graph(build_graph(), sources(tmp_path), sinks,
+                       config=fissure.RunnerConfig(spark=spark, replanning="autopipeline", autopipelining=config))
     assert_same_as_local(sinks)
     first = report.decisions[0]
     assert first.decision.action is ControlAction.INSERT and first.decision.insert
@@ -253,14 +258,14 @@ RESTART_DRIVER = textwrap.dedent("""
     sys.path.insert(0, sys.argv[5])
     import fissure
     from fissure.spark.io.sinks import FileSink
-    from fissure.spark.run import run_graph
+    from fissure.spark.query.run import run_graph
     from test_spark_graph import build_graph, sources_for_restart
 
     inputs, out, checkpoint, available_now = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4] == "1"
     graph = build_graph()
     sinks = {name: FileSink(f"{out}/{name}") for name in graph.sinks}
-    run_graph(graph, sources_for_restart(inputs), sinks, checkpoint=checkpoint, boundaries=["big"],
-              config=fissure.RunnerConfig(master="local[2]"), available_now=available_now)
+    run_graph(graph, sources_for_restart(inputs), sinks, checkpoint=checkpoint,
+              config=fissure.RunnerConfig(master="local[2]", boundaries=["big"], available_now=available_now))
 """)
 
 

@@ -46,9 +46,9 @@ def resume(spark, work: Path, words: list[str], migration: str | None = None) ->
     (work / "input" / f"part-{number}.json").write_text("".join(json.dumps({"word": w}) + "\n" for w in words))
     sink = MemorySink()
     fissure.run(Pipeline("legacy").partitioned("count", count, key="word", schema={"word": str, "n": int}),
-                fissure.FileSource(str(work / "input"), format="json", schema={"word": str}), sink, spark=spark,
-                checkpoint=str(work / "checkpoint"), progress=False,
-                config=fissure.RunnerConfig(query_restarts=0, state_migration=migration))
+                fissure.FileSource(str(work / "input"), format="json", schema={"word": str}), sink,
+                checkpoint=str(work / "checkpoint"),
+                config=fissure.RunnerConfig(query_restarts=0, state_migration=migration, spark=spark, progress="off"))
     counts: dict[str, int] = {}
     for record in sink.records():
         counts[record["word"]] = max(counts.get(record["word"], 0), record["n"])

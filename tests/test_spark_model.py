@@ -12,7 +12,7 @@ from dataclasses import replace
 import pytest
 
 from fissure import Pipeline
-from fissure.streamgraph import as_graph
+from fissure.program.graph import as_graph
 from fissure.model.calibration import BatchObservation, fit_spark_constants
 from fissure.model.spark_model import SparkConstants, SparkWorkload, batch_time_terms, evaluate_spark, batch_part_terms
 from fissure.model.spark_stages import hash_balance, spark_stages

@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from fissure.spark.config import RunnerConfig
+from fissure.config import RunnerConfig
 from fissure.spark.session.create import session_settings
 
 pytestmark = pytest.mark.spark

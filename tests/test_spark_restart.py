@@ -38,9 +38,8 @@ DRIVER = textwrap.dedent("""
     pipeline = (Pipeline("restart").map("slow_tag", slow_tag)
                 .partitioned("count", count, key="user", schema={"user": str, "i": int, "n": int}))
     source = FileSource(inputs, format="json", schema={"user": str, "i": int}, max_files_per_trigger=1)
-    config = fissure.RunnerConfig(master="local[2]")
-    fissure.run(pipeline, source, FileSink(sink), checkpoint=checkpoint, plan="sequential",
-                config=config, available_now=available_now, progress=False)
+    config = fissure.RunnerConfig(master="local[2]", available_now=available_now, progress="off")
+    fissure.run(pipeline, source, FileSink(sink), checkpoint=checkpoint, plan="sequential", config=config)
 """)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import weakref
 
@@ -133,7 +134,7 @@ def test_order_by_field_orders_a_keys_records_within_a_batch(spark, tmp_path):
     source = record_files(tmp_path / "in", list(reversed(records)), EVENTS, records_per_file=2)
     pipeline = Pipeline("ordered").partitioned("order", remember_order, key="user", schema=ORDERED, order_by="i")
     sink = MemorySink()
-    fissure.run(pipeline, source, sink, spark=spark, progress=False)
+    fissure.run(pipeline, source, sink, config=fissure.RunnerConfig(spark=spark, progress="off"))
     assert [(r["i"], r["seen"]) for r in sorted(sink.records(), key=lambda r: r["seen"])] == [
         (i, i + 1) for i in range(20)]
 
@@ -172,7 +173,7 @@ def test_a_file_source_without_a_size_is_admitted_in_batches_the_policy_sizes(sp
     records of 7 bytes: 7,000 bytes). Spark admits whole files up to that many bytes: 2,400 lines
     in six files of 400 (2,800 bytes each) arrive two files a batch, each line once."""
     from fissure.lifecycle.batch_size import MIN_RECORDS
-    from fissure.spark.config import RunnerConfig
+    from fissure.config import RunnerConfig
     from fissure.testing import text_files
 
     lines = [f"a{i:05d}" for i in range(2400)]
@@ -180,8 +181,9 @@ def test_a_file_source_without_a_size_is_admitted_in_batches_the_policy_sizes(sp
     def run(config, name):
         source = text_files(tmp_path / name, lines, lines_per_file=400)
         sink = MemorySink()
-        report = fissure.run(Pipeline("admitted").map("shout", shout), source, sink, spark=spark, config=config,
-                             checkpoint=str(tmp_path / f"{name}-ckpt"), progress=False, profile=None)
+        report = fissure.run(Pipeline("admitted").map("shout", shout), source, sink,
+                             checkpoint=str(tmp_path / f"{name}-ckpt"),
+                             config=dataclasses.replace(config, spark=spark, progress="off", profiling=None))
         return report, sorted(record["value"] for record in sink.records())
 
     expected = sorted(line.upper() for line in lines)
@@ -215,7 +217,7 @@ def test_the_operators_run_on_a_cost_sample_once_per_checkpoint_and_say_so(spark
     """The sample runs the user's operators (here: each call leaves a mark in a file); a second
     start on the checkpoint (a restart, a resumed run) reads the costs the first one kept."""
     from fissure.spark.checkpoint.files import open_store
-    from fissure.spark.config import RunnerConfig
+    from fissure.config import RunnerConfig
     from fissure.testing import text_files
 
     marks = tmp_path / "marks"

@@ -62,7 +62,8 @@ def test_every_file_format_is_a_source(spark, tmp_path, file_format):
     else:
         source = FileSource(str(tmp_path / "in"), format=file_format, schema=SCHEMA)
     sink = MemorySink()
-    report = fissure.run(pipeline.map("doubled", doubled, reads=["amount"]), source, sink, spark=spark, progress=False)
+    report = fissure.run(pipeline.map("doubled", doubled, reads=["amount"]), source, sink,
+                         config=fissure.RunnerConfig(spark=spark, progress="off"))
     assert sorted((r["user"], r["amount"]) for r in sink.records()) == [("ann", 3.0), ("ann", 8.0), ("bob", 4.0)]
     assert report.input_records == 3
 
@@ -83,8 +84,8 @@ def test_bytes_per_trigger_bounds_each_micro_batch(spark, tmp_path):
         os.utime(path, (1_700_000_000 + number, 1_700_000_000 + number))
     sink = MemorySink()
     pipeline = Pipeline("bounded").map("parse", parse_text, schema=SCHEMA, reads=["value"])
-    report = fissure.run(pipeline, FileSource(str(directory), max_bytes_per_trigger=700), sink, spark=spark,
-                         progress=False)
+    report = fissure.run(pipeline, FileSource(str(directory), max_bytes_per_trigger=700), sink,
+                         config=fissure.RunnerConfig(spark=spark, progress="off"))
     assert report.batches == 3 and report.input_records == 300
     assert len(sink.records()) == 300
 
@@ -179,7 +180,8 @@ def test_socket_source_reads_lines_from_a_tcp_server(spark, tmp_path):
 def test_console_sink_prints_each_batch(spark, tmp_path, capsys):
     source = FileSource(str(tmp_path / "in"), format="json", schema=SCHEMA)
     write_input(tmp_path / "in", "json")
-    fissure.run(Pipeline("console").map("doubled", doubled), source, ConsoleSink(), spark=spark, progress=False)
+    fissure.run(Pipeline("console").map("doubled", doubled), source, ConsoleSink(),
+                config=fissure.RunnerConfig(spark=spark, progress="off"))
     printed = capsys.readouterr().out
     assert "--- batch 0 ---" in printed
     assert "ann" in printed and "8.0" in printed and "bob" in printed
@@ -189,14 +191,16 @@ def test_memory_sink_is_a_queryable_view_and_foreach_batch_gets_batch_ids(spark,
     write_input(tmp_path / "in", "json")
     source = FileSource(str(tmp_path / "in"), format="json", schema=SCHEMA)
     sink = MemorySink("fissure_doubled")
-    fissure.run(Pipeline("memory").map("doubled", doubled), source, sink, spark=spark, progress=False)
+    fissure.run(Pipeline("memory").map("doubled", doubled), source, sink,
+                config=fissure.RunnerConfig(spark=spark, progress="off"))
     totals = {row.user: row.total for row in
               spark.sql("SELECT user, SUM(amount) AS total FROM fissure_doubled GROUP BY user").collect()}
     assert totals == {"ann": 11.0, "bob": 4.0}
 
     seen = []
     each_batch = ForeachBatchSink(lambda frame, batch_id: seen.append((batch_id, frame.count(), frame.columns)))
-    fissure.run(Pipeline("each").map("doubled", doubled), source, each_batch, spark=spark, progress=False)
+    fissure.run(Pipeline("each").map("doubled", doubled), source, each_batch,
+                config=fissure.RunnerConfig(spark=spark, progress="off"))
     assert seen == [(0, 3, ["user", "amount"])]
 
 
@@ -209,7 +213,7 @@ def test_a_failed_run_is_described_briefly_and_logged_in_full(spark, tmp_path):
     source = FileSource(str(tmp_path / "in"), format="json", schema=SCHEMA)
     with pytest.raises(Exception) as raised:
         fissure.run(Pipeline("failing").map("doubled", doubled), source, ForeachBatchSink(failing_sink),
-                    spark=spark, progress=False)
+                    config=fissure.RunnerConfig(spark=spark, progress="off"))
     log = tmp_path / "spark.log"
     message = describe_failure(raised.value, str(log))
     assert "ValueError: the sink is full" in message

@@ -7,7 +7,7 @@ import pytest
 
 import fissure
 from fissure import MemorySink, Pipeline
-from fissure.graph import PipelineError
+from fissure.program.operators import PipelineError
 from fissure.spark.session.create import describe_failure
 from fissure.testing import record_files
 
@@ -44,11 +44,11 @@ def test_a_booby_trapped_state_in_the_checkpoint_is_refused_on_resume_and_never_
     checkpoint = str(tmp_path / "checkpoint")
     planting = Pipeline("plant").partitioned("count", keep_a_trap, key="user", schema=COUNTED, state_codec="pickle")
     with pytest.raises(PipelineError, match="needs a state key"):
-        fissure.run(planting, record_files(tmp_path / "in", records, EVENTS), MemorySink(), spark=spark,
-                    checkpoint=str(tmp_path / "unused"), progress=False)
+        fissure.run(planting, record_files(tmp_path / "in", records, EVENTS), MemorySink(),
+                    checkpoint=str(tmp_path / "unused"), config=fissure.RunnerConfig(spark=spark, progress="off"))
     # someone else's program leaves pickled trap objects in the checkpoint, signed with their key
-    fissure.run(planting, record_files(tmp_path / "in", records, EVENTS), MemorySink(), spark=spark,
-                checkpoint=checkpoint, progress=False, config=fissure.RunnerConfig(state_key="their key"))
+    fissure.run(planting, record_files(tmp_path / "in", records, EVENTS), MemorySink(), checkpoint=checkpoint,
+                config=fissure.RunnerConfig(state_key="their key", spark=spark, progress="off"))
     assert not marker.exists()
     record_files(tmp_path / "in", records, EVENTS, first_file=1)
     resumes = [
@@ -59,10 +59,10 @@ def test_a_booby_trapped_state_in_the_checkpoint_is_refused_on_resume_and_never_
         (planting, fissure.RunnerConfig(state_key="my key"), "signature does not match"),
     ]
     for pipeline, config, refusal in resumes:
-        config = fissure.RunnerConfig(state_key=config.state_key, query_restarts=0)
+        config = fissure.RunnerConfig(state_key=config.state_key, query_restarts=0, spark=spark, progress="off")
         with pytest.raises(Exception) as raised:
-            fissure.run(pipeline, fissure.FileSource(str(tmp_path / "in"), format="json", schema=EVENTS),
-                        MemorySink(), spark=spark, checkpoint=checkpoint, progress=False, config=config)
+            fissure.run(pipeline, fissure.FileSource(str(tmp_path / "in"), format="json", schema=EVENTS), MemorySink(),
+                        checkpoint=checkpoint, config=config)
         summary = describe_failure(raised.value)
         assert "operator 'count'" in summary and refusal in summary, summary
         assert not marker.exists()
@@ -93,9 +93,8 @@ def test_keys_survive_the_switches_between_the_dense_and_the_sparse_layout(spark
     sink = MemorySink()
     pipeline = Pipeline("wc").partitioned("count", word_count, key="word", schema={"word": str, "n": int})
     fissure.run(pipeline, fissure.FileSource(str(tmp_path / "in"), format="json", schema={"word": str},
-                                             max_files_per_trigger=1),
-                sink, spark=spark, checkpoint=str(tmp_path / "checkpoint"), progress=False,
-                config=fissure.RunnerConfig(query_restarts=0))
+                                             max_files_per_trigger=1), sink, checkpoint=str(tmp_path / "checkpoint"),
+                config=fissure.RunnerConfig(query_restarts=0, spark=spark, progress="off"))
     expected: dict[str, int] = {}
     for batch in batches:
         for word in batch:

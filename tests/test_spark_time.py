@@ -74,8 +74,8 @@ def test_tumbling_count_matches_reference_with_late_records_and_end_of_input(spa
     program = (Pipeline("tumbling").event_time("ts", lateness=LATENESS)
                .window("per_key", key="k", window=Tumbling(10.0), aggregate=Count()))
     sink, dead = MemorySink(), []
-    report = fissure.run(program, TestingSource(batches=BATCHES), sink, spark=spark,
-                         dead_letters=TestingSink(dead), checkpoint=str(tmp_path / "ckpt"), progress=False)
+    report = fissure.run(program, TestingSource(batches=BATCHES), sink, checkpoint=str(tmp_path / "ckpt"),
+                         config=fissure.RunnerConfig(spark=spark, dead_letters=TestingSink(dead), progress="off"))
     expected, late = reference_windows(BATCHES, 10.0, 10.0, LATENESS)
     got = spark_batches(sink)
     assert window_rows([r for batch in got for r in batch]) == expected
@@ -161,8 +161,9 @@ def test_windows_sessions_dedup_and_expiry_in_a_graph_match_the_reference(spark,
     chosen = "sequential" if plan == "sequential" else Plan(tuple(
         RegionPlan(((name,),), replicas=2 if graph.node(name).keyed else 1) for name in graph.check().order
         if graph.node(name).operator is not None))
-    fissure.run(graph, {"events": TestingSource(batches=GRAPH_BATCHES)}, sinks, spark=spark, plan=chosen,
-                dead_letters=TestingSink(dead), checkpoint=str(tmp_path / "ckpt"), progress=False)
+    fissure.run(graph, {"events": TestingSource(batches=GRAPH_BATCHES)}, sinks, plan=chosen,
+                checkpoint=str(tmp_path / "ckpt"),
+                config=fissure.RunnerConfig(spark=spark, dead_letters=TestingSink(dead), progress="off"))
     steps = run_batches(graph, [{"events": batch} for batch in GRAPH_BATCHES])
     for name in names:  # batch by batch as in process
         assert graph_results(sinks, name) == [sorted(sorted(record.items()) for record in step.results[name])

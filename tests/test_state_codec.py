@@ -14,14 +14,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fissure import Pipeline
-from fissure.graph import PipelineError
-from fissure.spark.config import RunnerConfig
+from fissure.program.operators import PipelineError
+from fissure.config import RunnerConfig
 from fissure.local.executor import LocalGraphRun
 from fissure.runtime.operators.keyed import StatefulStep, run_group
 from fissure.runtime.records.fate import OperatorFailedError
 from fissure.runtime.state.codec import (DATA_HEADER, LegacyStateError, StateCodec, StateCodecError,
-                                         StateIntegrityError, decode_data, encode_data)
-from fissure.streamgraph import as_graph
+                                        StateIntegrityError, decode_data, encode_data)
+from fissure.program.graph import as_graph
 
 
 def same(left, right) -> bool:

@@ -55,7 +55,7 @@ def test_builder_returns_streams_and_fan_out_is_reuse():
     assert layout.order.index("parsed") < layout.order.index("big") < layout.order.index("enrich")
     assert layout.schemas["per_host"].names == ["host", "n"]
     assert layout.schemas["both"].names == ["host", "ts", "v"]
-    assert isinstance(fissure.StreamGraph("x").source("s"), fissure.streamgraph.Stream)
+    assert isinstance(fissure.StreamGraph("x").source("s"), fissure.program.graph.Stream)
 
 
 # --- validation ---------------------------------------------------------------------------------
@@ -373,7 +373,8 @@ def test_run_local_binding_errors():
 
 from fissure.control.autopipeline_control import ControlAction  # noqa: E402
 from fissure.profile.graph_profile import autopipeline_profile, piece_measurements  # noqa: E402
-from fissure.spark.adaptive.autopipelining import GraphAutopipelineConfig, GraphAutopipeliner  # noqa: E402
+from fissure.config import GraphAutopipelineConfig  # noqa: E402
+from fissure.spark.adaptive.autopipelining import GraphAutopipeliner  # noqa: E402
 from fissure.runtime.profiling.profiler import ProfileTally  # noqa: E402
 
 ONE_PIECE = "example/pe0/parsed,big,small,both/p0"
@@ -422,7 +423,7 @@ class RecordingRunner:
         return self.tally.copy()
 
     def run_batch(self, batch_id, wall_s, pieces):
-        from fissure.spark.runner import GraphBatch
+        from fissure.spark.query.runner import GraphBatch
 
         for piece, (cpu_s, piece_wall_s, nodes) in pieces.items():
             self.tally.add_piece(piece, cpu_s, piece_wall_s, nodes)
@@ -488,7 +489,7 @@ def test_a_pipeline_is_the_graph_of_one_source_and_one_sink():
     assert graph.sources == ("source",) and graph.sinks == ("sink",) and graph.names == chain.names
     assert [node.operator for node in graph.nodes if node.operator] == list(chain.operators)
     assert graph.operator_stats() == chain.operator_stats()  # the same planner input
-    back = graph.as_chain()
+    back = Pipeline.from_graph(graph)
     assert back.names == chain.names and back.operators == chain.operators
     records = [{"k": "a", "v": 1}, {"k": "a", "v": 2}, {"k": "b", "v": 3}]
     assert run_local(chain, records)["sink"] == [{"k": "a", "n": 4}, {"k": "b", "n": 6}]
@@ -502,7 +503,9 @@ def test_an_operator_named_like_an_end_moves_the_end_and_fan_out_is_no_chain():
     stream = g.source("in").map("a", lambda r: r)
     stream.map("b", lambda r: r).sink("out1")
     stream.map("c", lambda r: r).sink("out2")
-    assert g.as_chain() is None
+    assert g.chain_operators() is None
+    with pytest.raises(PipelineError, match="not a chain"):
+        Pipeline.from_graph(g)
 
 
 def test_a_graph_is_planned_as_the_chain_of_its_operators_loaded_with_their_records():
@@ -640,4 +643,4 @@ def test_a_sink_named_like_the_operator_that_feeds_it_runs_in_process():
     assert fusion_runs(g, ["parsed", "big"]) == [["parsed"], ["big"]]
     chain = StreamGraph("c")
     chain.source("lines").map("upper", lambda r: {"value": r["value"].upper()}).sink("upper")
-    assert chain.as_chain().names == ("upper",) and repr(chain) == "StreamGraph('c': 3 nodes, sinks upper)"
+    assert Pipeline.from_graph(chain).names == ("upper",) and repr(chain) == "StreamGraph('c': 3 nodes, sinks upper)"

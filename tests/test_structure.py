@@ -26,12 +26,6 @@ SUBLAYERS = {
     "runtime": ("records", "profiling", "state", "operators", "elastic", "pe"),
 }
 
-# The program model's modules, until they live in their own package.
-PROGRAM_MODULES = {"aggregates", "combine_policy", "eventtime", "graph", "joins", "program_fingerprint",
-                   "streamgraph", "time_methods", "time_program", "windows"}
-# Modules that stand outside the rules until they are split or untangled.
-LONG_MODULES = {"fissure.spark.runner", "fissure.streamgraph", "fissure.graph"}
-UNTANGLED_LATER = {f"fissure.{name}" for name in PROGRAM_MODULES}
 
 MAX_MODULE_LINES = 500
 MAX_FOLDER_MODULES = 15
@@ -83,8 +77,7 @@ def internal_imports(name: str) -> Iterator[tuple[str, int]]:
 
 
 def layer_of(name: str) -> str:
-    top = name.split(".")[1]
-    return "program" if top in PROGRAM_MODULES else top
+    return name.split(".")[1]
 
 
 def place(name: str) -> tuple[int, int]:
@@ -106,7 +99,7 @@ def test_no_import_runs_back_up():
     sub-packages, its own sub-package and those below)."""
     back_up = []
     for name in modules():
-        if name == "fissure" or name in UNTANGLED_LATER:
+        if name == "fissure":
             continue
         for target, line in internal_imports(name):
             (layer, sub), (target_layer, target_sub) = place(name), place(target)
@@ -158,7 +151,7 @@ def test_no_import_cycle():
     for name in graph:
         if name not in index:
             visit(name)
-    assert [cycle for cycle in cycles if not set(cycle) <= UNTANGLED_LATER] == []
+    assert cycles == []
 
 
 def test_pyspark_only_in_the_spark_layer():
@@ -170,8 +163,7 @@ def test_pyspark_only_in_the_spark_layer():
 
 def test_no_module_over_500_lines():
     long = {name: len(path.read_text().splitlines()) for name, path in modules().items()}
-    assert {name: lines for name, lines in long.items()
-            if lines > MAX_MODULE_LINES and name not in LONG_MODULES} == {}
+    assert {name: lines for name, lines in long.items() if lines > MAX_MODULE_LINES} == {}
 
 
 def test_no_folder_over_15_modules():

@@ -112,7 +112,7 @@ def test_the_same_source_and_sink_run_on_spark_with_the_same_results(spark):
     local: list = []
     run_main(chain(), TestingSource(RECORDS, batch_size=2), TestingSink(local))
     on_spark: list = []
-    report = fissure.run(chain(), TestingSource(RECORDS, batch_size=2), TestingSink(on_spark), spark=spark,
-                         progress=False, plan="planner")
+    report = fissure.run(chain(), TestingSource(RECORDS, batch_size=2), TestingSink(on_spark), plan="planner",
+                         config=fissure.RunnerConfig(spark=spark, progress="off"))
     assert report.batches == 3 and report.input_records == len(RECORDS)
     assert sorted(map(str, on_spark)) == sorted(map(str, local))

@@ -95,8 +95,8 @@ def test_the_examples_on_spark_under_the_planners_plan_give_the_references_answe
     for pipeline, lines, name in cases:
         source = text_files(tmp_path / name / "in", lines, lines_per_file=500, max_files_per_trigger=1)
         sink = fissure.MemorySink()
-        report = fissure.run(pipeline, source, sink, plan="planner", spark=spark,
-                             checkpoint=str(tmp_path / name / "ckpt"), progress=False)
+        report = fissure.run(pipeline, source, sink, plan="planner", checkpoint=str(tmp_path / name / "ckpt"),
+                             config=fissure.RunnerConfig(spark=spark, progress="off"))
         assert report.dead_letters == 0 and report.late_records == 0
         outputs[name] = sink.records()
     got = {record["period"]: (record["auction"], record["bids"]) for record in outputs["hot"]}

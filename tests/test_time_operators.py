@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 import fissure
 from fissure import (Aggregate, Count, Max, Mean, Min, Pipeline, PipelineError, StreamGraph, Sum, Tumbling,
                      TumblingWindow)
-from fissure.graph import output_schemas
+from fissure.program.chain import output_schemas
 from fissure.testing import run_batches
 
 SCHEMA = {"user": str, "ts": float, "v": int}
@@ -157,7 +157,7 @@ def test_expire_after_drops_a_keys_state_after_on_expire_and_state_stays_bounded
     rng = random.Random(4)
     batches = [[{"user": f"u{rng.randrange(4) + 3 * n}", "ts": float(10 * n + rng.randrange(10)), "v": 0}
                 for _ in range(6)] for n in range(12)]
-    run = fissure.local.executor.LocalGraphRun(fissure.streamgraph.as_graph(expiring()))
+    run = fissure.local.executor.LocalGraphRun(fissure.program.graph.as_graph(expiring()))
     out, keys_held = [], []
     for batch in batches:
         out += run.run_batch({"source": batch})["sink"]
@@ -186,7 +186,7 @@ def test_on_expire_errors_are_dead_letters_and_a_cleared_state_is_deleted_at_onc
     program = Pipeline("p").event_time("ts").partitioned(
         "s", clear_on_logout, key="user", expire_after=5.0, on_expire=lambda state, key: 1 / 0,
         schema={"user": str})
-    run = fissure.local.executor.LocalGraphRun(fissure.streamgraph.as_graph(program))
+    run = fissure.local.executor.LocalGraphRun(fissure.program.graph.as_graph(program))
     run.run_batch({"source": [{"user": "a", "ts": 1.0, "v": 1}, {"user": "b", "ts": 1.0, "v": 1},
                               {"user": "b", "ts": 2.0, "v": -1}]})
     assert list(run.states["s"]) == ['["a"]']  # b logged out: its state is gone, on_expire not called
@@ -256,7 +256,7 @@ def test_records_without_event_time_are_dead_letters_at_the_declaration():
     assert results["sink"] == [{"user": "a", "window_start": 0.0, "window_end": 5.0, "count": 1}]
     assert [letter.error.split(";")[0] for letter in results.dead_letters] == [
         "NoEventTime: field 'ts' is None", "NoEventTime: field 'ts' is NaN"]
-    check = fissure.eventtime.EventTimeCheck("ts")
+    check = fissure.program.eventtime.EventTimeCheck("ts")
     reasons = []
     for record in records[1:]:
         with pytest.raises(fissure.runtime.records.fate.RecordRejected) as raised:

@@ -1,5 +1,5 @@
 """The watchdog's decision (a stuck batch, the operator it is in) and a bounded run that its
-timeout ends with input left (fissure.lifecycle.watchdog, fissure.spark.run, fissure.spark.io.input_left)."""
+timeout ends with input left (fissure.lifecycle.watchdog, fissure.spark.query.run, fissure.spark.io.input_left)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pytest
 from fissure import RunnerConfig
 from fissure.lifecycle.progress import ProgressState
 from fissure.lifecycle.watchdog import (Heartbeat, Stall, StallPolicy, judge_batch, read_heartbeat, report_due,
-                                        stuck_operator)
-from fissure.spark import run as run_module
+                                      stuck_operator)
+from fissure.spark.query import run as run_module
 from fissure.spark.io.input_left import files_left
 from fissure.lifecycle.progress_output import progress_fields
 from fissure.spark.io.sources import FileSource
@@ -126,9 +126,8 @@ def run_until_timeout(monkeypatch, tmp_path, available_now):
     (checkpoint / "sources" / "0" / "1").write_text(  # planned, not committed
         "v1\n" + json.dumps({"path": (logs / "part-1.json").as_uri(), "timestamp": 1, "batchId": 1}) + "\n")
     source = FileSource(str(logs), format="json", schema={"i": int})
-    return run_module._run_to_end(None, source, None, limit=None, checkpoint=str(checkpoint), spark=None,
-                                  config=RunnerConfig(), available_now=available_now, timeout_s=90,
-                                  runner_options={}, autopipeline=False, autopipeline_config=None)
+    return run_module._run_to_end(None, source, None, plan=None, checkpoint=str(checkpoint), spark=None,
+                                  config=RunnerConfig(available_now=available_now, timeout_s=90), lock=None)
 
 
 def test_a_bounded_run_ended_by_its_timeout_with_input_left_fails_saying_how_much(monkeypatch, tmp_path):

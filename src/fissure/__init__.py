@@ -3,7 +3,8 @@
     import fissure
     program = fissure.Pipeline("name").map(...).partitioned(...)    # a chain, or
     program = fissure.StreamGraph("name")                           # a graph of sources, operators, sinks
-    fissure.run(program, source(s), sink(s), plan="planner")        # on Spark
+    fissure.run(program, source(s), sink(s), plan="planner",        # on Spark
+                checkpoint="ckpt/", config=fissure.RunnerConfig(...))  # every other setting (fissure.config)
     fissure.run_local(program, records)                             # in this process, no JVM
 
 Time: `.event_time(field, lateness=)`, `.window(name, key=, window=Tumbling|Sliding|Session,
@@ -21,25 +22,25 @@ __version__ = "0.1.0"
 # name -> module that defines it: the program definition (no Spark needed to build one), then
 # the Spark layer
 _EXPORTS = {
-    "Aggregate": "fissure.aggregates",
-    "Count": "fissure.aggregates",
-    "Max": "fissure.aggregates",
-    "Mean": "fissure.aggregates",
-    "Min": "fissure.aggregates",
-    "Sum": "fissure.aggregates",
-    "OperatorEstimate": "fissure.graph",
-    "Pipeline": "fissure.graph",
-    "PipelineError": "fissure.graph",
-    "StreamGraph": "fissure.streamgraph",
-    "TumblingWindow": "fissure.streamgraph",
-    "Session": "fissure.windows",
-    "Sliding": "fissure.windows",
-    "Tumbling": "fissure.windows",
+    "Aggregate": "fissure.program.aggregates",
+    "Count": "fissure.program.aggregates",
+    "Max": "fissure.program.aggregates",
+    "Mean": "fissure.program.aggregates",
+    "Min": "fissure.program.aggregates",
+    "Sum": "fissure.program.aggregates",
+    "OperatorEstimate": "fissure.program.operators",
+    "Pipeline": "fissure.program.chain",
+    "PipelineError": "fissure.program.operators",
+    "StreamGraph": "fissure.program.graph",
+    "TumblingWindow": "fissure.program.joins",
+    "Session": "fissure.program.windows",
+    "Sliding": "fissure.program.windows",
+    "Tumbling": "fissure.program.windows",
     "run_local": "fissure.local.executor",
-    "run": "fissure.spark.run",
-    "Runner": "fissure.spark.runner",
-    "RunReport": "fissure.spark.runner",
-    "RunnerConfig": "fissure.spark.config",
+    "run": "fissure.spark.query.run",
+    "Runner": "fissure.spark.query.runner",
+    "RunReport": "fissure.spark.query.report",
+    "RunnerConfig": "fissure.config",
     "FileSource": "fissure.spark.io.sources",
     "RateSource": "fissure.spark.io.sources",
     "SocketSource": "fissure.spark.io.sources",
@@ -49,8 +50,8 @@ _EXPORTS = {
     "ConsoleSink": "fissure.spark.io.sinks",
     "MemorySink": "fissure.spark.io.sinks",
     "NoopSink": "fissure.spark.io.sinks",
-    "run_graph": "fissure.spark.run",
-    "RunTimedOut": "fissure.spark.run_end",
+    "run_graph": "fissure.spark.query.run",
+    "RunTimedOut": "fissure.spark.query.run_end",
     "migrate_state": "fissure.spark.checkpoint.guard",
 }
 

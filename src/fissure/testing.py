@@ -10,7 +10,7 @@ In process, no JVM (the operators run with the same worker code as on Spark; `ru
 The same source and sink on Spark (the source writes its batches as files it serves one per
 micro-batch; the sink keeps each batch's results once, a replayed batch replacing its rows):
 
-    fissure.run(pipeline, TestingSource(records, batch_size=2), TestingSink(out), spark=spark)
+    fissure.run(pipeline, TestingSource(records, batch_size=2), TestingSink(out), config=fissure.RunnerConfig(spark=spark))
 
 A graph takes them by name: `run_main(graph, {"lines": TestingSource(...)}, {"alerts": TestingSink(out)})`.
 
@@ -36,10 +36,11 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 
-from fissure.graph import Pipeline, PipelineError, SchemaSpec, to_arrow_schema
+from fissure.program.chain import Pipeline
+from fissure.program.operators import PipelineError, SchemaSpec, to_arrow_schema
 from fissure.spark.io.sinks import MemorySink
 from fissure.spark.io.sources import FileSource
-from fissure.streamgraph import StreamGraph, as_graph
+from fissure.program.graph import StreamGraph, as_graph
 from fissure.local.executor import LocalDeadLetter, LocalGraphRun
 from fissure.runtime.records.unreadable_lines import LineFormat
 

@@ -208,7 +208,7 @@ def measure(master: str, quick: bool, out=sys.stdout) -> dict:
     """Run every measurement; returns the Calibration and the figures to print."""
     from fissure.model.calibration import Calibration, fit_spark_constants, replication_cost_us
     from fissure.model.spark_model import SparkConstants
-    from fissure.spark.config import RunnerConfig
+    from fissure.config import RunnerConfig
     from fissure.spark.session.create import create_session, default_parallelism
     from fissure.spark.session.stage_log import STAGE_LOG_CONF, StageLog
     from fissure.local.calibrate import measure_boundary

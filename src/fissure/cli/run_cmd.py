@@ -79,7 +79,7 @@ def register(subparsers) -> None:
     parser.add_argument("--sink", help="output directory (Parquet, one folder per batch); default: print results")
     parser.add_argument("--dead-letters", help="directory for dead letters (JSON); default: counted and kept in memory")
     parser.add_argument("--plan", default="planner", help="planner (default), sequential, or a JSON plan file")
-    parser.add_argument("--master", default="local[*,4]",
+    parser.add_argument("--master", default=None,
                         help="Spark master URL (default: local[*,4]: every core, a failed task tried up to 4 times)")
     parser.add_argument("--spark-ui", nargs="?", const="127.0.0.1", default=None, metavar="ADDRESS",
                         help="run Spark's web UI and print its address (off by default: it slows the start); it "
@@ -96,8 +96,10 @@ def register(subparsers) -> None:
                         help="auto (default): a live line on a terminal, timestamped lines elsewhere; "
                              "live, lines, or off")
     parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
-                        help="a Spark setting for the session fissure starts, as spark-submit's --conf "
-                             "(repeatable), e.g. Spark's metrics system: docs/spark-runner.md")
+                        help="a setting, as spark-submit's --conf (repeatable): spark.fissure.* keys are fissure's "
+                             "(RunnerConfig's fields, e.g. spark.fissure.timeout_s=60; a flag given wins over "
+                             "them), any other key a Spark setting for the session fissure starts, e.g. Spark's "
+                             "metrics system: docs/spark-runner.md")
     parser.add_argument("--packages", metavar="GROUP:ARTIFACT:VERSION,...",
                         help="jars for Spark's JVM from Maven (spark.jars.packages), e.g. the Kafka connector")
     parser.add_argument("--json", action="store_true",
@@ -149,10 +151,10 @@ def load_pipeline(reference: str):
         defined = sorted(name for name, value in vars(module).items() if callable(value) and not name.startswith("_"))
         raise UsageError(f"{location!r} has no {function_name!r}; "
                          f"it defines {', '.join(defined) or 'nothing callable'}")
-    from fissure.graph import Pipeline
-    from fissure.streamgraph import StreamGraph
+    from fissure.program.chain import Pipeline
+    from fissure.program.graph import StreamGraph
 
-    from fissure.graph import PipelineError
+    from fissure.program.operators import PipelineError
 
     programs = (Pipeline, StreamGraph)
     try:
@@ -166,14 +168,9 @@ def load_pipeline(reference: str):
 
 def handle(args) -> int:
     import fissure
-    from fissure.graph import PipelineError
-    from fissure.spark.checkpoint.guard import CheckpointDamaged
-    from fissure.spark.checkpoint.lock import CheckpointLocked
-    from fissure.plan.plans import describe_plan
-    from fissure.spark.run_end import RunTimedOut
-    from fissure.spark.session.create import describe_failure
+    from fissure.program.graph import as_graph
+    from fissure.program.operators import PipelineError
     from fissure.spark.io.sources import SourceUnavailable, check_before_spark
-    from fissure.streamgraph import as_graph
 
     pipeline = load_pipeline(args.pipeline)
     if args.max_batches is not None and args.max_batches < 1:
@@ -184,11 +181,6 @@ def handle(args) -> int:
                          f"(or a rate://, socket:// or kafka:// URL)")
     if source_url is not None:
         refuse_file_flags(args, args.source)
-    adapt = args.adapt
-    if adapt and source_url is not None and not source_url.replayable:
-        print(f"fissure run: a {source_url.scheme} source cannot replay what it sent: the plan stays as it starts "
-              f"(as with --no-adapt)", file=sys.stderr)
-        adapt = False
     try:
         if source_url is None:
             source = fissure.FileSource(args.source, format=args.format or "text", schema=parse_schema(args.schema),
@@ -196,11 +188,7 @@ def handle(args) -> int:
                                         max_bytes_per_trigger=args.kb_per_batch * 1024 if args.kb_per_batch else None)
         else:
             source = source_of(source_url, args.source)
-        config = fissure.RunnerConfig(master=args.master, batch_size="all" if args.all_per_batch else "auto",
-                                      batch_latency_bound_s=args.latency_bound, batch_sample_costs=args.cost_sample,
-                                      spark_ui=args.spark_ui is not None,
-                                      spark_ui_address=args.spark_ui or "127.0.0.1",
-                                      state_migration="trust-pickle" if args.migrate_pickled_state else None)
+        config = run_config(args, source_url)
     except ValueError as error:
         raise UsageError(str(error)) from None
     graph = as_graph(pipeline)
@@ -209,9 +197,6 @@ def handle(args) -> int:
             check_before_spark(graph, {graph.sources[0]: source})
         except (PipelineError, SourceUnavailable) as error:
             raise UsageError(str(error)) from None
-    run_dir = args.run_dir or tempfile.mkdtemp(prefix="fissure-run-")
-    os.makedirs(run_dir, exist_ok=True)
-    spark_log = os.path.abspath(os.path.join(run_dir, "spark.log"))
     sink = fissure.FileSink(args.sink) if args.sink else fissure.ConsoleSink()
     if isinstance(pipeline, fissure.StreamGraph):
         if len(pipeline.sources) != 1:
@@ -219,25 +204,64 @@ def handle(args) -> int:
                              f"reads one --source: run it from Python with fissure.run(graph, {{name: source}}, ...)")
         sink = {name: fissure.FileSink(os.path.join(args.sink, name)) if args.sink else fissure.ConsoleSink()
                 for name in pipeline.sinks}
-    dead_letters = fissure.FileSink(args.dead_letters, format="json") if args.dead_letters else None
-    spark_conf = dict(config.spark_conf)
+    return run_and_report(args, pipeline, source, sink, with_run_dir(config, args.run_dir))
+
+
+def run_config(args, source_url) -> object:
+    """The run's RunnerConfig: the command's defaults (re-planning adaptive), then the --conf
+    settings, then the flags given (a flag wins over a key); ValueError naming a bad one."""
+    import fissure
+
+    conf = []
     for setting in args.conf:
         key, separator, value = setting.partition("=")
         if not separator or not key.strip():
             raise UsageError(f"--conf {setting!r} is not KEY=VALUE")
-        spark_conf[key.strip()] = value
+        conf.append((key.strip(), value))
     if args.packages:
-        spark_conf["spark.jars.packages"] = args.packages
-    config = dataclasses.replace(config, spark_conf=spark_conf)
+        conf.append(("spark.jars.packages", args.packages))
+    config = fissure.RunnerConfig.from_conf(conf, base=fissure.RunnerConfig(replanning="adaptive"))
+    flags = {"master": args.master, "batch_latency_bound_s": args.latency_bound, "progress": args.progress,
+             "timeout_s": args.timeout, "max_batches": args.max_batches,
+             "batch_size": "all" if args.all_per_batch else None,
+             "batch_sample_costs": False if not args.cost_sample else None,
+             "spark_ui": True if args.spark_ui is not None else None, "spark_ui_address": args.spark_ui,
+             "state_migration": "trust-pickle" if args.migrate_pickled_state else None,
+             "replanning": "off" if not args.adapt else None,
+             "available_now": False if args.follow or source_url is not None and source_url.endless else None,
+             "dead_letters": fissure.FileSink(args.dead_letters, format="json") if args.dead_letters else None}
+    config = dataclasses.replace(config, **{name: value for name, value in flags.items() if value is not None})
+    if config.replanning == "adaptive" and source_url is not None and not source_url.replayable:
+        print(f"fissure run: a {source_url.scheme} source cannot replay what it sent: the plan stays as it starts "
+              f"(as with --no-adapt)", file=sys.stderr)
+        config = dataclasses.replace(config, replanning="off")
+    return config
+
+
+def with_run_dir(config, run_dir: str | None):
+    """The config with its run directory made (`--run-dir`, the key's, or a new temporary one):
+    Spark's log and the default checkpoint go there."""
+    run_dir = run_dir or config.run_dir or tempfile.mkdtemp(prefix="fissure-run-")
+    os.makedirs(run_dir, exist_ok=True)
+    spark_log = config.spark_log or os.path.abspath(os.path.join(run_dir, "spark.log"))
+    return dataclasses.replace(config, run_dir=run_dir, spark_log=spark_log)
+
+
+def run_and_report(args, pipeline, source, sink, config) -> int:
+    """Run on Spark, print the results' summary (the last line of stdout with --json); the exit code."""
+    import fissure
+    from fissure.program.operators import PipelineError
+    from fissure.spark.checkpoint.guard import CheckpointDamaged
+    from fissure.spark.checkpoint.lock import CheckpointLocked
+    from fissure.spark.query.run_end import RunTimedOut
+    from fissure.spark.session.create import describe_failure
+    from fissure.spark.io.sources import SourceUnavailable
+
+    spark_log = config.spark_log
     print(f"fissure run: starting Spark (its output goes to {spark_log})", file=sys.stderr)
     try:
         report = fissure.run(pipeline, source, sink, plan=args.plan,
-                             checkpoint=args.checkpoint or os.path.join(run_dir, "checkpoint"),
-                             dead_letters=dead_letters,
-                             config=dataclasses.replace(config, spark_log=spark_log),
-                             available_now=not (args.follow or source_url is not None and source_url.endless),
-                             timeout_s=args.timeout, max_batches=args.max_batches, progress=args.progress or True,
-                             adaptive=adapt, run_dir=run_dir)
+                             checkpoint=args.checkpoint or os.path.join(config.run_dir, "checkpoint"), config=config)
     except (PipelineError, SourceUnavailable) as error:
         raise UsageError(str(error)) from None
     except (CheckpointLocked, CheckpointDamaged) as error:  # whole: the holder, or the missing files

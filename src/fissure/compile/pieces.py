@@ -16,7 +16,8 @@ from fissure.runtime.elastic.stage import WaitingOperator
 from fissure.runtime.operators.fused import FusedStage, Step
 from fissure.runtime.pe.graph_piece import GraphPiece, StatelessNode
 from fissure.runtime.records.envelopes import EnvelopeLayout
-from fissure.streamgraph import Node, NodeKind, StreamGraph
+from fissure.program.nodes import Node, NodeKind
+from fissure.program.graph import StreamGraph
 
 
 def _step(node: Node, schemas: Mapping[str, pa.Schema], waiting: WaitingOperator | None) -> Step:

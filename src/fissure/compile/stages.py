@@ -14,9 +14,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from fissure.graph import Pipeline
+from fissure.program.chain import Pipeline
 from fissure.model.types import Kind, Plan, RegionPlan
-from fissure.streamgraph import NodeKind, StreamGraph
+from fissure.program.nodes import NodeKind
+from fissure.program.graph import StreamGraph
 
 
 

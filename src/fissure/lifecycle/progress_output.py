@@ -14,7 +14,7 @@ and the table as plain lines under the line it came with:
 
     2026-11-25T13:40:12+00:00 fissure | batch 17 | 12,345 records/s | 210,000 records | 3 dead letters | plan [parse|events]x2 -> [results]
 
-Both the chain/graph runner (fissure.spark.runner) and the adaptive run (fissure.spark.adaptive.loop)
+Both the chain/graph runner (fissure.spark.query.runner) and the adaptive run (fissure.spark.adaptive.loop)
 print through this class.
 """
 

@@ -33,8 +33,9 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from fissure.graph import OperatorEstimate, Pipeline
-from fissure.streamgraph import StreamGraph, as_graph
+from fissure.program.operators import OperatorEstimate
+from fissure.program.chain import Pipeline
+from fissure.program.graph import StreamGraph, as_graph
 from fissure.local.executor import LocalGraphRun
 
 MIN_RECORDS = 50  # fewer records into an operator measure its start, not its cost per record

@@ -32,8 +32,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from fissure.model.types import Kind
-from fissure.graph import Pipeline
-from fissure.streamgraph import NodeKind, PipelineError, StreamGraph, as_graph
+from fissure.program.chain import Pipeline
+from fissure.program.nodes import NodeKind
+from fissure.program.operators import PipelineError
+from fissure.program.graph import StreamGraph, as_graph
 from fissure.runtime.records.columns import (DEAD_COLUMNS, DEAD_ERROR, DEAD_OPERATOR, DEAD_RECORD, SEQ, SOURCE_SHIFT,
                                              carried_schema)
 from fissure.runtime.operators.fused import FusedStage, Step

@@ -1,7 +1,7 @@
 """Which plan a run uses: "sequential", the planner's pick, a plan file, or a Plan value.
 
 A plan lists a program's operators in its order (`program.names`: a chain's order; a graph's
-execution order, fissure.streamgraph) cut into regions and pipelines. Also checks that a plan
+execution order, fissure.program.graph) cut into regions and pipelines. Also checks that a plan
 fits its program (every operator once, in that order) and prints it compactly for the progress
 line: `[parse|events]x2 -> [range]x2 -> [results]`.
 """
@@ -13,9 +13,10 @@ import os
 import re
 from collections.abc import Mapping
 
-from fissure.graph import OperatorEstimate, Pipeline, PipelineError
+from fissure.program.chain import Pipeline
+from fissure.program.operators import OperatorEstimate, PipelineError
 from fissure.model.types import Kind, Machine, Plan, RegionPlan
-from fissure.streamgraph import StreamGraph
+from fissure.program.graph import StreamGraph
 
 Program = Pipeline | StreamGraph
 

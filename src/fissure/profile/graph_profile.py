@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from fissure.plan.autopipeline import AutopipelineProfile, ThreadProfile
-from fissure.streamgraph import StreamGraph
+from fissure.program.graph import StreamGraph
 
 
 @dataclass(frozen=True)

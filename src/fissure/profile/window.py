@@ -122,7 +122,7 @@ class ProfileSummary:
         """`graph.OperatorEstimate` per operator with a cost and a selectivity, for
         `Pipeline.operator_stats(estimates)`; operators without them are left out (logged), so the
         pipeline's hints or defaults stand in for them."""
-        from fissure.graph import OperatorEstimate
+        from fissure.program.operators import OperatorEstimate
 
         wanted = None if names is None else set(names)
         found = {}
@@ -279,7 +279,7 @@ def _estimated_wall_s(counts: Sequence[OperatorCounts]) -> float:
 
 def waiting_advice(summary: ProfileSummary, declared: Iterable[str] = ()) -> tuple[str, ...]:
     """One line per operator the profile shows waiting that declares nothing: what it waits and
-    the declaration that gives it threads (fissure.graph's `waits=`)."""
+    the declaration that gives it threads (fissure.program.operators' `waits=`)."""
     declared = set(declared)
     lines = []
     for item in summary.operators:

@@ -39,8 +39,8 @@ def main() -> None:
         file.writelines(json.dumps({"word": word}) + "\n" for word in words)
     pipeline = Pipeline("legacy").partitioned("count", count, key="word", schema={"word": str, "n": int})
     source = fissure.FileSource(os.path.join(out, "input"), format="json", schema={"word": str})
-    fissure.run(pipeline, source, MemorySink(), checkpoint=os.path.join(out, "checkpoint"), progress=False,
-                config=fissure.RunnerConfig(master="local[2]"))
+    fissure.run(pipeline, source, MemorySink(), checkpoint=os.path.join(out, "checkpoint"),
+                config=fissure.RunnerConfig(master="local[2]", progress="off"))
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Operators that wait, run on elastic threads inside their fused stage.
 
-A stateless per-record operator declared `waits="io"` or `waits="gil-free"` (fissure.graph), or
+A stateless per-record operator declared `waits="io"` or `waits="gil-free"` (fissure.program.operators), or
 switched on because its profile shows it waiting, carries a `WaitingOperator` in its fused `Step`.
 When the fused stage (fissure.runtime.operators.fused) reaches such a step it hands the batch's records to
 `WaitingOperator.run`, which runs them through the operator's `ElasticOperatorRunner`
@@ -46,7 +46,7 @@ from fissure.runtime.elastic.runner import ElasticOperatorRunner, ThreadLevelSam
 
 log = logging.getLogger(__name__)
 
-# The values of fissure.graph.Waits (the worker layer does not import the pipeline definition).
+# The values of fissure.program.operators.Waits (the worker layer does not import the pipeline definition).
 WAIT_KINDS = ("io", "gil-free")
 RECORD_ACTIONS = ("map", "filter", "flat_map")
 

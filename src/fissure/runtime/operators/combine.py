@@ -8,7 +8,7 @@ state with `merge` and emits once per changed key or closed window (`CombinedAgg
 `CombinedWindowKeys`), exactly what the per-record functions of fissure.runtime.operators.timed emit. Spark,
 Flink and Beam combine the same way before their shuffles (Beam's CombineFn "combiner lifting").
 
-Which operators combine is a pure decision (fissure.combine_policy.combine_decision):
+Which operators combine is a pure decision (fissure.program.combine_policy.combine_decision):
 - an `aggregate` without `expire_after`: nothing depends on the key's state but the accumulator;
 - a `Tumbling` or `Sliding` window: a record is late when every window it falls in ended at or
   before the batch before's watermark (W_prev), which the task reads from the batch's clock, so the
@@ -40,7 +40,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from fissure.eventtime import AggregateRole, WindowRole, event_seconds, no_event_time
+from fissure.program.eventtime import AggregateRole, WindowRole, event_seconds, no_event_time
 from fissure.runtime.records.arrow_rows import batch_records, column_values
 from fissure.runtime.records.columns import SEQ
 from fissure.runtime.operators.keyed import BatchTime, KeyEmitted, group_by_key, null_key_error

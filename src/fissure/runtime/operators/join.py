@@ -1,6 +1,6 @@
 """The keyed windowed stream-stream join of one key in one micro-batch (no pyspark here).
 
-Semantics: fissure.streamgraph's module docstring. The state of a key is a plain dict, stored as
+Semantics: fissure.program.graph's module docstring. The state of a key is a plain dict, stored as
 data between micro-batches (fissure.runtime.state.codec, never pickled): its watermark and, per
 open window, the left and right records seen.
 """
@@ -16,7 +16,7 @@ import pyarrow as pa
 from fissure.runtime.records.arrow_rows import batch_records, column_values
 from fissure.runtime.records.columns import SEQ
 from fissure.runtime.records.carried import assemble, dead_letter_batch, live_batch, records_to_batch
-from fissure.eventtime import no_event_time
+from fissure.program.eventtime import no_event_time
 from fissure.runtime.operators.keyed import null_key_error
 from fissure.runtime.records.fate import (DeadLetter, OperatorFailedError, describe_error, normalize_emitted, record_failed,
                                           record_text)

@@ -28,7 +28,8 @@ from __future__ import annotations
 import typing
 from collections.abc import Callable, Iterable, Sequence
 
-from fissure.eventtime import AggregateRole, DeduplicateRole, ExpiryRole, WindowRole, event_seconds, no_event_time
+from fissure.program.eventtime import (AggregateRole, DeduplicateRole, ExpiryRole, WindowRole, event_seconds,
+                                       no_event_time)
 from fissure.runtime.operators.keyed import BatchTime, KeyEmitted, StatefulStep
 from fissure.runtime.records.fate import (DeadLetter, OperatorFailedError, describe_error, normalize_emitted,
                                           operator_stopped, record_failed, record_text)

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 import fissure
 from fissure.lifecycle.failures import RESOURCE_ERRNOS
+# A record rejected by fissure's own rules is the program model's verdict (no event time, ...).
+from fissure.program.operators import RecordRejected, shown_value  # noqa: F401 - worker code takes them from here
 
 MAX_DEAD_RECORD_CHARS = 10_000
 
@@ -44,11 +46,6 @@ def is_user_frame(filename: str) -> bool:
     if path.startswith(_FISSURE_DIR) or path.startswith(_NOT_USER_DIRS):
         return False
     return not any(part in _PACKAGE_DIR_NAMES for part in path.split(os.sep))
-
-
-class RecordRejected(ValueError):
-    """fissure's own verdict on a record (no event time, a null value an aggregate needs): its
-    message is the whole dead-letter reason, `Reason: what is wrong; the fix`, with no frame."""
 
 
 def describe_error(error: BaseException) -> str:
@@ -167,12 +164,6 @@ def record_text(record: object) -> str:
 
 
 _NOT_RECORDS = (str, bytes, bytearray, memoryview)
-
-
-def shown_value(value: object) -> str:
-    """A value's repr for an error message, cut at 60 characters."""
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def normalize_emitted(emitted: object) -> list:

@@ -17,36 +17,25 @@ The decisions (`AutopipelineControlDecision`, each with its reason) are kept in 
 boundaries in force after each (`LoopDecision`).
 
 Spark mechanism with no pyspark import: its collector reads the graph runner's batches and its
-realizer sets the runner's boundaries as a Spark local property; fissure.spark.run drives it.
+realizer sets the runner's boundaries as a Spark local property; fissure.spark.query.run drives it.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
+from fissure.config import GraphAutopipelineConfig
 from fissure.control.autopipeline_control import (
-    AutopipelineControlConfig, AutopipelineControlDecision, AutopipelinePolicy, AutopipelineWindow, ControlAction,
+    AutopipelineControlDecision, AutopipelinePolicy, AutopipelineWindow, ControlAction,
 )
 from fissure.control.loop import ControlLoop, LoopStep
 from fissure.control.noise import NoiseEstimate
-from fissure.plan.autopipeline import DEFAULT_BETA, AutopipelineProfile
+from fissure.plan.autopipeline import AutopipelineProfile
 from fissure.profile.graph_profile import autopipeline_profile, piece_measurements, port_throughput_per_s
-from fissure.streamgraph import NodeKind
+from fissure.program.nodes import NodeKind
 from fissure.runtime.profiling.profiler import ProfileTally
-
-
-@dataclass(frozen=True)
-class GraphAutopipelineConfig:
-    profile_batches: int = 3  # micro-batches per measurement window
-    beta: float = DEFAULT_BETA
-    # settle_s 0: the window after an insertion already ran entirely under the new boundaries.
-    control: AutopipelineControlConfig = field(default_factory=lambda: AutopipelineControlConfig(settle_s=0.0))
-
-    def __post_init__(self) -> None:
-        if self.profile_batches < 1:
-            raise ValueError(f"profile_batches must be >= 1, got {self.profile_batches}")
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """Adaptive execution on Spark: the adaptive loop around a running query, `run_adaptive_on_spark`.
 
-    report = fissure.run(pipeline, FileSource("logs/"), FileSink("out/"), adaptive=True,
-                         checkpoint="ckpt/", run_dir="run/")
+    report = fissure.run(pipeline, FileSource("logs/"), FileSink("out/"), checkpoint="ckpt/",
+                         config=RunnerConfig(replanning="adaptive", run_dir="run/"))
     report.timeline_json, report.timeline_png, report.switches
 
 The decisions are `fissure.control.adaptive.controller.AdaptiveController`'s (pure); `run_adaptive`
@@ -36,7 +36,8 @@ from fissure.control.driver import Timeline, TimelineEntry, plot_timeline, run_a
 from fissure.control.model_correction import Correction
 from fissure.control.plan_change import parse_fingerprint, plan_fingerprint
 from fissure.lifecycle.progress import ProgressState, requested_mode
-from fissure.graph import OperatorEstimate, Pipeline
+from fissure.program.operators import OperatorEstimate
+from fissure.program.chain import Pipeline
 from fissure.model.types import Machine, Plan
 from fissure.profile.settings import ProfileSettings
 from fissure.spark.adaptive.observations import OperatorProfiles, SparkObservations
@@ -44,17 +45,18 @@ from fissure.spark.adaptive.queries import QueryManager, canonical_plan
 from fissure.spark.adaptive.realizer import SparkPlanRealizer, SwitchRecord
 from fissure.spark.checkpoint.files import open_store
 from fissure.spark.checkpoint.lock import CheckpointLock
-from fissure.spark.config import RunnerConfig
+from fissure.config import RunnerConfig
 from fissure.spark.query.observed_metrics import Publication
 from fissure.plan.plans import describe_plan, resolve_plan
 from fissure.lifecycle.progress_output import ProgressOutput
-from fissure.spark.run_end import check_input_read
-from fissure.spark.runner import RunReport, bind_sources
+from fissure.spark.query.run_end import check_input_read
+from fissure.spark.query.report import RunReport
+from fissure.spark.query.binding import bind_sources
 from fissure.spark.session.create import create_session, default_parallelism
 from fissure.spark.io.sources import RateSource, SourceLike, check_before_spark, default_file_system
 from fissure.control.adaptive.spark_model_search import SparkModelSearch
 from fissure.spark.state.repartition import Repartitioner, spark_repartitioner
-from fissure.streamgraph import StreamGraph, as_graph
+from fissure.program.graph import StreamGraph, as_graph
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +84,7 @@ class AdaptiveRunReport(RunReport):
 
 class DecisionProgress:
     """`fissure run`'s progress during an adaptive run, with the fields a plain run's progress has
-    (fissure.spark.runner): throughput, batch, records, dead letters, the waiting operators'
+    (fissure.spark.query.runner): throughput, batch, records, dead letters, the waiting operators'
     thread levels, the plan in force described with its keys, the operator table when one is due;
     and the last decision. In the form and at the moments `output`'s policy chooses."""
 
@@ -142,7 +144,7 @@ def run_adaptive_on_spark(
     declared estimates. `repartition` replaces Spark's state repartitioner
     (tests). `on_decision(decision, entry)` sees every decision as it is made. `max_batches`: the
     run ends after that many micro-batches (the next one, held at its gate, is left for a run on
-    the checkpoint). As in a plain run (fissure.spark.run): a failure that is the machine's starts
+    the checkpoint). As in a plain run (fissure.spark.query.run): a failure that is the machine's starts
     the plan in force again on the checkpoint within `config.restart_policy()` (a bounded run's
     end-of-input batch too, QueryManager.finish_input), and a bounded run (available_now=True)
     that `timeout_s` ends with input left raises RunTimedOut.

@@ -22,7 +22,8 @@ from fissure.model.types import OperatorStats
 from fissure.profile.window import summarize
 from fissure.spark.adaptive.queries import LiveQuery, QueryManager
 from fissure.spark.adaptive.batch_gate import POLL_S
-from fissure.spark.runner import BatchTime, Runner
+from fissure.spark.query.report import BatchTime
+from fissure.spark.query.runner import Runner
 from fissure.control.adaptive.spark_model_search import SparkModelSearch
 
 log = logging.getLogger(__name__)

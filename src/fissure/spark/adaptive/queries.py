@@ -12,18 +12,18 @@ from dataclasses import dataclass
 
 from pyspark.sql import SparkSession
 
-from fissure.graph import Pipeline
+from fissure.program.chain import Pipeline
 from fissure.model.throughput import canonical_regions
 from fissure.model.types import Plan
 from fissure.spark.adaptive.batch_gate import BatchGate
-from fissure.spark.config import RunnerConfig
+from fissure.config import RunnerConfig
 from fissure.spark.query.observed_metrics import Publication
-from fissure.spark.run_end import QueryRestarts
-from fissure.spark.runner import Runner
+from fissure.spark.query.run_end import QueryRestarts
+from fissure.spark.query.runner import Runner
 from fissure.spark.io.sinks import DeadLetterLog
 from fissure.spark.io.sources import SourceLike
 from fissure.spark.state.repartition import checkpoint_status
-from fissure.streamgraph import StreamGraph
+from fissure.program.graph import StreamGraph
 
 log = logging.getLogger(__name__)
 

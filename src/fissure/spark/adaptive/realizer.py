@@ -30,13 +30,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from fissure.control.plan_change import SwitchKind, plan_fingerprint
-from fissure.graph import Pipeline
+from fissure.program.chain import Pipeline
 from fissure.model.types import Kind, Plan
 from fissure.spark.adaptive.queries import LiveQuery, QueryManager, canonical_plan
 from fissure.spark.adaptive.batch_gate import POLL_S
 from fissure.spark.state.repartition import Repartitioner, checkpoint_status, repartition_state, spark_repartitioner
 from fissure.model.throughput import canonical_regions
-from fissure.streamgraph import StreamGraph, as_graph
+from fissure.program.graph import StreamGraph, as_graph
 from fissure.compile.stages import plan_graph_stages, state_partitions_of
 
 log = logging.getLogger(__name__)

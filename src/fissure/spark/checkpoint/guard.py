@@ -3,7 +3,7 @@
 
 - the logs are whole (fissure.lifecycle.checkpoint_logs): a missing offsets file is named as such,
   before Spark reads it as `Multiple streaming jobs detected`;
-- the program's stateful operators are those that wrote the state (fissure.program_fingerprint):
+- the program's stateful operators are those that wrote the state (fissure.program.fingerprint):
   the record `fissure/program.json` is written before the first batch, and a start whose program
   differs stops before Spark starts its query, saying what changed and how to go on
   (`ProgramChanged`); `migrate_state` records the changes the stored state survives;
@@ -24,14 +24,13 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from fissure.lifecycle.checkpoint_logs import missing_log_files
-from fissure.graph import Pipeline, PipelineError
-from fissure.program_fingerprint import (
-    NEW_CHECKPOINT, ProgramComparison, ProgramFingerprint, StateMigration, compare_programs, program_fingerprint,
-    refusal_text,
-)
+from fissure.program.chain import Pipeline
+from fissure.program.operators import PipelineError
+from fissure.program.fingerprint import (NEW_CHECKPOINT, ProgramComparison, ProgramFingerprint, StateMigration,
+                                         compare_programs, program_fingerprint, refusal_text)
 from fissure.spark.checkpoint.files import CheckpointStore, open_store
 from fissure.spark.checkpoint.lock import CheckpointLock
-from fissure.streamgraph import StreamGraph, as_graph
+from fissure.program.graph import StreamGraph, as_graph
 
 log = logging.getLogger(__name__)
 

@@ -22,7 +22,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from fissure.lifecycle.batch_size import BatchCost, BatchSizeDecision, choose_batch_records
-from fissure.graph import to_arrow_schema
+from fissure.program.operators import to_arrow_schema
 from fissure.model.spark_model import evaluate_spark
 from fissure.model.types import Plan
 from fissure.spark.io.sources import FileSource
@@ -212,7 +212,7 @@ def recorded_sample(text: str | None, operators: list[str]) -> SampleCosts | Non
     no record, an unreadable one, or another program's: measure again)."""
     import json
 
-    from fissure.graph import OperatorEstimate
+    from fissure.program.operators import OperatorEstimate
 
     if not text:
         return None

@@ -24,7 +24,7 @@ from pyspark.errors import AnalysisException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 
-from fissure.graph import SchemaSpec, to_arrow_schema as declared_arrow_schema
+from fissure.program.operators import SchemaSpec, to_arrow_schema as declared_arrow_schema
 from fissure.runtime.records.columns import CORRUPT_RECORD
 from fissure.runtime.records.unreadable_lines import LineFormat
 

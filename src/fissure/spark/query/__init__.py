@@ -1,1 +1,1 @@
-"""One streaming query: the plan compiled to Spark's operators and the functions its workers run."""
+"""One run of a program on Spark: `fissure.run`, the Runner and its query, the functions its workers run."""

@@ -19,7 +19,7 @@
   without key, and ships each group as one row of Arrow IPC. A join's rows get their key text in
   SQL just before it. Every other row gets one of `spread` spread keys (`-1 - seq mod spread`
   packed, `~seq mod spread` for a join), which the handler passes through without touching state;
-- an `aggregate` or tumbling or sliding `window` that can merge (fissure.combine_policy) gets, from
+- an `aggregate` or tumbling or sliding `window` that can merge (fissure.program.combine_policy) gets, from
   the stage before it (a pe stage, or the source's envelopes for an aggregate reading a source),
   one partial per key (and window) per task instead of its records (fissure.runtime.operators.combine);
 - the runner's foreachBatch persists each micro-batch once and writes each sink from it.
@@ -37,7 +37,7 @@ import pyarrow as pa
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from fissure.graph import PipelineError
+from fissure.program.operators import PipelineError
 from fissure.model.types import STATE_BUCKETS, Kind, Plan
 from fissure.spark.query.elastic import WorkerThreads
 from fissure.plan.plans import check_plan, sequential_plan
@@ -48,8 +48,9 @@ from fissure.spark.query.stages import (
     WorkerProfiling,
 )
 from fissure.spark.query.keyed_stage import GraphStateProcessor, StageTime
-from fissure.time_program import TimeLayout
-from fissure.streamgraph import NodeKind, StreamGraph
+from fissure.program.time_rules import TimeLayout
+from fissure.program.nodes import NodeKind
+from fissure.program.graph import StreamGraph
 from fissure.runtime.records.columns import DEAD_OPERATOR, SEQ
 from fissure.runtime.profiling.pieces import ProfiledGraphRegion
 from fissure.runtime.records.source_rows import LineFormat, without_corrupt_record
@@ -60,7 +61,7 @@ from fissure.compile.stages import (
 )
 from fissure.compile.pieces import StageProfiling
 from fissure.runtime.operators.packing import PACKED_SCHEMA, PackSpec
-from fissure.combine_policy import combine_decision
+from fissure.program.combine_policy import combine_decision
 from fissure.runtime.operators.combine import CombinePlan
 
 
@@ -121,7 +122,7 @@ def _pack_spec(graph: StreamGraph, stage: GraphStage, layout: EnvelopeLayout, sp
 def combine_plans(graph: StreamGraph, stages, schemas: Mapping[str, pa.Schema],
                   time_fields: Mapping[str, str | None]) -> dict[str, CombinePlan]:
     """The keyed nodes whose records are combined before their exchange, by name
-    (fissure.combine_policy decides which)."""
+    (fissure.program.combine_policy decides which)."""
     plans = {}
     for stage in stages:
         if stage.kind == "pe":

@@ -33,8 +33,9 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from fissure.control.thread_level.config import ElasticityConfig
-from fissure.graph import Operator, Pipeline
-from fissure.streamgraph import StreamGraph
+from fissure.program.chain import Pipeline
+from fissure.program.operators import Operator
+from fissure.program.graph import StreamGraph
 from fissure.model.types import Kind
 from fissure.runtime.elastic.stage import (
     BatchThreadLevels,

@@ -20,7 +20,8 @@ from pyspark.sql.streaming.stateful_processor import StatefulProcessor
 from fissure.model.types import Kind
 from fissure.spark.state.handler import StateVariable, register_state_variables
 from fissure.spark.state.requests import BatchedMapState
-from fissure.streamgraph import NodeKind, StreamGraph
+from fissure.program.nodes import NodeKind
+from fissure.program.graph import StreamGraph
 from fissure.runtime.records.columns import DEAD_COLUMNS, DEAD_OPERATOR, SEQ, carried_schema
 from fissure.runtime.records.carried import assemble, dead_letter_batch, reshape_dead, split_dead
 from fissure.runtime.operators.join import LEFT, RIGHT, JoinStep, arrivals_of, joined_batch, run_join_group

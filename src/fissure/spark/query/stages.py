@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from fissure.streamgraph import StreamGraph
+from fissure.program.graph import StreamGraph
 from fissure.runtime.records.columns import DEAD_OPERATOR, SEQ_PARTITION_SHIFT, SOURCE_SHIFT
 from fissure.runtime.elastic.stage import WaitingOperator
 from fissure.runtime.records.carried import assemble, dead_letter_batch

@@ -23,8 +23,8 @@ from pyspark.sql import SparkSession
 
 from fissure.lifecycle.failures import CRASH, restartable_failure
 from fissure.lifecycle.watchdog import Heartbeat, read_heartbeat
-from fissure.graph import PipelineError
-from fissure.spark.config import RunnerConfig
+from fissure.program.operators import PipelineError
+from fissure.config import RunnerConfig
 from fissure.runtime.records.fate import HEARTBEAT_DIR_VARIABLE
 from fissure.spark.session.jvm import SPARK_LOG_TERMINAL, launch_jvm_with_output_to, spark_log_path
 

@@ -19,12 +19,13 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 
-from fissure.aggregates import check_aggregate, result_schema
-from fissure.eventtime import (AggregateRole, DeduplicateRole, EventTimeRole, ExpiryRole, WindowRole,
+from fissure.program.aggregates import check_aggregate, result_schema
+from fissure.program.eventtime import (AggregateRole, DeduplicateRole, EventTimeRole, ExpiryRole, WindowRole,
                                seconds_option)
-from fissure.graph import Operator, PipelineError, _positional_capacity
-from fissure.joins import TumblingWindow
-from fissure.windows import Tumbling, Window
+from fissure.program.joins import TumblingWindow
+from fissure.program.nodes import NodeKind
+from fissure.program.operators import Operator, PipelineError, positional_capacity
+from fissure.program.windows import Tumbling, Window
 
 WINDOW_START, WINDOW_END = "window_start", "window_end"
 
@@ -202,8 +203,6 @@ def chain_time(operators: typing.Sequence[Operator], schemas: Mapping[str, pa.Sc
 def graph_time(graph, order: typing.Sequence[str], schemas: Mapping[str, pa.Schema | None]) -> TimeLayout:
     """A graph's time layout (`StreamGraph.check`), checking each time-aware operator; a union or
     join passes event time on only where all its inputs carry the same field."""
-    from fissure.streamgraph import NodeKind
-
     resolved: dict[str, Resolved] = {}
     paths: dict[str, float] = {}
     fields: dict[str, str | None] = {}
@@ -252,8 +251,6 @@ def _merged(node, inputs: list[Resolved]) -> Resolved:
 def upstream_declaration(graph, name: str) -> Resolved | typing.Literal["unknown"]:
     """The event time the stream `name` carries as far as the graph is built ("unknown" where a
     node on the way is not added yet), for the checks at the call that adds an operator."""
-    from fissure.streamgraph import NodeKind
-
     try:
         node = graph.node(name)
     except PipelineError:
@@ -270,7 +267,7 @@ def upstream_declaration(graph, name: str) -> Resolved | typing.Literal["unknown
 
 def join_window(graph, name: str, window: Tumbling, inputs: tuple[str, ...]) -> TumblingWindow:
     """A join's `Tumbling(size)` with the event-time field and lateness declared upstream of both
-    sides (the join keeps its own per-key watermark: fissure.streamgraph's docstring)."""
+    sides (the join keeps its own per-key watermark: fissure.program.graph's docstring)."""
     sides = [upstream_declaration(graph, stream) for stream in inputs]
     if all(isinstance(side, Declaration) for side in sides) and sides[0].field == sides[1].field:
         return TumblingWindow(sides[0].field, window.size, sides[0].lateness)
@@ -292,7 +289,7 @@ def expiry_role(name: str, expire_after: object, on_expire: object) -> ExpiryRol
         return None
     seconds = seconds_option(f"operator {name!r}", "expire_after", expire_after)
     if on_expire is not None:
-        capacity = _positional_capacity(on_expire) if callable(on_expire) else (99, 0)
+        capacity = positional_capacity(on_expire) if callable(on_expire) else (99, 0)
         if capacity is not None and not (capacity[0] <= 2 and (capacity[1] == -1 or capacity[1] >= 2)):
             raise PipelineError(f"operator {name!r}: on_expire={on_expire!r} must be a function of (state, key) "
                                 f"returning the records to emit (a dict, an iterable of dicts, or None)")

@@ -27,8 +27,7 @@ from collections.abc import Callable, Mapping
 
 import pyarrow as pa
 
-from fissure.graph import PipelineError, SchemaSpec, to_arrow_schema
-from fissure.runtime.records.fate import RecordRejected
+from fissure.program.operators import PipelineError, RecordRejected, SchemaSpec, to_arrow_schema
 
 
 class Aggregate:

@@ -15,9 +15,8 @@ import typing
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from fissure.graph import PipelineError
-from fissure.windows import Window
-from fissure.runtime.records.fate import RecordRejected, shown_value
+from fissure.program.operators import PipelineError, RecordRejected, shown_value
+from fissure.program.windows import Window
 
 _UTC = datetime.timezone.utc
 # The planner's cost of the event-time check until profiles exist: a dict lookup and a type test.

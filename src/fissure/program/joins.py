@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from fissure.graph import PipelineError, _positional_capacity
-from fissure.windows import Tumbling, Window
+from fissure.program.operators import PipelineError, positional_capacity
+from fissure.program.windows import Tumbling, Window
 
 
 @dataclass(frozen=True)
@@ -64,7 +64,7 @@ class JoinSpec:
 def check_join_fn(name: str, fn) -> None:
     if not callable(fn):
         raise PipelineError(f"join {name!r}: fn={fn!r} is not callable; pass fn=lambda left, right: {{...}}")
-    capacity = _positional_capacity(fn)
+    capacity = positional_capacity(fn)
     if capacity is not None:
         required, maximum = capacity
         if not (required <= 2 and (maximum == -1 or maximum >= 2)):

@@ -21,7 +21,8 @@ from dataclasses import asdict, dataclass, field, replace
 import pyarrow as pa
 
 from fissure.model.types import Kind
-from fissure.streamgraph import NodeKind, StreamGraph
+from fissure.program.graph import StreamGraph
+from fissure.program.nodes import NodeKind
 
 FINGERPRINT_FORMAT = 1
 NEW_CHECKPOINT = "new checkpoint"

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from fissure.graph import PipelineError
+from fissure.program.operators import PipelineError
 
 
 def _positive(owner: str, label: str, value: object) -> float:

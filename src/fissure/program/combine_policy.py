@@ -6,8 +6,8 @@ from __future__ import annotations
 import typing
 from dataclasses import dataclass
 
-from fissure.aggregates import Aggregate, FunctionAggregate
-from fissure.eventtime import AggregateRole, WindowRole
+from fissure.program.aggregates import Aggregate, FunctionAggregate
+from fissure.program.eventtime import AggregateRole, WindowRole
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""How a run's query ends, for the plain run (fissure.spark.run) and the adaptive run
+"""How a run's query ends, for the plain run (fissure.spark.query.run) and the adaptive run
 (fissure.spark.adaptive.loop) alike: `QueryRestarts` starts it again on its checkpoint after the
 machine's failure as the run's restart policy allows (fissure.lifecycle.failures decides), and
 `check_input_read` raises `RunTimedOut` when a bounded run's timeout ended it with input unread.
@@ -13,7 +13,8 @@ from fissure.lifecycle.failures import Restart, RestartPolicy, decide_restart, r
 from fissure.spark.checkpoint.files import open_store
 from fissure.spark.checkpoint.guard import CheckpointDamaged, StartGuard
 from fissure.spark.io.input_left import InputLeft, input_left
-from fissure.spark.runner import Runner, RunReport
+from fissure.spark.query.report import RunReport
+from fissure.spark.query.runner import Runner
 
 log = logging.getLogger(__name__)
 
