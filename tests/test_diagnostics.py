@@ -132,7 +132,7 @@ def test_a_report_prints_as_one_short_line_of_its_key_figures():
 def no_spark(monkeypatch):
     """Every entry point's session factory refuses: a check that passes this ran before Spark."""
     import fissure.spark.adaptive.loop
-    import fissure.spark.query.run
+    import fissure.spark.run
     import fissure.spark.query.runner
 
     def refuse(*args, **kwargs):
@@ -140,7 +140,7 @@ def no_spark(monkeypatch):
 
     monkeypatch.setattr(fissure.spark.query.runner, "create_session", refuse)
     monkeypatch.setattr(fissure.spark.adaptive.loop, "create_session", refuse)
-    monkeypatch.setattr(fissure.spark.query.run, "create_session", refuse)
+    monkeypatch.setattr(fissure.spark.run, "create_session", refuse)
 
 
 def keyed_on_user() -> Pipeline:

@@ -1,6 +1,6 @@
 """Whose fault a failure is, and when the run starts its query again: a resource error is never a
 record's dead letter, the restart budget is per window of time, the same record failing the same
-way stops the run naming it (fissure.lifecycle.failures, fissure.runtime.records.fate, fissure.spark.query.run)."""
+way stops the run naming it (fissure.lifecycle.failures, fissure.runtime.records.fate, fissure.spark.run)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from fissure import Pipeline, RunnerConfig
 from fissure.lifecycle.failures import (CRASH, RESOURCE, Failure, Restart, RestartPolicy, decide_restart,
                                       restartable_failure)
-from fissure.spark.query import run as run_module
+from fissure.spark import run as run_module
 from fissure.spark.session.create import describe_failure
 from fissure.local.executor import DeadLettersWarning, run_local
 from fissure.runtime.records.fate import ResourceExhausted, is_resource_error, record_failed

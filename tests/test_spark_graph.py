@@ -21,7 +21,7 @@ from fissure.control.autopipeline_control import ControlAction
 from fissure.model.types import Plan, RegionPlan
 from fissure.profile.graph_profile import autopipeline_profile, piece_measurements, profile_json
 from fissure.config import GraphAutopipelineConfig
-from fissure.spark.query.run import run_graph
+from fissure.spark.run import run_graph
 from fissure.spark.query.runner import Runner
 from fissure.spark.io.sinks import MemorySink
 from fissure.testing import record_files
@@ -258,7 +258,7 @@ RESTART_DRIVER = textwrap.dedent("""
     sys.path.insert(0, sys.argv[5])
     import fissure
     from fissure.spark.io.sinks import FileSink
-    from fissure.spark.query.run import run_graph
+    from fissure.spark.run import run_graph
     from test_spark_graph import build_graph, sources_for_restart
 
     inputs, out, checkpoint, available_now = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4] == "1"

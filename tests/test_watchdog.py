@@ -1,5 +1,5 @@
 """The watchdog's decision (a stuck batch, the operator it is in) and a bounded run that its
-timeout ends with input left (fissure.lifecycle.watchdog, fissure.spark.query.run, fissure.spark.io.input_left)."""
+timeout ends with input left (fissure.lifecycle.watchdog, fissure.spark.run, fissure.spark.io.input_left)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from fissure import RunnerConfig
 from fissure.lifecycle.progress import ProgressState
 from fissure.lifecycle.watchdog import (Heartbeat, Stall, StallPolicy, judge_batch, read_heartbeat, report_due,
                                       stuck_operator)
-from fissure.spark.query import run as run_module
+from fissure.spark import run as run_module
 from fissure.spark.io.input_left import files_left
 from fissure.lifecycle.progress_output import progress_fields
 from fissure.spark.io.sources import FileSource

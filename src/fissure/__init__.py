@@ -37,7 +37,7 @@ _EXPORTS = {
     "Sliding": "fissure.program.windows",
     "Tumbling": "fissure.program.windows",
     "run_local": "fissure.local.executor",
-    "run": "fissure.spark.query.run",
+    "run": "fissure.spark.run",
     "Runner": "fissure.spark.query.runner",
     "RunReport": "fissure.spark.query.report",
     "RunnerConfig": "fissure.config",
@@ -50,7 +50,7 @@ _EXPORTS = {
     "ConsoleSink": "fissure.spark.io.sinks",
     "MemorySink": "fissure.spark.io.sinks",
     "NoopSink": "fissure.spark.io.sinks",
-    "run_graph": "fissure.spark.query.run",
+    "run_graph": "fissure.spark.run",
     "RunTimedOut": "fissure.spark.query.run_end",
     "migrate_state": "fissure.spark.checkpoint.guard",
 }

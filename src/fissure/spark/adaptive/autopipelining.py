@@ -17,7 +17,7 @@ The decisions (`AutopipelineControlDecision`, each with its reason) are kept in 
 boundaries in force after each (`LoopDecision`).
 
 Spark mechanism with no pyspark import: its collector reads the graph runner's batches and its
-realizer sets the runner's boundaries as a Spark local property; fissure.spark.query.run drives it.
+realizer sets the runner's boundaries as a Spark local property; fissure.spark.run drives it.
 """
 
 from __future__ import annotations

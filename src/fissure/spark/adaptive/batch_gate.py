@@ -10,7 +10,7 @@ local property when N's write starts (an in-PE switch, `Runner.set_boundaries`),
 before it ran (`BatchAbandoned`: the query stops for a restart, and the next query runs N's input).
 
 Spark mechanism with no pyspark import: it holds the foreachBatch calls of the queries the runs
-start (fissure.spark.adaptive.queries, and fissure.spark.query.run's bounded runs).
+start (fissure.spark.adaptive.queries, and fissure.spark.run's bounded runs).
 """
 
 from __future__ import annotations

@@ -144,7 +144,7 @@ def run_adaptive_on_spark(
     declared estimates. `repartition` replaces Spark's state repartitioner
     (tests). `on_decision(decision, entry)` sees every decision as it is made. `max_batches`: the
     run ends after that many micro-batches (the next one, held at its gate, is left for a run on
-    the checkpoint). As in a plain run (fissure.spark.query.run): a failure that is the machine's starts
+    the checkpoint). As in a plain run (fissure.spark.run): a failure that is the machine's starts
     the plan in force again on the checkpoint within `config.restart_policy()` (a bounded run's
     end-of-input batch too, QueryManager.finish_input), and a bounded run (available_now=True)
     that `timeout_s` ends with input left raises RunTimedOut.

@@ -1,4 +1,4 @@
-"""How a run's query ends, for the plain run (fissure.spark.query.run) and the adaptive run
+"""How a run's query ends, for the plain run (fissure.spark.run) and the adaptive run
 (fissure.spark.adaptive.loop) alike: `QueryRestarts` starts it again on its checkpoint after the
 machine's failure as the run's restart policy allows (fissure.lifecycle.failures decides), and
 `check_input_read` raises `RunTimedOut` when a bounded run's timeout ended it with input unread.

@@ -1,5 +1,5 @@
 """Running a program on Spark: `Runner` starts its query, watches it (the progress line, the
-profile, the waiting operators' threads) and stops it. `fissure.run` (fissure.spark.query.run) is the
+profile, the waiting operators' threads) and stops it. `fissure.run` (fissure.spark.run) is the
 one call that runs any program to its end.
 
     runner = Runner(pipeline, FileSource("logs/"), FileSink("out/"), plan="planner", checkpoint="ckpt/")
