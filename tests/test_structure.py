@@ -24,6 +24,7 @@ LAYERS = ("model", "program", "plan", "control", "lifecycle", "profile", "runtim
 # them stand above them all.
 SUBLAYERS = {
     "runtime": ("records", "profiling", "state", "operators", "elastic", "pe"),
+    "spark": ("session", "state", "checkpoint", "io", "query", "adaptive"),
 }
 
 

@@ -1,1 +1,1 @@
-"""One run of a program on Spark: `fissure.run`, the Runner and its query, the functions its workers run."""
+"""One query of a run on Spark: the Runner and its parts, the compiled plan, the functions workers run."""
