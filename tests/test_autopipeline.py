@@ -28,8 +28,9 @@ from fissure.plan.autopipeline import (
     select_port,
     solution_matrix,
 )
+from repository import EXAMPLES
 
-EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "autopipeline_profile.json"
+EXAMPLE = EXAMPLES / "autopipeline_profile.json"
 
 
 def make_profile(threads: dict, beta: float = 0.8, blacklist: tuple[str, ...] = ()):

@@ -8,6 +8,7 @@ from fissure import FileSource
 from fissure.lifecycle.batch_size import MAX_RECORDS, MIN_RECORDS, BatchCost, BatchSizeDecision, choose_batch_records
 from fissure.spark.io.batch_admission import admit_file_sources, bytes_per_record, model_batch_cost
 from fissure.testing import text_files
+from repository import EXAMPLES
 
 
 def test_the_batch_keeps_the_fixed_cost_at_the_share_asked():
@@ -91,14 +92,13 @@ def test_a_sample_is_needed_unless_the_whole_input_runs_in_one_batch_whatever_it
 
 def test_the_planner_plans_for_the_whole_input_of_a_run_that_reads_it_once_when_it_is_smaller():
     import sys
-    from pathlib import Path
 
     from fissure.plan.plans import describe_plan, planned_batch_records, planner_plan
 
     assert planned_batch_records(10_000, None) == 10_000  # more may come, or unknown
     assert planned_batch_records(10_000, 50_000) == 10_000
     assert planned_batch_records(10_000, 2_022.4) == 2_022
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+    sys.path.insert(0, str(EXAMPLES))
     import logwatch
 
     pipeline = logwatch.build_pipeline()

@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from repository import BENCHMARKS
+
+sys.path.insert(0, str(BENCHMARKS))
 
 import method  # noqa: E402
 from method import MethodError  # noqa: E402

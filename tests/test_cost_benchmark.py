@@ -5,9 +5,10 @@ measured ones."""
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from repository import BENCHMARKS
+
+sys.path.insert(0, str(BENCHMARKS))
 
 import cost  # noqa: E402
 import direct_loops  # noqa: E402

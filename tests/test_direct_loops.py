@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import sys
 import warnings
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from repository import BENCHMARKS
+
+sys.path.insert(0, str(BENCHMARKS))
 
 import direct_loops  # noqa: E402
 from direct_loops import input_files, programs, write_input  # noqa: E402

@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
 from fissure.cli import main
 from fissure.cli.elastic_sim_curves import random_workload_spec, rise_peak_fall_curve
 from fissure.control.thread_level.config import POLICY_NAMES
+from repository import EXAMPLES
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "enrichment_sim.json"
+EXAMPLE = EXAMPLES / "enrichment_sim.json"
 
 
 def write_spec(tmp_path, spec: dict) -> str:

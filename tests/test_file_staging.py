@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import gzip
 import os
-from pathlib import Path
 
 import pytest
 
 from fissure.spark.io.file_staging import (FileStager, Seen, SettleRule, UnreadableInputFile, batch_files,
                                            missing_files, unreadable_reason)
 from fissure.spark.io.sources import FileSource
+from repository import DATA
 
 
 def test_a_file_is_settled_once_unwritten_for_the_settle_time_and_unchanged_since_the_last_listing():
@@ -149,7 +149,7 @@ def test_each_compression_suffix_is_checked_as_sparks_text_readers_decompress_it
         (tmp_path / name).write_bytes(content)
         assert unreadable_reason(str(tmp_path / name), "text") is None, name
     # Written by Spark 4.3 (`df.write.option("compression", ...).text(...)`, lines "line 0".."line 999").
-    for written in sorted((Path(__file__).parent / "data" / "compressed").iterdir()):
+    for written in sorted((DATA / "compressed").iterdir()):
         assert unreadable_reason(str(written), "text") is None, written.name
     broken = {
         "cut.zst": files["a.txt.zst"][:100],

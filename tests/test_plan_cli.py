@@ -3,13 +3,13 @@
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from fissure.cli import main
+from repository import EXAMPLES
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "logwatch.json"
+EXAMPLE = EXAMPLES / "logwatch.json"
 
 
 def run_plan(capsys, *args):

@@ -13,6 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from fissure.cli import main
+from repository import REPOSITORY
 
 PIPELINE_FILE = textwrap.dedent("""
     from fissure import Pipeline
@@ -160,7 +161,7 @@ def test_fissure_run_json_summary_counts_what_the_adaptive_run_read_wrote_and_re
     ("fissure_no_such_module:build", "cannot import pipeline module 'fissure_no_such_module'"),
 ])
 def test_bad_pipeline_reference_is_a_usage_error(tmp_path, capsys, monkeypatch, reference, message):
-    monkeypatch.chdir(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository
+    monkeypatch.chdir(REPOSITORY)
     assert main(["run", reference, "--source", str(tmp_path)]) == 2
     assert message in capsys.readouterr().err
 

@@ -6,15 +6,16 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from repository import BENCHMARKS
+
+sys.path.insert(0, str(BENCHMARKS))
 
 import profiling_overhead  # noqa: E402
 import spark_chain  # noqa: E402
 from fissure.plan.plans import describe_plan  # noqa: E402
 
-RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
+RESULTS = BENCHMARKS / "results"
 
 
 def test_the_random_sample_leaves_out_the_shortlist_and_repeats_with_its_seed():

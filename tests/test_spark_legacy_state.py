@@ -18,10 +18,11 @@ from fissure import MemorySink, Pipeline
 from fissure.model.types import STATE_BUCKETS
 from fissure.spark.session.create import describe_failure
 from fissure.runtime.operators.packing import key_bucket
+from repository import DATA
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
-FIXTURES = Path(__file__).parent / "data" / "legacy_state"
+FIXTURES = DATA / "legacy_state"
 TRAP_MARKER = "/tmp/fissure-legacy-state-trap-ran"  # what the trapped state creates when unpickled
 
 

@@ -21,9 +21,9 @@ from fissure.model.types import STATE_BUCKETS, Kind, Machine, OperatorStats, Pla
 from fissure.plan.planners import plan_chain
 from fissure.plan.spark_chain import SparkChainModel, SparkModelSettings
 
-from pathlib import Path
+from repository import EXAMPLES
 
-LOGWATCH = Path(__file__).resolve().parents[1] / "examples" / "logwatch.json"
+LOGWATCH = EXAMPLES / "logwatch.json"
 
 
 def stateless(name, cost_us, selectivity=1.0):

@@ -20,10 +20,10 @@ from pathlib import Path
 import pytest
 
 from spark_cluster_support import run_in_session, spark_env, standalone_cluster
+from repository import REPOSITORY
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
-REPOSITORY = Path(__file__).resolve().parents[1]
 EXAMPLE = REPOSITORY / "examples" / "wordcount_files.py"
 
 

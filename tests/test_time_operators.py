@@ -18,6 +18,7 @@ from fissure import (Aggregate, Count, Max, Mean, Min, Pipeline, PipelineError, 
                      TumblingWindow)
 from fissure.program.chain import output_schemas
 from fissure.testing import run_batches
+from repository import DOCS
 
 SCHEMA = {"user": str, "ts": float, "v": int}
 
@@ -492,11 +493,9 @@ def test_the_watermark_is_fixed_per_batch_and_end_of_input_passes_every_deadline
 
 
 def test_the_time_section_of_the_docs_shows_what_the_code_prints():
-    import pathlib
-
     from fissure.testing import describe_batches
 
-    docs = (pathlib.Path(__file__).parent.parent / "docs" / "pipeline-api.md").read_text()
+    docs = (DOCS / "pipeline-api.md").read_text()
     bids = (Pipeline("hot_items").event_time("ts", lateness=5.0)
             .window("bids", key="auction", window=Tumbling(10.0), aggregate=Count()))
     result = fissure.run_local(bids, [{"auction": 1, "ts": 3.0}, {"auction": 1, "ts": 12.5},
