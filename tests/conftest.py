@@ -34,7 +34,7 @@ def spark():
 
     from fissure.spark.session.stage_log import STAGE_LOG_CONF
 
-    # The UI serves the REST API that tests/test_stage_log.py reads.
+    # The UI serves the REST API that tests/spark/session/test_stage_log.py reads.
     session = create_session(RunnerConfig(master="local[2]", app_name="fissure-tests", spark_conf=STAGE_LOG_CONF))
     yield session
     session.stop()

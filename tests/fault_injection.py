@@ -1,7 +1,7 @@
 """Fault injection: `kill -9` of a driver process at chosen moments, restarts on the same
 checkpoint until the input is consumed, and the sink compared with a plain-Python reference.
 
-Used by tests/test_faults.py and benchmarks/reliability.py (which tries more kill points). The
+Used by tests/spark/test_faults.py and benchmarks/reliability.py (which tries more kill points). The
 program is a word count: `norm` (stateless) then `count` (per-word running count, keyed state);
 as a graph it also sends the normalized words through a filter to a second sink. Plans:
 "sequential", "replicated" (the keyed region x2: two state partitions), "planner", and

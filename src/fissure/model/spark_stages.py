@@ -1,7 +1,7 @@
 """The Spark stages of one micro-batch under a plan, as the compiler builds them
 (fissure.spark.query.compile_graph: exchanges and Spark stages of each region), and how a keyed
 stage's work really splits over its partitions (`hash_balance`). The Spark model
-(fissure.model.spark_model) prices these stages; tests/test_spark_model.py checks `spark_stages`
+(fissure.model.spark_model) prices these stages; tests/model/test_spark_model.py checks `spark_stages`
 against the compiler. Pure: no I/O, no Spark.
 """
 

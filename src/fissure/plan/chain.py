@@ -15,7 +15,7 @@ units of one tuple entering the *program*:
 - the program's bounded throughput is min(min_i capacity_i, C / sum_i work_i) (eqs. 11-13: when
   U > C, R C / U = C / W since U = R W).
 
-`tests/test_optimize.py` checks it against the reference model on random plans.
+`tests/plan/test_optimize.py` checks it against the reference model on random plans.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The checkpoint lock: its policy on a fake clock and fake processes, and its files on the local
-file system (real create-exclusive races between threads). Spark runs: tests/test_checkpoint_guard.py."""
+file system (real create-exclusive races between threads). Spark runs: tests/spark/checkpoint/test_checkpoint_guard.py."""
 
 from __future__ import annotations
 

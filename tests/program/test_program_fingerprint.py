@@ -1,5 +1,5 @@
 """The program record of a checkpoint and what counts as a change of it (pure); the checks of a
-checkpoint's logs. Spark runs: tests/test_checkpoint_guard.py."""
+checkpoint's logs. Spark runs: tests/spark/checkpoint/test_checkpoint_guard.py."""
 
 from __future__ import annotations
 

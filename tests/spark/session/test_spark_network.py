@@ -1,5 +1,5 @@
 """In local mode every endpoint of the session fissure creates listens on loopback: the driver's
-RPC and block manager, and the web UI (the test session runs it, for tests/test_stage_log.py)."""
+RPC and block manager, and the web UI (the test session runs it, for tests/spark/session/test_stage_log.py)."""
 
 from __future__ import annotations
 

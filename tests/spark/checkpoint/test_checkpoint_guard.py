@@ -1,7 +1,7 @@
 """A checkpoint on Spark: one run at a time (the second refused, naming the holder; a dead
 holder's lock taken over), a failed start that keeps what it did not make, a changed program
 refused before its query starts (and let through where the state is still valid), and a missing
-offsets file named as such. Two driver processes at once: tests/test_faults.py ("concurrent")."""
+offsets file named as such. Two driver processes at once: tests/spark/test_faults.py ("concurrent")."""
 
 from __future__ import annotations
 
