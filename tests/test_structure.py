@@ -1,7 +1,7 @@
 """The package's structure, read from the source with `ast` (nothing is imported): packages in
 layers that import only downwards, no import cycle, pyspark only in the Spark layer, no module
-over 500 lines, no folder over 15 modules, a one-line purpose for every package
-(docs/architecture.md draws the map)."""
+over 500 lines, no folder over 15 modules, a one-line purpose for every package, tests/ folders
+that mirror the packages (docs/architecture.md draws the map)."""
 
 from __future__ import annotations
 
@@ -173,6 +173,15 @@ def test_no_folder_over_15_modules():
                if (count := sum(1 for child in folder.glob("*.py") if child.name != "__init__.py"))
                > MAX_FOLDER_MODULES}
     assert crowded == {}
+
+
+def test_the_tests_folders_mirror_the_packages():
+    """Every folder of tests/ with tests in it is a package of src/fissure (or the benchmarks')."""
+    tests = Path(__file__).resolve().parent
+    folders = {path.parent.relative_to(tests) for path in tests.rglob("test_*.py")} - {Path(".")}
+    strays = sorted(str(folder) for folder in folders
+                    if folder.parts[0] != "benchmarks" and not (PACKAGE / folder / "__init__.py").is_file())
+    assert strays == []
 
 
 @pytest.mark.parametrize("name", sorted(name for name, path in modules().items() if path.name == "__init__.py"))
