@@ -7,8 +7,8 @@ measures every workload under the sequential plan and the planner's plan: steady
 second (the micro-batches after the first). Reported: per workload and plan, each revision's
 median over rounds (at least 3 unless --quick) and the median of the paired ratios (this / base,
 round by round). The inputs are generated once and shared, so both revisions read the same files.
-The method and the results header: benchmarks/method.py; results compare_revisions.md/.json under
---out (default benchmarks/results/).
+The method and the results header: benchmarks/method.py; results compare_revisions.md/.json (or
+NAME.md/.json with --name) under --out (default benchmarks/results/).
 
 Workloads (--workloads, default all): the CPU-heavy chain and LogWatch, and two that show keyed
 state's throughput: the word count's per-word running count and per-user sessions, each built
@@ -21,7 +21,8 @@ restructure first, then the earlier ones: it runs at any revision, before or aft
 
     ./dev python benchmarks/compare_revisions.py --base ba355d4            # 3 rounds
     ./dev python benchmarks/compare_revisions.py --base HEAD~1 --quick     # tiny inputs, one round
-    ./dev python benchmarks/compare_revisions.py --base ba355d4 --workloads wordcount sessions
+    ./dev python benchmarks/compare_revisions.py --base 7fffe8e^ --workloads wordcount sessions \
+        --name compare_revisions_state_layout    # before keyed state's sub-buckets of keys
 """
 
 from __future__ import annotations
@@ -205,6 +206,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workloads", nargs="+", choices=tuple(WORKLOADS), default=list(WORKLOADS),
                         metavar="WORKLOAD", help=f"the workloads to measure (default all: {', '.join(WORKLOADS)})")
     parser.add_argument("--rounds", type=int, default=3, help="repeats of both revisions (at least 3 unless --quick)")
+    parser.add_argument("--name", default="compare_revisions",
+                        help="the results files' name (NAME.md and NAME.json), to keep comparisons against "
+                             "different bases apart")
     method.add_arguments(parser, repeats=None)
     parser.add_argument("--point", nargs=2, metavar=("TREE", "INPUTS"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -252,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
         }
     finally:
         subprocess.run(["git", "worktree", "remove", "--force", str(base_tree)], cwd=REPOSITORY, capture_output=True)
-    run.write_results("compare_revisions", report(document), document)
+    run.write_results(args.name, report(document), document)
     return 0
 
 
