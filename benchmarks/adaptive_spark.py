@@ -60,13 +60,13 @@ from fissure.control.adaptive.config import AdaptiveConfig
 from fissure.control.driver import ReferenceLine, Timeline, plot_timeline
 from fissure.control.plan_change import SwitchKind, plan_fingerprint
 from fissure.model.types import Plan, RegionPlan
-from fissure.spark.adaptive import run_adaptive_on_spark
-from fissure.spark.adaptive_observations import OperatorProfiles, SparkObservations
-from fissure.spark.adaptive_queries import QueryManager
-from fissure.spark.adaptive_realizer import SparkPlanRealizer
+from fissure.spark.adaptive.loop import run_adaptive_on_spark
+from fissure.spark.adaptive.observations import OperatorProfiles, SparkObservations
+from fissure.spark.adaptive.queries import QueryManager
+from fissure.spark.adaptive.realizer import SparkPlanRealizer
 from fissure.config import RunnerConfig
-from fissure.spark.session import create_session
-from fissure.spark.sinks import NoopSink
+from fissure.spark.session.create import create_session
+from fissure.spark.io.sinks import NoopSink
 from fissure.testing import record_files
 
 PLOTS_TO: list[Path | None] = [None]  # the folder --plots draws the timelines into (None: no plots)

@@ -72,7 +72,7 @@ def main(argv=None) -> int:
     work = tempfile.mkdtemp(prefix="fissure-bench-graph-")
     source_dir = os.path.join(work, "input")
     split_into_files(list(generate(args.lines)), source_dir, args.files)
-    from fissure.spark.session import create_session
+    from fissure.spark.session.create import create_session
 
     spark = create_session(fissure.RunnerConfig(master=args.master))
     hand = [name for name in args.hand.split(",") if name]

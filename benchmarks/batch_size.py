@@ -4,7 +4,7 @@ A backlog of generated LogWatch lines (the functions of `examples/logwatch.py`) 
 drained under the planner's plan with micro-batches of fixed sizes (`max_bytes_per_trigger`),
 with every file in one batch (`batch_size="all"`), and with the size fissure chooses from the
 Spark model with operator costs measured on a sample of the input (`batch_size="auto"`,
-fissure.control.batch_size, fissure.worker.cost_sample). Per run: the drain rate (records
+fissure.lifecycle.batch_size, fissure.local.cost_sample). Per run: the drain rate (records
 over the summed batch durations, the first batch included: every variant pays one), the batches
 and the longest batch (what a record may wait). Variants rotate each round; medians of the
 rounds (at least 3 unless --quick); one uncounted warm-up run starts Spark's Python workers first
@@ -29,7 +29,7 @@ sys.path.insert(0, str(REPOSITORY / "benchmarks"))
 
 import fissure  # noqa: E402
 from fissure.config import RunnerConfig  # noqa: E402
-from fissure.spark.plans import describe_plan, planner_plan  # noqa: E402
+from fissure.plan.plans import describe_plan, planner_plan  # noqa: E402
 import method  # noqa: E402
 
 FILES = 200  # small files: Spark admits whole files, so sizes are met to a file (about 0.5 MiB)
@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     from generators.loglines import generate, split_into_files
     from logwatch import build_pipeline
 
-    from fissure.spark.session import create_session
+    from fissure.spark.session.create import create_session
 
     spark = create_session(RunnerConfig(master="local[2]"))
     work = Path(tempfile.mkdtemp(prefix="fissure-batch-size-"))
@@ -127,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     fixed = [name for name in names if name != "auto"]
     auto_over_best = statistics.median(
         runs["auto"][index]["rate"] / max(runs[name][index]["rate"] for name in fixed) for index in range(args.rounds))
-    from fissure.profile.calibration import stored_spark_model
+    from fissure.plan.stored_calibration import stored_spark_model
 
     _, model_source = stored_spark_model()
     document = {"lines": args.lines, "input_kib": input_kib, "rounds": args.rounds,

@@ -89,7 +89,7 @@ def plan_functions():
 
 
 def session_factory():
-    return first_found("create_session", ("fissure.spark.session.session", "fissure.spark.session"))
+    return first_found("create_session", ("fissure.spark.session.create", "fissure.spark.session.session", "fissure.spark.session"))
 
 
 # -- the keyed-state programs, the same at every revision ------------------------------------------------

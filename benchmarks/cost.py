@@ -56,7 +56,7 @@ sys.path.insert(0, str(REPOSITORY / "examples"))
 sys.path.insert(0, str(REPOSITORY / "benchmarks"))
 
 import fissure  # noqa: E402
-from fissure.spark.plans import describe_plan, planner_plan, sequential_plan  # noqa: E402
+from fissure.plan.plans import describe_plan, planner_plan, sequential_plan  # noqa: E402
 import direct_loops  # noqa: E402
 import method  # noqa: E402
 import peers  # noqa: E402
@@ -267,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
         names = tuple(name for name in names if name in args.only) or tuple(args.only)
         records = {name: records.get(name, max(files, int(SIZES[name] * args.scale))) for name in names}
     from fissure.config import RunnerConfig
-    from fissure.spark.session import create_session
+    from fissure.spark.session.create import create_session
 
     spark = create_session(RunnerConfig(master="local[2]"))
     work = Path(tempfile.mkdtemp(prefix="fissure-cost-"))

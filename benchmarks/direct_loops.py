@@ -5,7 +5,7 @@ system against a competent single thread. Here that thread is the loop a user wr
 framework: open the workload's files in order, iterate their lines, call the example's own
 functions directly, keep state in dicts; nothing else (no dispatch on operator kinds, no
 isinstance checks). Each loop returns what the program computes, and `*_answer` turns fissure's
-output records (or a peer's) into the same form, so tests/test_direct_loops.py can check that a
+output records (or a peer's) into the same form, so tests/benchmarks/test_direct_loops.py can check that a
 loop and fissure's `run_local` agree.
 
 Also here: the fissure programs the loops stand for (the examples' functions; the aggregate word

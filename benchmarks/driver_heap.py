@@ -97,7 +97,7 @@ def main(argv=None) -> int:
         args.queries, args.every = 4, 2
     run = method.Run("driver_heap.py", argv, quick=args.quick, out=args.out, master=args.master, timed=False)
     model_accuracy.LOOPS_PER_US = model_accuracy.busy_loops_per_us()
-    from fissure.spark.session import create_session
+    from fissure.spark.session.create import create_session
 
     spark = create_session(fissure.RunnerConfig(master=args.master))
     work = Path(tempfile.mkdtemp(prefix="fissure-driver-heap-"))

@@ -1,7 +1,7 @@
 """The driver's part of a micro-batch by the batch's position in its query.
 
 A micro-batch's time is its Spark stages (the computing job's stages, submission to completion,
-from the monitoring REST API: fissure.spark.stage_log) plus the rest: planning, offset and commit
+from the monitoring REST API: fissure.spark.session.stage_log) plus the rest: planning, offset and commit
 logs, the sink's job, the gaps between stages. The Spark model prices the rest as
 batch_fixed_s + stateful operators x state_operator_batch_s, fitted by `fissure calibrate` over
 queries of 13 micro-batches; the model-accuracy benchmark measures queries of 4 (the first left
@@ -30,8 +30,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import fissure  # noqa: E402
-from fissure.spark.plans import sequential_plan  # noqa: E402
-from fissure.spark.stage_log import STAGE_LOG_CONF, StageLog  # noqa: E402
+from fissure.plan.plans import sequential_plan  # noqa: E402
+from fissure.spark.session.stage_log import STAGE_LOG_CONF, StageLog  # noqa: E402
 
 import model_accuracy  # noqa: E402
 import method  # noqa: E402
@@ -70,7 +70,7 @@ def main(argv=None) -> int:
     run = method.Run("driver_part.py", argv, quick=args.quick, out=args.out, master=args.master)
     model_accuracy.LOOPS_PER_US = model_accuracy.busy_loops_per_us()
     document = {"master": args.master, "quick": args.quick}
-    from fissure.spark.session import create_session
+    from fissure.spark.session.create import create_session
     from logwatch import build_pipeline as logwatch_pipeline
 
     spark = create_session(fissure.RunnerConfig(master=args.master, spark_conf=STAGE_LOG_CONF))

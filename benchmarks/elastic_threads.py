@@ -1,6 +1,6 @@
 """Benchmark: the in-worker elastic thread level against every static thread count.
 
-Two operators run under `fissure.worker.elastic_runner.ElasticOperatorRunner`:
+Two operators run under `fissure.runtime.elastic.runner.ElasticOperatorRunner`:
 - enrichment: each record is enriched by an HTTP call to a local service on 127.0.0.1 (started and
   stopped here, in a child process; a fixed number of requests served at once, the rest queue;
   2 ms per request, then 5 ms from the middle of each run on);
@@ -54,15 +54,15 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer  # noqa: E40
 from pathlib import Path  # noqa: E402
 
 from fissure.cli.elastic_sim_curves import (  # noqa: E402
-    CurvePhase,
-    random_workload_spec,
-    replay_curves,
-    rise_plateau_fall_curve,
-    settled_level,
-)
+                                            CurvePhase,
+                                            random_workload_spec,
+                                            replay_curves,
+                                            rise_plateau_fall_curve,
+                                            settled_level,
+                                            )
 from fissure.control.thread_level.config import ElasticityConfig, POLICY_NAMES  # noqa: E402
 from fissure.control.thread_level.policies import make_policy  # noqa: E402
-from fissure.worker.elastic_runner import ElasticOperatorRunner, ThreadLevelSample  # noqa: E402
+from fissure.runtime.elastic.runner import ElasticOperatorRunner, ThreadLevelSample  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import method  # noqa: E402

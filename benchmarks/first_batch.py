@@ -34,7 +34,7 @@ import dataclasses, json, sys, tempfile, time
 sys.path.insert(0, {examples!r})
 import fissure, logwatch
 from pyspark.sql.streaming import StreamingQueryListener
-from fissure.spark.session import create_session
+from fissure.spark.session.create import create_session
 
 durations = {{}}
 

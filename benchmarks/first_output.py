@@ -48,7 +48,7 @@ import dataclasses, json, sys, tempfile, time
 started = time.monotonic()
 sys.path.insert(0, {examples!r})
 import fissure, logwatch
-from fissure.spark.session import create_session
+from fissure.spark.session.create import create_session
 import fissure.spark.query.runner as runner
 marks = {{"imports": time.monotonic()}}
 original_start = runner.Runner._start

@@ -37,7 +37,7 @@ SPEED_TOLERANCE between the two (a slower morning, a throttled host) gives figur
 
 No fissure import here: a script may load it before choosing which checkout of fissure to load.
 The pure parts (ordering, medians, ratios, the tie rule, the busy verdict) are tested in
-tests/test_benchmark_method.py.
+tests/benchmarks/test_benchmark_method.py.
 """
 
 from __future__ import annotations

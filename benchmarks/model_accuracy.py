@@ -61,9 +61,9 @@ from fissure import Pipeline  # noqa: E402
 from fissure.model.spark_model import SparkWorkload, evaluate_spark  # noqa: E402
 from fissure.model.throughput import evaluate  # noqa: E402
 from fissure.model.types import Machine  # noqa: E402
-from fissure.optimize.planners import plan_chain  # noqa: E402
-from fissure.profile.calibration import load_calibration, stored_spark_model  # noqa: E402
-from fissure.spark.plans import describe_plan, sequential_plan  # noqa: E402
+from fissure.plan.planners import plan_chain  # noqa: E402
+from fissure.plan.stored_calibration import load_calibration, stored_spark_model  # noqa: E402
+from fissure.plan.plans import describe_plan, sequential_plan  # noqa: E402
 from fissure.testing import record_files  # noqa: E402
 from spark_chain import valid_plans  # noqa: E402
 import method  # noqa: E402
@@ -530,8 +530,8 @@ def main(argv=None) -> int:
         subprocess.run(command, check=True)
     LOOPS_PER_US = busy_loops_per_us()
     work = Path(tempfile.mkdtemp(prefix="fissure-accuracy-"))
-    from fissure.spark.session import create_session, default_parallelism
-    from fissure.spark.stage_log import STAGE_LOG_CONF, StageLog
+    from fissure.spark.session.create import create_session, default_parallelism
+    from fissure.spark.session.stage_log import STAGE_LOG_CONF, StageLog
 
     spark = create_session(fissure.RunnerConfig(master=args.master, spark_conf=STAGE_LOG_CONF))
     stage_log = StageLog(spark)

@@ -37,7 +37,7 @@ REGION = re.compile(r"\[(.*)\](?:x(\d+))?")
 
 
 def parse_plan(text: str) -> Plan:
-    """A plan from its description (`[a,b|c]x2 -> [d]`, fissure.spark.plans.describe_plan)."""
+    """A plan from its description (`[a,b|c]x2 -> [d]`, fissure.plan.plans.describe_plan)."""
     regions = []
     for part in text.split(" -> "):
         found = REGION.fullmatch(part.strip())

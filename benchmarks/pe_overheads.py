@@ -31,13 +31,13 @@ import pyarrow as pa
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import method  # noqa: E402
-from fissure.worker.calibrate import (  # noqa: E402
-    BoundaryMeasurement,
-    CallOverheadMeasurement,
-    busy_loops_per_us,
-    measure_boundary,
-    measure_call_overhead,
-)
+from fissure.local.calibrate import (  # noqa: E402
+                                     BoundaryMeasurement,
+                                     CallOverheadMeasurement,
+                                     busy_loops_per_us,
+                                     measure_boundary,
+                                     measure_call_overhead,
+                                     )
 
 
 

@@ -11,7 +11,7 @@
 
 Spark's queries are measured as fissure's are (benchmarks/spark_chain.py's steady rate: the
 micro-batches after the first); bytewax, like the direct loops, over its whole run. pyspark and
-bytewax are imported where used: tests/test_direct_loops.py runs the bytewax flows without Spark.
+bytewax are imported where used: tests/benchmarks/test_direct_loops.py runs the bytewax flows without Spark.
 """
 
 from __future__ import annotations

@@ -31,9 +31,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import method as bench  # noqa: E402
 
 from fissure.model.types import Kind, Machine, OperatorStats  # noqa: E402
-from fissure.optimize import plan_chain  # noqa: E402
-from fissure.optimize.chain import ChainModel  # noqa: E402
-from fissure.optimize.exhaustive import SearchSpace, count_configurations  # noqa: E402
+from fissure.plan import plan_chain  # noqa: E402
+from fissure.plan.chain import ChainModel  # noqa: E402
+from fissure.plan.exhaustive import SearchSpace, count_configurations  # noqa: E402
 METHODS = ("optimal", "heuristic", "paper-heuristic", "fission-only", "pipelining-only", "sequential")
 KEY_FIELDS = ("k1", "k2")
 

@@ -125,8 +125,9 @@ def in_process_cpu_overhead(rounds: int) -> dict:
     """(c): thread CPU time per record, profiled against unprofiled, alternating; medians."""
     import pyarrow as pa
 
-    from fissure.worker.fused import FusedStage, Step, live_batch
-    from fissure.worker.profiling import ProfiledUpdate, ProfileTally, ProfileTallyParam
+    from fissure.runtime.operators.fused import FusedStage, Step
+    from fissure.runtime.records.carried import live_batch
+    from fissure.runtime.profiling.profiler import ProfiledUpdate, ProfileTally, ProfileTallyParam
 
     schema = pa.schema([("i", pa.int64()), ("k", pa.string()), ("x", pa.float64())])
     rows = [{"i": i, "k": f"k{i % 64}", "x": float(i)} for i in range(10_000)]
@@ -353,7 +354,7 @@ def main(argv=None) -> int:
     document = {"master": args.master, "quick": args.quick}
     work = Path(tempfile.mkdtemp(prefix="fissure-profiling-"))
     import fissure
-    from fissure.spark.session import create_session
+    from fissure.spark.session.create import create_session
 
     spark = create_session(fissure.RunnerConfig(master=args.master))
     document["in_process"] = in_process_cpu_overhead(rounds=9 if args.quick else 41)

@@ -15,7 +15,7 @@ crashes, each its own restart window as in a long run): the one driver must reco
 with no dead letter. Input files, for the sequential plan: a truncated `.gz` among the good files
 (one driver: the good files' results exact, one dead letter naming the file) and a file written
 in place in two halves while a following driver runs (killed once a batch read it, restarted:
-the whole file's results, once). The harness is tests/fault_injection.py (tests/test_faults.py
+the whole file's results, once). The harness is tests/fault_injection.py (tests/spark/test_faults.py
 runs some of these points).
 
     ./dev python benchmarks/reliability.py            # every plan x program x moment, 2 seeds (about 15 minutes)

@@ -56,7 +56,7 @@ sys.path.insert(0, str(REPOSITORY / "benchmarks"))
 import fissure  # noqa: E402
 from fissure import Pipeline  # noqa: E402
 from fissure.model.types import Kind, Plan, RegionPlan  # noqa: E402
-from fissure.spark.plans import check_plan, describe_plan, planner_plan, sequential_plan  # noqa: E402
+from fissure.plan.plans import check_plan, describe_plan, planner_plan, sequential_plan  # noqa: E402
 from fissure.testing import record_files  # noqa: E402
 import method  # noqa: E402
 
@@ -179,7 +179,7 @@ def logwatch_source(directory, lines, files):
 def model_shortlist(pipeline: Pipeline, plans: list[Plan], cores: int, keep: int) -> list[Plan]:
     """The `keep` plans the Spark model (stored calibration or defaults) predicts fastest."""
     from fissure.model.spark_model import evaluate_spark
-    from fissure.profile.calibration import stored_spark_model
+    from fissure.plan.stored_calibration import stored_spark_model
 
     settings, _ = stored_spark_model()
     operators = pipeline.operator_stats()
@@ -346,7 +346,7 @@ def main(argv=None) -> int:
     method.check_repeats(args.repeats, args.quick)
     run = method.Run("spark_chain.py", argv, quick=args.quick, out=args.out, master=args.master)
     work = tempfile.mkdtemp(prefix="fissure-bench-")
-    from fissure.spark.session import create_session
+    from fissure.spark.session.create import create_session
 
     spark = create_session(fissure.RunnerConfig(master=args.master))
     from logwatch import build_pipeline as logwatch_pipeline

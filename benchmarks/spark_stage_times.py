@@ -39,8 +39,8 @@ import fissure  # noqa: E402
 from fissure import Pipeline  # noqa: E402
 from fissure.cli.calibrate_cmd import count_per_key  # noqa: E402
 from fissure.model.types import Plan, RegionPlan  # noqa: E402
-from fissure.spark.plans import describe_plan, sequential_plan  # noqa: E402
-from fissure.spark.stage_log import STAGE_LOG_CONF, StageLog, parse_timestamp  # noqa: E402
+from fissure.plan.plans import describe_plan, sequential_plan  # noqa: E402
+from fissure.spark.session.stage_log import STAGE_LOG_CONF, StageLog, parse_timestamp  # noqa: E402
 
 import model_accuracy  # noqa: E402
 import method  # noqa: E402
@@ -155,7 +155,7 @@ def main(argv=None) -> int:
     bench_run = method.Run("spark_stage_times.py", argv, quick=args.quick, out=args.out, master=args.master)
     model_accuracy.LOOPS_PER_US = model_accuracy.busy_loops_per_us()
     document = {"master": args.master, "quick": args.quick}
-    from fissure.spark.session import create_session
+    from fissure.spark.session.create import create_session
 
     spark = create_session(fissure.RunnerConfig(master=args.master, spark_conf=STAGE_LOG_CONF))
     log = TaskLog(spark)

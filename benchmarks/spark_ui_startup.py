@@ -35,7 +35,7 @@ MEASURES = ("session_s", "first_batch_s", "to_first_result_s")
 def measure(ui: bool, records: int, master: str) -> dict:
     """One process's figures (run in a fresh process: see the module docstring)."""
     import fissure
-    from fissure.spark.session import create_session
+    from fissure.spark.session.create import create_session
     from fissure.testing import record_files
 
     work = Path(tempfile.mkdtemp(prefix="fissure-ui-startup-"))

@@ -105,7 +105,7 @@ def main(argv=None) -> int:
         args.batches, args.users = 8, 200
     run_record = method.Run("state_bounded.py", argv, quick=args.quick, out=args.out, timed=False)
     from fissure.config import RunnerConfig
-    from fissure.spark.session import create_session
+    from fissure.spark.session.create import create_session
 
     spark = create_session(RunnerConfig(master="local[2]"))
     batches = visit_batches(args.batches, args.users)

@@ -1,6 +1,6 @@
 """What storing state as data costs against pickle: encode + decode of realistic states.
 
-fissure stores operator state with its MessagePack codec (fissure.worker.state_codec) unless an
+fissure stores operator state with its MessagePack codec (fissure.runtime.state.codec) unless an
 operator asks for pickle. Measured here, per state, the time to encode and decode it (the header
 and the decoding checks included) with that codec and with pickle (protocol 5), and the bytes:
 
@@ -30,7 +30,7 @@ from pathlib import Path
 REPOSITORY = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPOSITORY / "benchmarks"))
 
-from fissure.worker.state_codec import StateCodec, decode_data, encode_data  # noqa: E402
+from fissure.runtime.state.codec import StateCodec, decode_data, encode_data  # noqa: E402
 import method  # noqa: E402
 
 

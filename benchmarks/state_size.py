@@ -7,7 +7,7 @@ Held: one query first fills its state with `--keys` distinct keys (one batch), t
 first batch (it pays the query's start), then as many batches of the same size whose keys are new.
 The held state's buckets start coarse (sub-buckets of about 128 keys, written by the first batch,
 which touches every key) and the first touching batch, touching 1 %, switches them to one entry
-per key (fissure.worker.key_buckets): that batch rewrites the whole state once. Reported: each
+per key (fissure.runtime.state.key_buckets): that batch rewrites the whole state once. Reported: each
 batch's duration (Spark's triggerExecution), the medians, held / empty; and the bytes of each
 held batch's state changelog (what the RocksDB state store writes per batch, summed over
 partitions), against the state's size (the changelog of the switching batch, which writes every
@@ -37,7 +37,7 @@ import fissure  # noqa: E402
 from fissure import Pipeline  # noqa: E402
 from fissure.model.types import STATE_BUCKETS  # noqa: E402
 from fissure.testing import record_files  # noqa: E402
-from fissure.worker.key_buckets import FINE_MIN_KEYS  # noqa: E402
+from fissure.runtime.state.key_buckets import FINE_MIN_KEYS  # noqa: E402
 import method  # noqa: E402
 
 KEYED = {"k": str}
@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     method.check_repeats(args.repeats, args.quick)
     run = method.Run("state_size.py", argv, quick=args.quick, out=args.out)
     from fissure.config import RunnerConfig
-    from fissure.spark.session import create_session
+    from fissure.spark.session.create import create_session
 
     spark = create_session(RunnerConfig(master="local[2]"))
     work = Path(tempfile.mkdtemp(prefix="fissure-state-size-"))

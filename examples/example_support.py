@@ -12,7 +12,7 @@ import sys
 import tempfile
 
 import fissure
-from fissure.spark.session import describe_failure
+from fissure.spark.session.create import describe_failure
 
 
 def example_parser(description: str, files: int) -> argparse.ArgumentParser:
@@ -56,7 +56,7 @@ def run_for_people(pipeline: fissure.Pipeline, source, sink, args: argparse.Name
 
 def print_run_summary(report: fissure.RunReport, pipeline: fissure.Pipeline, directory: str,
                       what: str = "records") -> None:
-    from fissure.spark.plans import describe_plan
+    from fissure.plan.plans import describe_plan
 
     batches = f"{report.batches} batch" + ("" if report.batches == 1 else "es")
     print(f"\n{pipeline.name}: {report.input_records:,} {what} in {batches}, "

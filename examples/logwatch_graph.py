@@ -30,14 +30,14 @@ sys.path.insert(0, str(HERE))
 
 import fissure  # noqa: E402
 from fissure import StreamGraph  # noqa: E402
-from fissure.spark.graph_autopipeline import GraphAutopipelineConfig  # noqa: E402
-from fissure.spark.plans import describe_plan  # noqa: E402
-from fissure.worker.graph_local import LocalGraphRun  # noqa: E402
+from fissure.spark.adaptive.autopipelining import GraphAutopipelineConfig  # noqa: E402
+from fissure.plan.plans import describe_plan  # noqa: E402
+from fissure.local.executor import LocalGraphRun  # noqa: E402
 from generators.loglines import generate, real_lines, split_into_files  # noqa: E402
 from logwatch import (  # noqa: E402
-    BREAKIN, EVENT, PARSED, RANGE_S, RANGED, TIMED, breakins, cutoff, events, lines, parsed, range_, raw_events,
-    realtime,
-)
+                      BREAKIN, EVENT, PARSED, RANGE_S, RANGED, TIMED, breakins, cutoff, events, lines, parsed, range_, raw_events,
+                      realtime,
+                      )
 
 ALERT_EVERY = 10
 HOST_ALERT = {"host": str, "ts": int, "failures": int}

@@ -27,8 +27,8 @@ from pyspark.sql import SparkSession
 
 import fissure
 from fissure import Pipeline
-from fissure.spark.plans import describe_plan
-from fissure.spark.session import create_session
+from fissure.plan.plans import describe_plan
+from fissure.spark.session.create import create_session
 
 
 def words(record):

@@ -32,11 +32,11 @@ def spark():
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     from fissure.config import RunnerConfig
-    from fissure.spark.session import create_session
+    from fissure.spark.session.create import create_session
 
-    from fissure.spark.stage_log import STAGE_LOG_CONF
+    from fissure.spark.session.stage_log import STAGE_LOG_CONF
 
-    # The UI serves the REST API that tests/test_stage_log.py reads.
+    # The UI serves the REST API that tests/spark/session/test_stage_log.py reads.
     session = create_session(RunnerConfig(master="local[2]", app_name="fissure-tests", spark_conf=STAGE_LOG_CONF))
     yield session
     session.stop()

@@ -1,7 +1,7 @@
 """Fault injection: `kill -9` of a driver process at chosen moments, restarts on the same
 checkpoint until the input is consumed, and the sink compared with a plain-Python reference.
 
-Used by tests/test_faults.py and benchmarks/reliability.py (which tries more kill points). The
+Used by tests/spark/test_faults.py and benchmarks/reliability.py (which tries more kill points). The
 program is a word count: `norm` (stateless) then `count` (per-word running count, keyed state);
 as a graph it also sends the normalized words through a filter to a second sink. Plans:
 "sequential", "replicated" (the keyed region x2: two state partitions), "planner", and
@@ -50,8 +50,8 @@ DRIVER = textwrap.dedent("""
     import fissure
     from fissure import Pipeline, StreamGraph
     from fissure.control.adaptive.config import AdaptiveConfig
-    from fissure.spark.sinks import FileSink
-    from fissure.spark.sources import FileSource
+    from fissure.spark.io.sinks import FileSink
+    from fissure.spark.io.sources import FileSource
 
     # A script of its own, or run in a test's process on its SparkSession (run_in_process).
     argv, spark = (sys.argv[1:], None) if __name__ == "__main__" else (ARGV, SPARK)
@@ -116,8 +116,8 @@ DRIVER = textwrap.dedent("""
     if letters:
         common["dead_letters"] = FileSink(sink + "/dead")
     if plan_name == "adaptive":
-        from fissure.spark.adaptive import run_adaptive_on_spark
-        from fissure.spark.plans import plan_from_json
+        from fissure.spark.adaptive.loop import run_adaptive_on_spark
+        from fissure.plan.plans import plan_from_json
         hands_off = AdaptiveConfig(profile_batches=2, profile_s=1e9, evaluation_s=1e9, min_operator_samples=1)
         run_adaptive_on_spark(graph, source, sinks, plan=SEQUENTIAL, adaptive_config=hands_off,
                               injections={1: plan_from_json(REPLICATED)}, **common)

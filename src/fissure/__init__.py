@@ -13,7 +13,7 @@ aggregate=Count()|Sum|Min|Max|Mean|Aggregate.of)`, `.aggregate(...)`, `.deduplic
 
 Every name loads its module on first use (PEP 562): `import fissure` imports nothing heavy, so
 a process that needs one module of the package (PySpark's state-schema processes unpickling a
-handler, fissure.spark.state_handler) pays for that module alone; the Spark layer's names load
+handler, fissure.spark.state.handler) pays for that module alone; the Spark layer's names load
 pyspark. Test helpers (in-memory sources and sinks, an in-process run): `fissure.testing`.
 """
 
@@ -36,23 +36,23 @@ _EXPORTS = {
     "Session": "fissure.program.windows",
     "Sliding": "fissure.program.windows",
     "Tumbling": "fissure.program.windows",
-    "run_local": "fissure.worker.graph_local",
-    "run": "fissure.spark.query.run",
+    "run_local": "fissure.local.executor",
+    "run": "fissure.spark.run",
     "Runner": "fissure.spark.query.runner",
     "RunReport": "fissure.spark.query.report",
     "RunnerConfig": "fissure.config",
-    "FileSource": "fissure.spark.sources",
-    "RateSource": "fissure.spark.sources",
-    "SocketSource": "fissure.spark.sources",
-    "KafkaSource": "fissure.spark.sources",
-    "FileSink": "fissure.spark.sinks",
-    "ForeachBatchSink": "fissure.spark.sinks",
-    "ConsoleSink": "fissure.spark.sinks",
-    "MemorySink": "fissure.spark.sinks",
-    "NoopSink": "fissure.spark.sinks",
-    "run_graph": "fissure.spark.query.run",
+    "FileSource": "fissure.spark.io.sources",
+    "RateSource": "fissure.spark.io.sources",
+    "SocketSource": "fissure.spark.io.sources",
+    "KafkaSource": "fissure.spark.io.sources",
+    "FileSink": "fissure.spark.io.sinks",
+    "ForeachBatchSink": "fissure.spark.io.sinks",
+    "ConsoleSink": "fissure.spark.io.sinks",
+    "MemorySink": "fissure.spark.io.sinks",
+    "NoopSink": "fissure.spark.io.sinks",
+    "run_graph": "fissure.spark.run",
     "RunTimedOut": "fissure.spark.query.run_end",
-    "migrate_state": "fissure.spark.checkpoint_guard",
+    "migrate_state": "fissure.spark.checkpoint.guard",
 }
 
 __all__ = ["__version__", *_EXPORTS]

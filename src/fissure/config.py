@@ -34,14 +34,14 @@ from dataclasses import dataclass, field
 
 from fissure.control.adaptive.config import AdaptiveConfig
 from fissure.control.autopipeline_control import AutopipelineControlConfig
-from fissure.control.failures import RestartPolicy
-from fissure.control.progress import check_progress_mode
+from fissure.lifecycle.failures import RestartPolicy
+from fissure.lifecycle.progress import check_progress_mode
 from fissure.control.thread_level.config import POLICY_NAMES, ElasticityConfig
-from fissure.control.watchdog import StallPolicy
-from fissure.optimize.autopipeline import DEFAULT_BETA
+from fissure.lifecycle.watchdog import StallPolicy
+from fissure.plan.autopipeline import DEFAULT_BETA
 from fissure.profile.settings import ProfileSettings
 from fissure.program.operators import OperatorEstimate
-from fissure.worker.state_codec import STATE_KEY_VARIABLE, StateAccess, state_key_from
+from fissure.runtime.state.codec import STATE_KEY_VARIABLE, StateAccess, state_key_from
 
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 REPLANNING = ("off", "adaptive", "autopipeline")  # RunnerConfig.replanning
@@ -50,7 +50,7 @@ CONF_PREFIX = "spark.fissure."
 
 @dataclass(frozen=True)
 class GraphAutopipelineConfig:
-    """The autopipelining loop's parameters (fissure.spark.graph_autopipeline)."""
+    """The autopipelining loop's parameters (fissure.spark.adaptive.autopipelining)."""
 
     profile_batches: int = 3  # micro-batches per measurement window
     beta: float = DEFAULT_BETA
@@ -72,7 +72,7 @@ class RunnerConfig:
     master: str = "local[*,4]"
     # Restarts of the query on its checkpoint that `fissure.run` makes within any
     # `query_restart_window_s` seconds after a failure that is the machine's, not the program's
-    # (fissure.control.failures): a Python worker process that died (a crash, a signal, the OOM
+    # (fissure.lifecycle.failures): a Python worker process that died (a crash, a signal, the OOM
     # killer), an operator out of memory or of another resource (never a dead letter), a full
     # disk. Spark does not retry the tasks of a streaming query's pipelined stages (one attempt
     # each, measured on 4.3), so a transient failure would end the stream. Per window, not per
@@ -87,9 +87,9 @@ class RunnerConfig:
     # Micro-batch size of a file source given none (FileSource's max_*_per_trigger; fissure run's
     # --kb-per-batch / --files-per-batch). "auto": from the Spark model of the plan in force, the
     # smallest batch whose fixed cost is at most `batch_fixed_share` of it, capped so a batch
-    # takes at most `batch_latency_bound_s` (fissure.control.batch_size); "all": every new file in
+    # takes at most `batch_latency_bound_s` (fissure.lifecycle.batch_size); "all": every new file in
     # one batch, as Spark does. With `batch_sample_costs`, the model's operator costs are measured
-    # first in the driver on the sources' first records (fissure.worker.cost_sample; skipped when an
+    # first in the driver on the sources' first records (fissure.local.cost_sample; skipped when an
     # operator declares `waits=`, whose calls may reach outside systems); else the declared hints.
     # The sample runs the program's operators in a forked driver process at a checkpoint's first
     # start only (a line on stderr says so); later starts on it read the costs it kept. A run that
@@ -99,7 +99,7 @@ class RunnerConfig:
     batch_fixed_share: float = 0.1
     batch_latency_bound_s: float | None = None
     batch_sample_costs: bool = True
-    # How progress shows on stderr (fissure.control.progress): "auto" (a live line redrawn in
+    # How progress shows on stderr (fissure.lifecycle.progress): "auto" (a live line redrawn in
     # place on a terminal, timestamped lines elsewhere), "live", "lines" or "off".
     progress: str = "auto"
     # How often the runner looks at its query (and the live line is redrawn).
@@ -107,7 +107,7 @@ class RunnerConfig:
     # The lines form: at most one line per this many seconds, beside the first batch's, each plan
     # change's and the end's.
     progress_lines_interval_s: float = 10.0
-    # The watchdog (fissure.control.watchdog): a micro-batch running `stall_factor` times longer
+    # The watchdog (fissure.lifecycle.watchdog): a micro-batch running `stall_factor` times longer
     # than the last batches' median and the model's predicted batch time, and at least
     # `stall_min_s`, is reported as stuck with the operator it is in (a warning on stderr, the
     # progress line, RunReport.stalls), again each time its time doubles. It is not stopped.
@@ -124,9 +124,9 @@ class RunnerConfig:
     default_state_partitions: int = 1
     # Fold the records of an `aggregate` or a tumbling or sliding `window` whose aggregate can
     # merge into one partial per key (and window) in the stage before its exchange
-    # (fissure.worker.combine); False ships every record to the keyed stage, as before.
+    # (fissure.runtime.operators.combine); False ships every record to the keyed stage, as before.
     combine_aggregates: bool = True
-    # A run holds its checkpoint's lock (fissure.spark.checkpoint_lock) and renews its lease every
+    # A run holds its checkpoint's lock (fissure.spark.checkpoint.lock) and renews its lease every
     # quarter of this; a run on another machine takes the checkpoint over once the lease went this
     # long without a renewal (one on the same machine as soon as the holder's process is gone).
     checkpoint_lease_s: float = 120.0
@@ -140,10 +140,10 @@ class RunnerConfig:
     # variable when it starts the JVM.
     spark_ui_address: str = "127.0.0.1"
     # Start the Python workers of the session fissure creates in the background as it starts
-    # (fissure.spark.session.warm_python_workers): the first micro-batch does not wait for them.
+    # (fissure.spark.session.create.warm_python_workers): the first micro-batch does not wait for them.
     warm_python_workers: bool = True
     # Start the driver's JVM of the session fissure creates with a class-data-sharing archive of
-    # Spark's classes, made by an earlier run and checked before use (fissure.spark.class_archive):
+    # Spark's classes, made by an earlier run and checked before use (fissure.spark.session.class_archive):
     # the session starts seconds sooner on a small machine.
     jvm_class_archive: bool = True
     # The key that signs the state of operators declaring state_codec="pickle" (HMAC-SHA256; a str is
@@ -161,7 +161,7 @@ class RunnerConfig:
     spark: typing.Any = field(default=None, repr=False)
     # File for everything Spark prints (JVM log lines, its Python workers' output) when fissure
     # creates the session and no JVM runs yet in this process. None: `spark.log` in a new
-    # temporary directory, named when a run fails (fissure.spark.jvm.spark_log_path); "-": the
+    # temporary directory, named when a run fails (fissure.spark.session.jvm.spark_log_path); "-": the
     # terminal, as PySpark does.
     spark_log: str | None = None
     # Operators declared waits="io" / waits="gil-free" run on elastic threads in their Python

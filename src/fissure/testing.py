@@ -38,11 +38,11 @@ import pyarrow as pa
 
 from fissure.program.chain import Pipeline
 from fissure.program.operators import PipelineError, SchemaSpec, to_arrow_schema
-from fissure.spark.sinks import MemorySink
-from fissure.spark.sources import FileSource
+from fissure.spark.io.sinks import MemorySink
+from fissure.spark.io.sources import FileSource
 from fissure.program.graph import StreamGraph, as_graph
-from fissure.worker.graph_local import LocalDeadLetter, LocalGraphRun
-from fissure.worker.unreadable_lines import LineFormat
+from fissure.local.executor import LocalDeadLetter, LocalGraphRun
+from fissure.runtime.records.unreadable_lines import LineFormat
 
 __all__ = ["BatchStep", "MemorySink", "TestingSink", "TestingSource", "describe_batches", "record_files",
            "run_batches", "run_main", "text_files"]
@@ -237,7 +237,7 @@ def describe_batches(steps: Sequence[BatchStep]) -> str:
 
 
 def _seconds(value: float) -> str:
-    from fissure.worker.timed import seconds_text
+    from fissure.runtime.operators.timed import seconds_text
 
     return seconds_text(value)
 

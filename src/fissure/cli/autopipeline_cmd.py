@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from fissure.cli import UsageError
-from fissure.optimize.autopipeline import (
+from fissure.plan.autopipeline import (
     DEFAULT_BETA,
     AutopipelinePlan,
     AutopipelineProfile,

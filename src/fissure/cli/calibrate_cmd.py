@@ -209,9 +209,9 @@ def measure(master: str, quick: bool, out=sys.stdout) -> dict:
     from fissure.model.calibration import Calibration, fit_spark_constants, replication_cost_us
     from fissure.model.spark_model import SparkConstants
     from fissure.config import RunnerConfig
-    from fissure.spark.session import create_session, default_parallelism
-    from fissure.spark.stage_log import STAGE_LOG_CONF, StageLog
-    from fissure.worker.calibrate import measure_boundary
+    from fissure.spark.session.create import create_session, default_parallelism
+    from fissure.spark.session.stage_log import STAGE_LOG_CONF, StageLog
+    from fissure.local.calibrate import measure_boundary
 
     small, large = (1000, 4000) if quick else (3000, 15000)
     rows = 20_000 if quick else 100_000
@@ -322,7 +322,7 @@ def stage_report_lines(residuals) -> list[str]:
 
 
 def handle(args) -> int:
-    from fissure.profile.calibration import calibration_path, save_calibration
+    from fissure.plan.stored_calibration import calibration_path, save_calibration
 
     target = Path(args.output) if args.output else calibration_path()
     if target.exists() and target.is_dir():

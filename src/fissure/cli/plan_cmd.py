@@ -7,8 +7,8 @@ import json
 
 from fissure.cli import UsageError
 from fissure.model.spec import SpecError, load_spec
-from fissure.optimize.exhaustive import SearchTooLarge
-from fissure.optimize.planners import METHODS, PlanResult, plan_chain
+from fissure.plan.exhaustive import SearchTooLarge
+from fissure.plan.planners import METHODS, PlanResult, plan_chain
 
 
 def register(subparsers) -> None:
@@ -95,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--max-threads must be >= 1, got {args.max_threads}")
     spark = None
     if args.model == "spark":
-        from fissure.profile.calibration import stored_spark_model
+        from fissure.plan.stored_calibration import stored_spark_model
 
         spark, _ = stored_spark_model()
     try:

@@ -46,7 +46,7 @@ import tempfile
 
 from fissure.cli import UsageError
 from fissure.cli.source_argument import parse_source_url, refuse_file_flags, source_of
-from fissure.control.progress import PROGRESS_MODES
+from fissure.lifecycle.progress import PROGRESS_MODES
 
 TIMED_OUT_EXIT = 124  # as timeout(1): the time ran out before the work was done
 
@@ -170,7 +170,7 @@ def handle(args) -> int:
     import fissure
     from fissure.program.graph import as_graph
     from fissure.program.operators import PipelineError
-    from fissure.spark.sources import SourceUnavailable, check_before_spark
+    from fissure.spark.io.sources import SourceUnavailable, check_before_spark
 
     pipeline = load_pipeline(args.pipeline)
     if args.max_batches is not None and args.max_batches < 1:
@@ -251,11 +251,11 @@ def run_and_report(args, pipeline, source, sink, config) -> int:
     """Run on Spark, print the results' summary (the last line of stdout with --json); the exit code."""
     import fissure
     from fissure.program.operators import PipelineError
-    from fissure.spark.checkpoint_guard import CheckpointDamaged
-    from fissure.spark.checkpoint_lock import CheckpointLocked
+    from fissure.spark.checkpoint.guard import CheckpointDamaged
+    from fissure.spark.checkpoint.lock import CheckpointLocked
     from fissure.spark.query.run_end import RunTimedOut
-    from fissure.spark.session import describe_failure
-    from fissure.spark.sources import SourceUnavailable
+    from fissure.spark.session.create import describe_failure
+    from fissure.spark.io.sources import SourceUnavailable
 
     spark_log = config.spark_log
     print(f"fissure run: starting Spark (its output goes to {spark_log})", file=sys.stderr)

@@ -57,7 +57,7 @@ def parse_source_url(text: str) -> SourceURL | None:
 
 def source_of(url: SourceURL, text: str):
     """The fissure source a parsed `--source` URL describes."""
-    from fissure.spark.sources import KafkaSource, RateSource, SocketSource
+    from fissure.spark.io.sources import KafkaSource, RateSource, SocketSource
 
     where = f"--source {text!r}"
     options = dict(url.options)

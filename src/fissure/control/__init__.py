@@ -1,1 +1,1 @@
-"""Control: pure decisions of the adaptive loop, each a frozen value that carries its reason."""
+"""The control loops: one loop contract and the policies behind it; pure decisions, each with its reason."""

@@ -17,7 +17,7 @@ arguments. A missing or NaN measurement means "no change yet" and a log line.
 `AutopipelinePolicy` is the whole stage as a policy of the loop contract (fissure.control.loop):
 one `AutopipelineWindow` of micro-batches in, one decision out; profile -> optimize -> insert ->
 evaluate -> keep or revert and blacklist -> halt. Its realizer on Spark sets a graph runner's
-pipeline boundaries (fissure.spark.graph_autopipeline).
+pipeline boundaries (fissure.spark.adaptive.autopipelining).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from fissure.control.noise import NoiseEstimate, judge_gain
-from fissure.optimize.autopipeline import AutopipelinePlan, AutopipelineProfile, plan_autopipelining
+from fissure.plan.autopipeline import AutopipelinePlan, AutopipelineProfile, plan_autopipelining
 
 log = logging.getLogger(__name__)
 

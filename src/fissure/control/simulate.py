@@ -34,7 +34,7 @@ from fissure.control.driver import RealizedSwitch
 from fissure.control.plan_change import SwitchKind, plan_fingerprint
 from fissure.model.throughput import evaluate
 from fissure.model.types import Machine, OperatorStats, Plan
-from fissure.optimize.planners import PlanResult, plan_chain
+from fissure.plan.planners import PlanResult, plan_chain
 
 
 class FakeClock:

@@ -9,7 +9,7 @@
 - The Spark model's constants by non-negative least squares over measured micro-batch times:
   the model is linear in its constants (fissure.model.spark_model.batch_time_terms), so every
   measured batch is one equation  measured - operators' work = sum_k slope_k x constant_k.
-  A batch whose Spark stages were measured one by one (fissure.spark.stage_log) gives one such
+  A batch whose Spark stages were measured one by one (fissure.spark.session.stage_log) gives one such
   equation per stage and one for the rest of the batch, the driver's part (batch_part_terms), so a
   stage's costs are fitted where they occur instead of inferred from batch totals.
   Constants not being fitted keep their given values; the fit is repeated at its own result

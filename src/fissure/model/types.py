@@ -10,7 +10,7 @@ from enum import Enum
 
 
 # Buckets of keys of a partitioned operator on Spark: its groups, one Python call each per batch
-# (fissure.spark.stages.GraphStateProcessor). Fixed for good, since a key's state lives under its
+# (fissure.spark.query.keyed_stage.GraphStateProcessor). Fixed for good, since a key's state lives under its
 # bucket; it bounds the state partitions that still split such an operator's work.
 STATE_BUCKETS = 64
 
@@ -34,7 +34,7 @@ class OperatorStats:
     key: tuple[str, ...] | None = None  # partitioning key a(o); only for PARTITIONED
     max_scale: float | None = None  # bound u of the bounded-linear scalability; None: linear
     # On Spark, its records are folded into one partial per key and task before its exchange
-    # (fissure.worker.combine): the exchange and the keyed stage see partials, not records.
+    # (fissure.runtime.operators.combine): the exchange and the keyed stage see partials, not records.
     combined: bool = False
 
     def __post_init__(self) -> None:

@@ -25,7 +25,7 @@ MAX_KEPT_BATCHES = 1000
 
 
 def batch_profile(batch_id: int, plan: str, tally, progress: Mapping[str, Any] | None) -> BatchProfile:
-    """A BatchProfile from a worker tally (fissure.worker.profiling.ProfileTally, or None) and a
+    """A BatchProfile from a worker tally (fissure.runtime.profiling.profiler.ProfileTally, or None) and a
     Spark progress report (a StreamingQueryProgress as a dict, or None)."""
     durations: dict[str, float] = {}
     records = duration_s = None

@@ -1,13 +1,13 @@
 """Graph PE profiles as the autopipelining optimizer's input (pure: no Spark, no clock).
 
 A thread t is one piece (one process) of a graph pe stage under the cut it ran with; its piece
-id is `prefix/stage/cut/pN` (fissure.worker.graph_pe.build_pieces). From the summed counts of
+id is `prefix/stage/cut/pN` (fissure.compile.pieces.build_pieces). From the summed counts of
 a window of micro-batches:
 - mu(t) = the piece's thread-CPU seconds / the wall seconds of the mapInArrow calls it ran in;
 - mu(o, t) = the CPU seconds of operator o and of every node downstream of o inside the piece,
   over the same wall seconds (the paper's "o and everything downstream of it", within t).
 The first node of a pe stage gets no port: a boundary there would cut nothing off (the stage's
-first process would be left with no node; fissure.worker.graph_pe.pieces_for).
+first process would be left with no node; fissure.compile.stages.pieces_for).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from fissure.optimize.autopipeline import AutopipelineProfile, ThreadProfile
+from fissure.plan.autopipeline import AutopipelineProfile, ThreadProfile
 from fissure.program.graph import StreamGraph
 
 

@@ -15,7 +15,7 @@ A stateful function receives its state object (made by `state_factory`, `dict` b
 mutates it in place; it returns the records it emits: an iterable of dicts, a single dict, or
 None. fissure keeps the state in Spark's state store, so it survives restarts. The state is plain
 data (dicts, lists, tuples, sets, numbers, strings, bytes, datetimes, Decimal: stored as data, never
-as code; fissure.worker.state_codec), unless the operator opts in to pickle with
+as code; fissure.runtime.state.codec), unless the operator opts in to pickle with
 `state_codec="pickle"` (signed with a state key the run is given). A state that ends a batch equal
 to a fresh `state_factory()` (a cleared dict) is deleted: that is how a function drops its key.
 

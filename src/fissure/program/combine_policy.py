@@ -1,5 +1,5 @@
 """Which keyed operators are combined before their exchange (pure decisions, no worker code):
-the policy of fissure.worker.combine, whose docstring tells the rules and why."""
+the policy of fissure.runtime.operators.combine, whose docstring tells the rules and why."""
 
 from __future__ import annotations
 

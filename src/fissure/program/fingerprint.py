@@ -1,5 +1,5 @@
 """What a checkpoint's state belongs to: the stateful operators of the program that wrote it
-(pure; fissure.spark.checkpoint_guard keeps it in the checkpoint and compares it at each start).
+(pure; fissure.spark.checkpoint.guard keeps it in the checkpoint and compares it at each start).
 
 Spark keeps a query's state by the place of its stateful operator in the query (operator 0, 1,
 ...), not by name, and fissure keeps a partitioned operator's state under the text of its key. So

@@ -30,7 +30,7 @@ DEFAULT_COST_US = 10.0
 DEFAULT_SELECTIVITY = 1.0
 
 NAME_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_\-]*$")  # operator, source, sink and graph names
-STATE_CODECS = ("data", "pickle")  # Operator.state_codec (fissure.worker.state_codec)
+STATE_CODECS = ("data", "pickle")  # Operator.state_codec (fissure.runtime.state.codec)
 # Field names that fissure uses for its own columns between Spark stages.
 RESERVED_FIELD_PREFIX = "_fissure_"
 

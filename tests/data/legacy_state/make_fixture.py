@@ -7,7 +7,7 @@
 
 then OUT/checkpoint and OUT/input are copied here without Hadoop's .crc files. In `trap`, the
 state of the key "trap" holds an object whose unpickling creates TRAP_MARKER (as one calling
-os.system would run a command). tests/test_spark_legacy_state.py resumes copies of them.
+os.system would run a command). tests/spark/state/test_spark_legacy_state.py resumes copies of them.
 """
 
 import json

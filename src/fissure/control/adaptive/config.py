@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 
 from fissure.control.model_correction import CorrectionConfig
 from fissure.control.plan_change import SwitchKind
-from fissure.optimize.planners import METHODS
+from fissure.plan.planners import METHODS
 
 
 @dataclass(frozen=True)

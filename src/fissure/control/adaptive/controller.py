@@ -1,17 +1,18 @@
 """The adaptive loop's state machine, `AdaptiveController`: one `BatchObservation` in, one
 `Decision` out. It collects the windows (profiling, evaluation, monitoring), asks the search and
 the `PlanChooser` for a plan when a profiling window is full, starts a `Trial` and has it judged
-when its evaluation window is full, keeps the blacklist, halts, re-opens on a workload change, and
-learns the model's correction from what every plan measured. The clock and the measurements come
-in as arguments; nothing here reads a clock, sleeps or touches Spark. Every decision is logged at
-INFO (see the package's docstring for the loop as a whole).
+when its evaluation window is full, keeps the blacklist, halts, re-opens on a workload change
+(fissure.control.adaptive.workload), and learns the model's correction from what every plan
+measured. The clock and the measurements come in as arguments; nothing here reads a clock, sleeps
+or touches Spark. Every decision is logged at INFO (see the package's docstring for the loop as a
+whole).
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from statistics import fmean
 
 from fissure.control.adaptive.choice import Choice, PlanChooser
@@ -19,15 +20,9 @@ from fissure.control.adaptive.config import AdaptiveConfig, SwitchCosts
 from fissure.control.adaptive.decisions import Action, Decision, Objective, Phase, PlanSwitch, format_rate
 from fissure.control.adaptive.evaluation import BlacklistShare, Trial, judge
 from fissure.control.noise import NoiseEstimate, noise_band
-from fissure.control.adaptive.observations import (
-    BatchObservation,
-    Sample,
-    estimate_operators,
-    load_of,
-    operator_drift,
-    usable,
-)
+from fissure.control.adaptive.observations import BatchObservation, Sample, estimate_operators, load_of, usable
 from fissure.control.adaptive.search import ChainPlanSearch, PlanSearch, ScoredPlan
+from fissure.control.adaptive.workload import PlanningBasis, drift_since, workload_change
 from fissure.control.change import ChangeDetector
 from fissure.control.thread_level.decisions import relative_gain
 from fissure.control.model_correction import CorrectablePlanSearch, Correction, ModelCorrection, PlanMeasurement
@@ -39,16 +34,6 @@ log = logging.getLogger(__name__)
 
 # Samples kept in a window at most (a window that cannot plan for want of profiles stays bounded).
 MAX_WINDOW_BATCHES = 256
-
-
-@dataclass(frozen=True)
-class _Basis:
-    """What the last planning rested on, for telling later whether the workload changed."""
-
-    operators: tuple[OperatorStats, ...]
-    objective: Objective
-    offered_rate_per_s: float | None
-    cores: int
 
 
 class AdaptiveController:
@@ -77,7 +62,7 @@ class AdaptiveController:
         self._origin: Plan | None = None  # the plan before the last switch handed out
         self._blacklist: list[PlanChange] = []
         self._detectors: dict[str, ChangeDetector] = {}
-        self._basis: _Basis | None = None
+        self._basis: PlanningBasis | None = None
         self._last_candidates: tuple[ScoredPlan, ...] = ()  # of the last planning
         self._reference_per_s: float | None = None  # last baseline measured for the plan in force
         self._noise = NoiseEstimate()  # the spread of batches under unchanged plans, this run
@@ -265,7 +250,7 @@ class AdaptiveController:
         self._reference_per_s = baseline
         self._last_candidates = tuple(options)
         choice = self._chooser().choose(options, current, baseline, load)
-        self._basis = _Basis(estimate.operators, choice.objective, load.offered_rate_per_s, machine.cores)
+        self._basis = PlanningBasis(estimate.operators, choice.objective, load.offered_rate_per_s, machine.cores)
         reason = choice.reason + self._correction_note(choice, plain)
         used = correction if search is not self._search else None
         if choice.option is None:
@@ -401,44 +386,11 @@ class AdaptiveController:
         return Decision.revert(batch_id, now_s, back.after, change, reason, switch)
 
     def _drift_since_planning(self) -> str | None:
-        """An operator's cost or selectivity that moved beyond `operator_sensitivity` between the
-        last planning's profile and the window (the evaluation's)."""
-        if self._basis is None:
-            return None
-        estimate = estimate_operators(self._chain, self._window, self.config.min_operator_samples)
-        if estimate.operators is None:
-            return None
-        return operator_drift(self._basis.operators, estimate.operators, self.config.operator_sensitivity)
+        return drift_since(self._basis, self._chain, self._window, self.config)
 
     def _workload_change(self, cores: int | None) -> str | None:
-        """At the end of a monitoring window: what changed since the last planning, if anything."""
-        basis = self._basis
-        if basis is None:
-            return None
-        machine = self._planning_machine(cores)
-        if machine.cores != basis.cores:
-            return f"cores changed from {basis.cores} to {machine.cores}"
-        estimate = estimate_operators(self._chain, self._window, self.config.min_operator_samples)
-        if estimate.operators is not None:
-            drift = operator_drift(basis.operators, estimate.operators, self.config.operator_sensitivity)
-            if drift is not None:
-                return drift
-        load = load_of(self._window)
-        measured = fmean([sample.throughput_per_s for sample in self._window])
-        in_force = plan_fingerprint(self._plan)
-        if basis.objective is Objective.RATE and load.objective is Objective.THROUGHPUT:
-            return f"the input saturates {in_force} again (backlog builds at {format_rate(measured)})"
-        if basis.objective is Objective.THROUGHPUT and load.objective is Objective.RATE:
-            offered = load.offered_rate_per_s
-            if offered * (1 + self.config.rate_headroom) < measured and self._plan.threads > 1:
-                return (f"the input no longer saturates {in_force}:"
-                        f" offered {format_rate(offered)} of {format_rate(measured)}")
-        if basis.objective is Objective.RATE and load.objective is Objective.RATE and basis.offered_rate_per_s:
-            move = relative_gain(basis.offered_rate_per_s, load.offered_rate_per_s)
-            if abs(move) > self.config.rate_change:
-                return (f"offered rate {format_rate(basis.offered_rate_per_s)}"
-                        f" -> {format_rate(load.offered_rate_per_s)} ({move:+.0%})")
-        return None
+        return workload_change(self._basis, self._chain, self._window, self.config, self._plan,
+                               self._planning_machine(cores).cores)
 
     def _reopen(self, batch_id: int, now_s: float, why: str) -> Decision:
         self._phase = Phase.PROFILING

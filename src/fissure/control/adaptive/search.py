@@ -13,8 +13,8 @@ from fissure.control.model_correction import OPERATORS_TERM, scale_operators
 from fissure.control.plan_change import plan_fingerprint
 from fissure.model.throughput import evaluate
 from fissure.model.types import Machine, OperatorStats, Plan
-from fissure.optimize.exhaustive import SearchTooLarge
-from fissure.optimize.planners import default_max_threads, plan_chain
+from fissure.plan.exhaustive import SearchTooLarge
+from fissure.plan.planners import default_max_threads, plan_chain
 
 log = logging.getLogger(__name__)
 

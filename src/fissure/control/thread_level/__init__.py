@@ -4,7 +4,7 @@ Two policies, both pure (no threads, no clock reads, no I/O): each period the ca
 `PeriodMeasurement` (the throughput seen during the period, the CPU usage, the time) and gets a
 `ThreadLevelDecision` back, a frozen value that carries its reason: policies of the loop
 contract (fissure.control.loop), realized in the worker by setting the scheduler's thread level
-(fissure.worker.elastic_runner) and in `fissure elastic-sim` on synthetic curves.
+(fissure.runtime.elastic.runner) and in `fissure elastic-sim` on synthetic curves.
 
 - `TrustTrendPolicy`: updateThreadLevel() of Schneider & Wu, "Low-synchronization, mostly
   lock-free, elastic scheduling for streaming runtimes" (IBM Streams 4.2): a record per level with

@@ -13,18 +13,18 @@ import time
 from pyspark.sql import Observation
 from pyspark.sql import functions as F
 
-from fissure.spark.checkpoint_guard import batch_ids
-from fissure.spark.compile_graph import sink_frame
-from fissure.spark.file_staging import batch_files, missing_files
+from fissure.spark.checkpoint.guard import batch_ids
+from fissure.spark.query.compile_graph import sink_frame
+from fissure.spark.io.file_staging import batch_files, missing_files
 from fissure.spark.query.report import GraphBatch
-from fissure.spark.sinks import write_dead_letters
-from fissure.spark.stages import BOUNDARIES_PROPERTY, PUBLISHED_PROPERTY
-from fissure.spark.time_log import BATCH_CLOCK_PROPERTY
-from fissure.worker.columns import DEAD_ERROR, DEAD_OPERATOR, DEAD_RECORD, SEQ
-from fissure.worker.graph_pe import ROUTE
-from fissure.worker.time_tally import TimeTally
-from fissure.worker.timed import LATE
-from fissure.worker.watermark import BatchClock, next_clock
+from fissure.spark.io.sinks import write_dead_letters
+from fissure.spark.query.stages import BOUNDARIES_PROPERTY, PUBLISHED_PROPERTY
+from fissure.spark.query.time_log import BATCH_CLOCK_PROPERTY
+from fissure.runtime.records.columns import DEAD_ERROR, DEAD_OPERATOR, DEAD_RECORD, SEQ
+from fissure.runtime.records.envelopes import ROUTE
+from fissure.runtime.operators.time_tally import TimeTally
+from fissure.runtime.operators.timed import LATE
+from fissure.runtime.operators.watermark import BatchClock, next_clock
 
 log = logging.getLogger(__name__)
 

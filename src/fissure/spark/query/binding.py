@@ -12,9 +12,9 @@ from pyspark.sql import SparkSession
 
 from fissure.program.graph import StreamGraph
 from fissure.program.operators import PipelineError
-from fissure.spark.batch_admission import input_records
-from fissure.spark.session import is_local
-from fissure.spark.sources import FileSource
+from fissure.spark.io.batch_admission import input_records
+from fissure.spark.session.create import is_local
+from fissure.spark.io.sources import FileSource
 
 
 def ship_operator_modules(graph: StreamGraph) -> None:

@@ -7,12 +7,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from fissure.control.watchdog import Stall
+from fissure.lifecycle.watchdog import Stall
 from fissure.model.types import Plan
 from fissure.profile.window import ProfileSummary
-from fissure.spark.batch_admission import SourceAdmission
-from fissure.spark.plans import describe_plan
-from fissure.worker.elastic_stage import BatchThreadLevels
+from fissure.spark.io.batch_admission import SourceAdmission
+from fissure.plan.plans import describe_plan
+from fissure.runtime.elastic.stage import BatchThreadLevels
 
 
 @dataclass(frozen=True)
@@ -61,7 +61,7 @@ class RunReport:
     # Per batch: the thread level of each waiting operator in each worker (docs/elastic-scheduler.md).
     thread_levels: tuple[BatchThreadLevels, ...] = ()
     # A graph's: every batch with its sinks' rows, the boundaries at the end, the autopipelining
-    # loop's decisions in order (fissure.spark.graph_autopipeline).
+    # loop's decisions in order (fissure.spark.adaptive.autopipelining).
     batch_log: tuple[GraphBatch, ...] = ()
     boundaries: tuple[str, ...] = ()
     decisions: tuple = ()
@@ -70,7 +70,7 @@ class RunReport:
     # Files a batch's source log listed that were gone when the batch ran (Spark reads them as empty).
     missing_files: tuple[str, ...] = ()
     plan_text: str = ""  # the plan described when the report was made, with its keys: `[a|b]x2(user)`
-    stalls: tuple[Stall, ...] = ()  # the watchdog's reports of stuck batches (fissure.control.watchdog)
+    stalls: tuple[Stall, ...] = ()  # the watchdog's reports of stuck batches (fissure.lifecycle.watchdog)
     # Keys holding state after the last batch, summed over the stateful operators (their buckets
     # this run called; None: no stateful operator ran), and the most after any batch.
     state_keys: int | None = None

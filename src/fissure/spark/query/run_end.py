@@ -1,6 +1,6 @@
-"""How a run's query ends, for the plain run (fissure.spark.query.run) and the adaptive run
-(fissure.spark.adaptive) alike: `QueryRestarts` starts it again on its checkpoint after the
-machine's failure as the run's restart policy allows (fissure.control.failures decides), and
+"""How a run's query ends, for the plain run (fissure.spark.run) and the adaptive run
+(fissure.spark.adaptive.loop) alike: `QueryRestarts` starts it again on its checkpoint after the
+machine's failure as the run's restart policy allows (fissure.lifecycle.failures decides), and
 `check_input_read` raises `RunTimedOut` when a bounded run's timeout ended it with input unread.
 """
 
@@ -9,10 +9,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from fissure.control.failures import Restart, RestartPolicy, decide_restart, restartable_failure
-from fissure.spark.checkpoint_files import open_store
-from fissure.spark.checkpoint_guard import CheckpointDamaged, StartGuard
-from fissure.spark.input_left import InputLeft, input_left
+from fissure.lifecycle.failures import Restart, RestartPolicy, decide_restart, restartable_failure
+from fissure.spark.checkpoint.files import open_store
+from fissure.spark.checkpoint.guard import CheckpointDamaged, StartGuard
+from fissure.spark.io.input_left import InputLeft, input_left
 from fissure.spark.query.report import RunReport
 from fissure.spark.query.runner import Runner
 
@@ -21,7 +21,7 @@ log = logging.getLogger(__name__)
 
 class QueryRestarts:
     """The restarts a run made after failed queries, and whether it makes one more: the policy's
-    (fissure.control.failures.decide_restart) answer, on the run's clock."""
+    (fissure.lifecycle.failures.decide_restart) answer, on the run's clock."""
 
     def __init__(self, policy: RestartPolicy, checkpoint: str, clock: Callable[[], float], lock=None) -> None:
         self.policy, self.checkpoint, self.clock, self.lock = policy, checkpoint, clock, lock
@@ -50,7 +50,7 @@ class QueryRestarts:
 
 class RunTimedOut(RuntimeError):
     """A bounded run (available_now=True) that its `timeout_s` ended with input left unread:
-    `left` says what (fissure.spark.input_left), `report` is the run's report so far. The
+    `left` says what (fissure.spark.io.input_left), `report` is the run's report so far. The
     batches committed stay committed: a run on the same checkpoint goes on from there."""
 
     def __init__(self, message: str, report: RunReport, left: InputLeft) -> None:

@@ -1,5 +1,5 @@
 """Running a program on Spark: `Runner` starts its query, watches it (the progress line, the
-profile, the waiting operators' threads) and stops it. `fissure.run` (fissure.spark.query.run) is the
+profile, the waiting operators' threads) and stops it. `fissure.run` (fissure.spark.run) is the
 one call that runs any program to its end.
 
     runner = Runner(pipeline, FileSource("logs/"), FileSink("out/"), plan="planner", checkpoint="ckpt/")
@@ -7,7 +7,7 @@ one call that runs any program to its end.
     runner.start(available_now=True); runner.await_termination(); report = runner.stop()
 
 Every program, a chain (a Pipeline) or any other graph, compiles to one query over envelopes
-(fissure.spark.compile_graph). One foreachBatch function writes the micro-batch's dead letters
+(fissure.spark.query.compile_graph). One foreachBatch function writes the micro-batch's dead letters
 and every sink, each keyed by the batch id: a batch replayed after a crash overwrites what it
 wrote, so with idempotent sinks (FileSink, MemorySink) every sink holds each result exactly once
 across restarts from the checkpoint.
@@ -34,8 +34,8 @@ from collections.abc import Callable, Iterable, Mapping
 from pyspark.sql import SparkSession
 
 from fissure.config import RunnerConfig
-from fissure.control.progress import ProgressState, requested_mode
-from fissure.control.watchdog import Stall
+from fissure.lifecycle.progress import ProgressState, requested_mode
+from fissure.lifecycle.watchdog import Stall
 from fissure.profile.collector import ProfileCollector
 from fissure.profile.log import profile_log_path
 from fissure.profile.settings import ProfileSettings
@@ -44,30 +44,30 @@ from fissure.program.chain import Pipeline
 from fissure.program.fingerprint import program_fingerprint
 from fissure.program.graph import StreamGraph, as_graph
 from fissure.program.operators import OperatorEstimate, PipelineError
-from fissure.spark.batch_admission import SourceAdmission
-from fissure.spark.checkpoint_files import open_store
-from fissure.spark.checkpoint_guard import StartGuard
-from fissure.spark.checkpoint_lock import CheckpointLock
-from fissure.spark.compile_graph import CompiledGraph, compile_graph
-from fissure.spark.elastic import ThreadLevels
-from fissure.spark.file_staging import FileStager, StagingThread, poll_interval
-from fissure.spark.observed_metrics import Publication, observe_run
-from fissure.spark.plans import describe_plan, resolve_plan
+from fissure.spark.io.batch_admission import SourceAdmission
+from fissure.spark.checkpoint.files import open_store
+from fissure.spark.checkpoint.guard import StartGuard
+from fissure.spark.checkpoint.lock import CheckpointLock
+from fissure.spark.query.compile_graph import CompiledGraph, compile_graph
+from fissure.spark.query.elastic import ThreadLevels
+from fissure.spark.io.file_staging import FileStager, StagingThread, poll_interval
+from fissure.spark.query.observed_metrics import Publication, observe_run
+from fissure.plan.plans import describe_plan, resolve_plan
 from fissure.spark.query.batch_writing import BatchWriting
 from fissure.spark.query.binding import (DetachableBatchFunction, bind_sinks, bind_sources, check_serializable,
                                          resource_profiles, ship_operator_modules)
 from fissure.spark.query.report import BatchListeners, BatchTime, GraphBatch, RunReport
 from fissure.spark.query.source_preparation import SourcePreparation
 from fissure.spark.query.watching import QueryWatching
-from fissure.spark.session import QUERY_DEFAULTS, create_session, default_parallelism
-from fissure.spark.sinks import DeadLetterLog
-from fissure.spark.sources import check_before_spark, default_file_system, open_source
-from fissure.spark.stages import WorkerProfiling
-from fissure.spark.state import RepartitionRecovery, delete_checkpoint, recover_unfinished_repartition
-from fissure.spark.time_log import TimeLog, end_of_input_folder, prepare_end_of_input_folder, write_end_of_input_marker
-from fissure.worker.graph_pe import plan_graph_stages, state_partitions_of
-from fissure.worker.profiling import ProfileTally, ProfileTallyParam
-from fissure.worker.time_tally import TimeTally, TimeTallyParam
+from fissure.spark.session.create import QUERY_DEFAULTS, create_session, default_parallelism
+from fissure.spark.io.sinks import DeadLetterLog
+from fissure.spark.io.sources import check_before_spark, default_file_system, open_source
+from fissure.spark.query.stages import WorkerProfiling
+from fissure.spark.state.repartition import RepartitionRecovery, delete_checkpoint, recover_unfinished_repartition
+from fissure.spark.query.time_log import TimeLog, end_of_input_folder, prepare_end_of_input_folder, write_end_of_input_marker
+from fissure.compile.stages import plan_graph_stages, state_partitions_of
+from fissure.runtime.profiling.profiler import ProfileTally, ProfileTallyParam
+from fissure.runtime.operators.time_tally import TimeTally, TimeTallyParam
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +85,7 @@ class Runner(SourcePreparation, BatchWriting, QueryWatching):
     in `runner.dead_letter_log` either way.
     `progress`: how progress shows on stderr: None, as `config.progress` says ("auto": a live line
     on a terminal, timestamped lines elsewhere); False, not at all; True, shown (in the form the
-    configured mode, or "auto", gives); or a mode by name (fissure.control.progress).
+    configured mode, or "auto", gives); or a mode by name (fissure.lifecycle.progress).
     `profile`: how operators are profiled on the live stream (None: not at all); the statistics
     are in `runner.profile_summary()`, under the progress line, and in the profile log
     (`profile_log`, default `<checkpoint>/fissure/profile.jsonl` when a checkpoint is given) that
@@ -97,10 +97,10 @@ class Runner(SourcePreparation, BatchWriting, QueryWatching):
     `fissure.run`'s restarts); without one, start() takes it and stop() releases it.
     `input_records`: the whole input, when the run reads it once (`fissure.run` with
     available_now): the planner plans for one batch of it when that is smaller than the batch it
-    assumes (fissure.spark.plans.planner_plan).
+    assumes (fissure.plan.plans.planner_plan).
     """
 
-    # Set before start() to wrap the foreachBatch function (fissure.spark.batch_gate's gate).
+    # Set before start() to wrap the foreachBatch function (fissure.spark.adaptive.batch_gate's gate).
     wrap_batch: Callable[[Callable], Callable] | None = None
 
     def __init__(self, program: Pipeline | StreamGraph, source, sink, *, plan: object = "sequential",
@@ -121,7 +121,7 @@ class Runner(SourcePreparation, BatchWriting, QueryWatching):
         self.estimates = estimates
         self.plan = resolve_plan(plan, self.graph, default_parallelism(self.spark), estimates, input_records)
         self.admissions: tuple[SourceAdmission, ...] = ()  # batch sizes chosen at start()
-        self.stagers: list[FileStager] = []  # file sources read through staging (fissure.spark.file_staging)
+        self.stagers: list[FileStager] = []  # file sources read through staging (fissure.spark.io.file_staging)
         self._staging: StagingThread | None = None
         self._staging_error: BaseException | None = None
         self.missing_files: list[str] = []
@@ -168,7 +168,7 @@ class Runner(SourcePreparation, BatchWriting, QueryWatching):
         self._running_batch: tuple[int, float, float] | None = None
         self._stall_reported_s: float | None = None
         self._stall_text = ""
-        # Time (fissure.spark.time_log): whether the program has time-aware operators, the
+        # Time (fissure.spark.query.time_log): whether the program has time-aware operators, the
         # accumulator the stages report into, the batch clocks in the checkpoint.
         self.time_aware = any(getattr(operator.time, "time_aware", False) for operator in self.graph.operators)
         self.time_tally = None
@@ -183,11 +183,11 @@ class Runner(SourcePreparation, BatchWriting, QueryWatching):
     def start(self, available_now: bool = False):
         """Compile the plan and start the query; returns the StreamingQuery.
 
-        First the checkpoint's lock (fissure.spark.checkpoint_lock: another run holding it is
-        CheckpointLocked), then the checks of fissure.spark.checkpoint_guard: whole logs, and the
+        First the checkpoint's lock (fissure.spark.checkpoint.lock: another run holding it is
+        CheckpointLocked), then the checks of fissure.spark.checkpoint.guard: whole logs, and the
         program's stateful operators against the checkpoint's record (ProgramChanged), before
         Spark starts the query. A checkpoint whose newest batch is a state repartition a dead
-        process left unfinished is recovered then (`fissure.spark.state.recover_unfinished_repartition`:
+        process left unfinished is recovered then (`fissure.spark.state.repartition.recover_unfinished_repartition`:
         `self.recovery`). When starting fails, only what this start wrote into a checkpoint that
         held no stream is removed (`StartGuard.undo`), and a temporary checkpoint of the runner's."""
         if self.lock is None:
@@ -302,7 +302,7 @@ class Runner(SourcePreparation, BatchWriting, QueryWatching):
     def finish_input(self) -> bool:
         """End of input, after an available-now query drained its sources and ended: one more
         micro-batch whose watermark passes every event (the largest + the program's horizon), so
-        every window, session and expiry fires (fissure.spark.time_log). It reads a marker the
+        every window, session and expiry fires (fissure.spark.query.time_log). It reads a marker the
         runner writes into the checkpoint's control folder, and runs as a second available-now
         query on the same checkpoint: a crash in it replays that batch with the same clock.
         False (nothing done): no time-aware operator, or the query is still running."""
@@ -395,7 +395,7 @@ class Runner(SourcePreparation, BatchWriting, QueryWatching):
 
     def publish(self, publication: Publication) -> None:
         """What the micro-batches that start from now on publish as their plan and latest decision
-        (`observedMetrics["fissure"]`, fissure.spark.observed_metrics)."""
+        (`observedMetrics["fissure"]`, fissure.spark.query.observed_metrics)."""
         with self._lock:
             self.publication = publication
 

@@ -1,7 +1,7 @@
 """The Runner's part that prepares its file sources before the query starts: the batch size of a
-file source given none (fissure.spark.batch_admission, from the operators' costs, measured once
-per checkpoint on a sample, fissure.worker.cost_sample) and the staging of files still being
-written (fissure.spark.file_staging)."""
+file source given none (fissure.spark.io.batch_admission, from the operators' costs, measured once
+per checkpoint on a sample, fissure.local.cost_sample) and the staging of files still being
+written (fissure.spark.io.file_staging)."""
 
 from __future__ import annotations
 
@@ -9,17 +9,17 @@ import logging
 import sys
 from collections.abc import Mapping
 
-from fissure.control.batch_size import BatchCost, SampleDecision, choose_batch_records, sample_needed
-from fissure.profile.calibration import stored_spark_model
+from fissure.lifecycle.batch_size import BatchCost, SampleDecision, choose_batch_records, sample_needed
+from fissure.plan.stored_calibration import stored_spark_model
 from fissure.program.operators import OperatorEstimate
-from fissure.spark.batch_admission import (SAMPLE_RECORD, SourceAdmission, admit_file_sources, first_file,
+from fissure.spark.io.batch_admission import (SAMPLE_RECORD, SourceAdmission, admit_file_sources, first_file,
                                            input_records, model_batch_cost, needs_size, recorded_sample,
                                            sample_record, sample_rows)
-from fissure.spark.checkpoint_files import LocalStore
-from fissure.spark.file_staging import FileStager, SettleRule, poll_interval, staged, staging_applies, staging_path
-from fissure.spark.session import default_parallelism
-from fissure.spark.sources import FileSource
-from fissure.worker.cost_sample import measure_sample_isolated
+from fissure.spark.checkpoint.files import LocalStore
+from fissure.spark.io.file_staging import FileStager, SettleRule, poll_interval, staged, staging_applies, staging_path
+from fissure.spark.session.create import default_parallelism
+from fissure.spark.io.sources import FileSource
+from fissure.local.cost_sample import measure_sample_isolated
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +30,7 @@ class SourcePreparation:
 
     def _staged_sources(self, sources: Mapping[str, object], fresh: bool, available_now: bool) -> dict:
         """The file sources read through a staging directory in the checkpoint, which gets each
-        file once it is settled and readable (fissure.spark.file_staging); the others as given.
+        file once it is settled and readable (fissure.spark.io.file_staging); the others as given.
         An available-now run first waits for the files still being written."""
         store = self.lock.store
         checkpoint = store.location if isinstance(store, LocalStore) else None
@@ -60,7 +60,7 @@ class SourcePreparation:
             self.query.stop()
 
     def _sized_sources(self, store, available_now: bool = False):
-        """The sources with a batch size on each file source given none (fissure.spark.batch_admission);
+        """The sources with a batch size on each file source given none (fissure.spark.io.batch_admission);
         `store`: the checkpoint's files (where the measured operator costs are kept);
         `available_now`: the run reads only what the sources hold now."""
         if not any(needs_size(source) for source in self.sources.values()):
@@ -79,7 +79,7 @@ class SourcePreparation:
 
     def _sample_decision(self, declared: BatchCost, available_now: bool) -> SampleDecision:
         """Whether the operators' costs need measuring before the batches are sized
-        (fissure.control.batch_size.sample_needed): not when the run reads its sources' input
+        (fissure.lifecycle.batch_size.sample_needed): not when the run reads its sources' input
         once and all of it fits in one batch whatever a sample would measure."""
         sized = [source for source in self.sources.values() if needs_size(source)]
         records = choose_batch_records(declared, fixed_share=self.config.batch_fixed_share,
@@ -92,7 +92,7 @@ class SourcePreparation:
     def _sampled_estimates(self, store, decision: SampleDecision | None = None
                            ) -> tuple[Mapping[str, OperatorEstimate] | None, str]:
         """Operator estimates for sizing batches: measured on the first records of each file
-        source (fissure.worker.cost_sample), under the ones the caller gave; and where they came from.
+        source (fissure.local.cost_sample), under the ones the caller gave; and where they came from.
         A program that fails on its sample keeps its declared costs (its batches will say why).
 
         The sample runs the user's operators (in a forked process of the driver), so it runs once

@@ -1,5 +1,5 @@
-"""The Runner's part that watches its query from the driver: the progress line (fissure.control.progress),
-the watchdog's look at the batch running now (fissure.control.watchdog) and the operators'
+"""The Runner's part that watches its query from the driver: the progress line (fissure.lifecycle.progress),
+the watchdog's look at the batch running now (fissure.lifecycle.watchdog) and the operators'
 statistics table under the progress line."""
 
 from __future__ import annotations
@@ -9,12 +9,12 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 
-from fissure.control.progress import ProgressState, watermark_text
-from fissure.control.watchdog import Stall, judge_batch, report_due, stuck_operator
+from fissure.lifecycle.progress import ProgressState, watermark_text
+from fissure.lifecycle.watchdog import Stall, judge_batch, report_due, stuck_operator
 from fissure.profile.window import render_table, waiting_advice
-from fissure.spark.plans import describe_plan
-from fissure.spark.progress_output import ProgressOutput
-from fissure.spark.session import read_heartbeats
+from fissure.plan.plans import describe_plan
+from fissure.lifecycle.progress_output import ProgressOutput
+from fissure.spark.session.create import read_heartbeats
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +68,7 @@ class QueryWatching:
 
     def check_stall(self, now_s: float | None = None) -> Stall | None:
         """The watchdog's look at the batch running now: a Stall when one is due to be reported
-        (fissure.control.watchdog), also logged as a warning and shown on the progress line."""
+        (fissure.lifecycle.watchdog), also logged as a warning and shown on the progress line."""
         running = self._running_batch
         if running is None:
             return None

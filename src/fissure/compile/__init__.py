@@ -1,0 +1,1 @@
+"""A plan compiled into the stages of one query and the pieces each stage runs (no pyspark)."""

@@ -1,5 +1,0 @@
-"""Optimizers: pure functions from operator statistics or profiles to configurations."""
-
-from fissure.optimize.planners import METHODS, PlanResult, plan_chain
-
-__all__ = ["METHODS", "PlanResult", "plan_chain"]

@@ -1,0 +1,1 @@
+"""The processing element: a region's pipelines at once in forked processes, batches over pipes."""

@@ -1,0 +1,235 @@
+"""Aggregates combined before the exchange (fissure.runtime.operators.combine): the partials of records split
+over tasks, merged per key, give the outputs, dead letters and states of the per-record
+functions; and which operators combine."""
+
+from __future__ import annotations
+
+import random
+
+import pyarrow as pa
+import pytest
+
+from fissure import Aggregate, Count, Max, Mean, Min, Pipeline, Sliding, Sum, Tumbling
+from fissure.program.eventtime import WindowRole
+from fissure.program.windows import Session
+from fissure.program.combine_policy import combinable_aggregate, combine_decision
+from fissure.runtime.operators.combine import PARTIAL_SCHEMA, CombinePlan, Combiner, combined_key_function, partial_inputs
+from fissure.runtime.records.carried import live_batch
+from fissure.runtime.operators.keyed import group_by_key
+from fissure.runtime.state.codec import StateCodec
+from fissure.runtime.operators.timed import key_function
+from fissure.runtime.operators.watermark import Watermark
+
+SCHEMA = pa.schema([("user", pa.string()), ("ts", pa.float64()), ("v", pa.int64())])
+
+
+def batches_of(seed: int, batches: int = 4, per_batch: int = 60) -> list[list[tuple[dict, int]]]:
+    rng = random.Random(seed)
+    out, seq, clock = [], 0, 0.0
+    for _ in range(batches):
+        rows = []
+        for _ in range(per_batch):
+            record = {"user": rng.choice(["a", "b", "c", "d", None] if rng.random() < 0.05 else "abcd"),
+                      "ts": None if rng.random() < 0.03 else float(round(clock + rng.uniform(-40, 10))),
+                      "v": None if rng.random() < 0.04 else rng.randrange(-5, 20)}
+            rows.append((record, seq))
+            seq += 1
+        clock += 15.0
+        out.append(rows)
+    return out
+
+
+def operator_of(kind: str, aggregate) -> object:
+    program = Pipeline("p").event_time("ts", lateness=3.0)
+    if kind == "aggregate":
+        program = program.aggregate("agg", key="user", aggregate=aggregate)
+    else:
+        window = Tumbling(10.0) if kind == "tumbling" else Sliding(20.0, 5.0)
+        program = program.window("agg", key="user", window=window, aggregate=aggregate)
+    return program.operators[-1]
+
+
+def carried(rows: list[tuple[dict, int]]) -> pa.RecordBatch:
+    data = pa.RecordBatch.from_pylist([record for record, _ in rows], schema=SCHEMA)
+    return live_batch(data, [seq for _, seq in rows])
+
+
+def times(batches) -> list:
+    watermark, result = Watermark(3.0), []
+    for rows in batches:
+        time = watermark.begin_batch()
+        result.append(time)
+        watermark.observe(max((record["ts"] for record, _ in rows if record["ts"] is not None), default=None))
+        watermark.end_batch(time)
+    return result
+
+
+def reference(operator, batches) -> tuple[list, list, dict]:
+    """The per-record function over each batch's records, key by key."""
+    fn = key_function(operator, "ts" if isinstance(operator.time, WindowRole) else None)
+    states: dict = {}
+    out, dead = [], []
+    for rows, time in zip(batches, times(batches)):
+        records = [record for record, _ in rows]
+        grouped = group_by_key(records, ("user",))
+        for position in grouped.pop(None, []):
+            dead.append(("NullKey", rows[position][1]))
+        for key in list(grouped) + [key for key in states if key not in grouped]:
+            places = grouped.get(key, [])
+            emitted = fn(dict(states.get(key, {})), [records[p] for p in places], [rows[p][1] for p in places], time)
+            out += list(zip(map(sorted_items, emitted.records), emitted.seqs))
+            dead += [(letter.error.split(":")[0], letter.seq) for letter in emitted.dead]
+            if emitted.state is None:
+                states.pop(key, None)
+            else:
+                states[key] = emitted.state
+    return sorted(out), sorted(dead), states
+
+
+def combined(operator, batches, tasks: int, seed: int) -> tuple[list, list, dict, int]:
+    """The tasks' partials, merged per key."""
+    rng = random.Random(seed)
+    role = operator.time
+    time_field = "ts" if isinstance(role, WindowRole) else None
+    plan = CombinePlan.of(operator, SCHEMA, time_field)
+    fn = combined_key_function(operator, time_field)
+    states: dict = {}
+    out, dead, shipped = [], [], 0
+    for rows, time in zip(batches, times(batches)):
+        split = [[] for _ in range(tasks)]
+        for row in rows:
+            split[rng.randrange(tasks)].append(row)
+        partials = []
+        for task_rows in split:
+            combiner = Combiner(plan, time if plan.needs_clock else None)
+            for chunk in (task_rows[:len(task_rows) // 2], task_rows[len(task_rows) // 2:]):
+                if chunk:
+                    dead += [(letter.error.split(":")[0], letter.seq) for letter in combiner.add(carried(chunk))]
+            partials.append(combiner.partials())
+        batch = pa.Table.from_batches(partials, schema=PARTIAL_SCHEMA).combine_chunks().to_batches()
+        batch = batch[0] if batch else PARTIAL_SCHEMA.empty_table().to_batches()
+        shipped += batch.num_rows if isinstance(batch, pa.RecordBatch) else 0
+        decoded = partial_inputs(batch, StateCodec("agg")) if isinstance(batch, pa.RecordBatch) else None
+        grouped = decoded.grouped if decoded else {}
+        for key in list(grouped) + [key for key in states if key not in grouped]:
+            places = grouped.get(key, [])
+            emitted = fn(dict(states.get(key, {})), [decoded.inputs[p] for p in places],
+                         [decoded.seqs[p] for p in places], time)
+            out += list(zip(map(sorted_items, emitted.records), emitted.seqs))
+            dead += [(letter.error.split(":")[0], letter.seq) for letter in emitted.dead]
+            if emitted.state is None:
+                states.pop(key, None)
+            else:
+                states[key] = emitted.state
+    return sorted(out), sorted(dead), states, shipped
+
+
+def sorted_items(record: dict) -> tuple:
+    return tuple(sorted((name, round(value, 9) if isinstance(value, float) else value)
+                        for name, value in record.items()))
+
+
+@pytest.mark.parametrize("kind", ["aggregate", "tumbling", "sliding"])
+@pytest.mark.parametrize("aggregate", [Count(), Sum("v"), Min("v"), Max("v"), Mean("v")], ids=repr)
+@pytest.mark.parametrize("tasks", [1, 3])
+def test_partials_merged_give_the_per_record_outputs(kind, aggregate, tasks):
+    for seed in range(3):
+        batches = batches_of(seed)
+        operator = operator_of(kind, aggregate)
+        expected_out, expected_dead, expected_states = reference(operator, batches)
+        out, dead, states, shipped = combined(operator, batches, tasks, seed)
+        assert out == expected_out
+        assert dead == expected_dead
+        assert states == expected_states
+        assert expected_out  # the comparison saw outputs
+        if kind != "sliding":  # fewer rows shipped than records: 4 keys, a few windows each
+            assert shipped < sum(len(rows) for rows in batches)
+
+
+def test_late_records_and_missing_event_times_become_dead_letters_in_the_task():
+    operator = operator_of("tumbling", Count())
+    batches = batches_of(7)
+    _, dead, _, _ = combined(operator, batches, 2, 7)
+    reasons = {reason for reason, _ in dead}
+    assert {"Late", "NoEventTime"} <= reasons
+    assert dead == reference(operator, batches)[1]
+
+
+def test_a_task_whose_records_all_failed_still_reports_its_largest_event_time():
+    operator = operator_of("tumbling", Sum("v"))
+    combiner = Combiner(CombinePlan.of(operator, SCHEMA, "ts"), Watermark(3.0).begin_batch())
+    dead = combiner.add(carried([({"user": "a", "ts": 50.0, "v": None}, 1)]))
+    assert [letter.error.split(":")[0] for letter in dead] == ["NullValue"]
+    partials = combiner.partials()  # no accumulator: a row with the key's counts and the event time
+    assert partials.num_rows == 1 and partials.column("_fissure_partial").null_count == 1
+    decoded = partial_inputs(partials, StateCodec("agg"))
+    assert decoded.largest == 50.0
+    assert [(item["has_acc"], item["records"], item["dead"]) for item in decoded.inputs] == [(False, 1, 1)]
+    emitted = combined_key_function(operator, "ts")({}, decoded.inputs, decoded.seqs, Watermark(3.0).begin_batch())
+    assert (emitted.records, emitted.state) == ([], None)
+
+
+def test_one_partial_per_key_per_task():
+    operator = operator_of("aggregate", Count())
+    combiner = Combiner(CombinePlan.of(operator, SCHEMA, None))
+    rows = [({"user": "ab"[i % 2], "ts": 1.0, "v": 1}, i) for i in range(1000)]
+    combiner.add(carried(rows[:500]))
+    combiner.add(carried(rows[500:]))
+    partials = combiner.partials()
+    assert partials.num_rows == 2 and combiner.records_in == 1000
+    decoded = partial_inputs(partials, StateCodec("agg"))
+    assert sorted((item["key"], item["acc"]) for item in decoded.inputs) == [(["a"], 500), (["b"], 500)]
+    assert sorted(item["last_seq"] for item in decoded.inputs) == [998, 999]
+    assert sorted(item["records"] for item in decoded.inputs) == [500, 500]
+    assert all(item["fold_cpu_s"] >= 0 for item in decoded.inputs)
+
+
+class Last(Aggregate):
+    result_schema = {"last": int}
+
+    def create(self):
+        return None
+
+    def add(self, acc, record):
+        return record["v"]
+
+    def result(self, acc):
+        return {"last": acc}
+
+
+def test_which_operators_combine():
+    assert combine_decision(operator_of("aggregate", Count()), True).combine
+    assert combine_decision(operator_of("sliding", Mean("v")), True).combine
+    assert not combine_decision(operator_of("aggregate", Count()), False).combine
+    function = Aggregate.of(lambda records: {"n": len(records)}, schema={"n": int})
+    decision = combine_decision(operator_of("tumbling", function), True)
+    assert not decision.combine and "records" in decision.reason
+    assert not combinable_aggregate(Last()).combine  # merge is Aggregate's, not its own
+    expiring = Pipeline("p").aggregate("agg", key="user", aggregate=Count(), expire_after=5.0).operators[-1]
+    assert "expire_after" in combine_decision(expiring, True).reason
+    sessions = Pipeline("p").event_time("ts").window("agg", key="user", window=Session(5.0),
+                                                     aggregate=Count()).operators[-1]
+    assert not combine_decision(sessions, True).combine
+    marked = Count()
+    marked.combinable = False
+    assert not combinable_aggregate(marked).combine
+
+
+def test_partials_go_to_their_keys_buckets_and_every_bucket_gets_a_group_when_asked():
+    from fissure.runtime.operators.combine import PARTIAL_KEY, is_partial_schema
+    from fissure.runtime.operators.packing import PackSpec, key_bucket, pack_partials, unpack_apart
+
+    operator = operator_of("aggregate", Count())
+    combiner = Combiner(CombinePlan.of(operator, SCHEMA, None))
+    combiner.add(carried([({"user": name, "ts": 1.0, "v": 1}, i) for i, name in enumerate("abcab")]))
+    partials = combiner.partials()
+    packed = pack_partials(partials, PARTIAL_KEY, PackSpec(0, ("user",), 8, 1))
+    groups = dict(zip(packed.column(0).to_pylist(), packed.column(1).to_pylist()))
+    assert set(groups) == {key_bucket((name,), 8) for name in "abc"}
+    for group, payload in groups.items():
+        envelopes, found = unpack_apart([payload], pa.schema([("x", pa.int64())]), is_partial_schema)
+        assert envelopes.num_rows == 0 and [key_bucket((text[2:-2],), 8) for batch in found
+                                            for text in batch.column(PARTIAL_KEY).to_pylist()] == [group] * sum(
+            batch.num_rows for batch in found)
+    every = pack_partials(partials, PARTIAL_KEY, PackSpec(0, ("user",), 8, 1, every_group=True))
+    assert sorted(every.column(0).to_pylist()) == list(range(8))

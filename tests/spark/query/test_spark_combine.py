@@ -1,0 +1,117 @@
+"""Aggregates combined before the exchange on Spark: the outputs and dead letters of the
+in-process runner, with far fewer bytes through the exchange than when every record travels."""
+
+from __future__ import annotations
+
+import pytest
+
+import fissure
+from fissure import Pipeline, Sum
+from fissure.config import RunnerConfig
+from fissure.spark.session.stage_log import STAGE_LOG_CONF, StageLog
+from fissure.testing import TestingSink, run_batches, text_files
+
+pytestmark = pytest.mark.spark
+
+
+def words_program(aggregate) -> Pipeline:
+    return (Pipeline("combined")
+            .flat_map("words", lambda record: [{"word": word, "n": None if word == "bad" else len(word)}
+                                               for word in record["value"].split()],
+                      schema={"word": str, "n": int}, reads=["value"])
+            .aggregate("counts", key="word", aggregate=aggregate))
+
+
+def run_on_spark(spark, tmp_path, name: str, aggregate, combine: bool):
+    lines = [" ".join(f"w{(line * 7 + position) % 30}" for position in range(10)) for line in range(300)]
+    lines[0] += " bad"
+    source = text_files(str(tmp_path / f"in-{name}"), lines, lines_per_file=150, max_files_per_trigger=1)
+    sink, dead = fissure.MemorySink(), []
+    before = {stage["stageId"] for stage in StageLog(spark).get("/stages")}
+    config = RunnerConfig(combine_aggregates=combine, spark_conf=STAGE_LOG_CONF, spark=spark,
+                          dead_letters=TestingSink(dead), progress="off")
+    report = fissure.run(words_program(aggregate), source, sink, checkpoint=str(tmp_path / f"ckpt-{name}"),
+                         config=config)
+    shuffled = sum(stage.get("shuffleWriteBytes", 0) for stage in StageLog(spark).get("/stages")
+                   if stage["stageId"] not in before)
+    return sink, dead, shuffled, lines, report.profile.operator("counts")
+
+
+def per_batch(sink) -> list[list[tuple]]:
+    return [sorted(tuple(sorted(row.asDict().items())) for row in sink._rows_by_batch.get(batch, []))
+            for batch in range(max(sink._rows_by_batch) + 1)]
+
+
+@pytest.mark.slow
+def test_a_combined_aggregate_gives_the_in_process_outputs_through_a_smaller_exchange(spark, tmp_path):
+    combined, combined_dead, combined_bytes, lines, combined_profile = run_on_spark(spark, tmp_path, "on", Sum("n"),
+                                                                                  True)
+    whole, whole_dead, whole_bytes, _, whole_profile = run_on_spark(spark, tmp_path, "off", Sum("n"), False)
+    steps = run_batches(words_program(Sum("n")), [[{"value": line} for line in lines[:150]],
+                                                  [{"value": line} for line in lines[150:]]],
+                        schema={"value": str})
+    expected = [sorted(tuple(sorted(record.items())) for record in step.results["sink"]) for step in steps
+                if step.results.get("sink")]
+    assert per_batch(combined) == expected == per_batch(whole)
+    # "bad" has no n: a dead letter of the aggregate, as in process
+    in_process = sorted((letter.node, letter.error, letter.record) for step in steps for letter in step.dead_letters)
+    assert sorted((d["operator"], d["error"], d["record"]) for d in combined_dead) == in_process
+    assert sorted((d["operator"], d["error"], d["record"]) for d in whole_dead) == in_process
+    assert len(in_process) == 1 and in_process[0][0] == "counts"
+    assert combined_bytes < whole_bytes / 2
+    # the profile counts the aggregate's records, not its partials: the same statistics either way
+    assert (combined_profile.records_in, combined_profile.records_out, combined_profile.dead_letters) == (
+        whole_profile.records_in, whole_profile.records_out, whole_profile.dead_letters)
+    assert combined_profile.records_in > 30 * 2 * 2  # more than two tasks' partials of 30 words in 2 batches
+
+
+@pytest.mark.slow
+def test_a_combined_window_gives_the_in_process_windows_and_late_records(spark, tmp_path):
+    from fissure import Tumbling
+    from fissure.testing import TestingSource
+
+    batches = [[{"k": "abcde"[i % 5], "ts": float(base + i % 17), "v": i % 4} for i in range(300)]
+               for base in (0, 20, 40)]
+    batches[2] += [{"k": "a", "ts": 1.0, "v": 9}, {"k": "b", "ts": 2.0, "v": 9}]  # late: [0, 10) closed
+    program = (Pipeline("windows").event_time("ts", lateness=2.0)
+               .window("sums", key="k", window=Tumbling(10.0), aggregate=Sum("v")))
+    results = {}
+    for combine in (True, False):
+        sink, dead = fissure.MemorySink(), []
+        before = {stage["stageId"] for stage in StageLog(spark).get("/stages")}
+        fissure.run(program, TestingSource(batches=batches), sink, checkpoint=str(tmp_path / f"ckpt-{combine}"),
+                    config=RunnerConfig(combine_aggregates=combine, spark_conf=STAGE_LOG_CONF, spark=spark,
+                                        dead_letters=TestingSink(dead), progress="off"))
+        shuffled = sum(stage.get("shuffleWriteBytes", 0) for stage in StageLog(spark).get("/stages")
+                       if stage["stageId"] not in before)
+        results[combine] = (sorted(tuple(sorted(row.items())) for row in sink.records()),
+                            sorted((d["operator"], d["error"], d["record"]) for d in dead), shuffled)
+    steps = run_batches(program, batches)
+    expected = sorted(tuple(sorted(record.items())) for step in steps for record in step.results["sink"])
+    in_process_dead = sorted((letter.node, letter.error, letter.record) for step in steps
+                             for letter in step.dead_letters)
+    assert results[True][:2] == (expected, in_process_dead) == results[False][:2]
+    assert len(in_process_dead) == 2 and all(error.startswith("Late") for _, error, _ in in_process_dead)
+    assert results[True][2] < results[False][2] / 2
+
+
+@pytest.mark.slow
+def test_an_aggregate_reading_the_source_is_combined_where_the_source_becomes_envelopes(spark, tmp_path):
+    from fissure.testing import TestingSource
+
+    batches = [[{"user": "abc"[i % 3], "v": i} for i in range(600)], [{"user": "cd"[i % 2], "v": i} for i in range(50)]]
+    program = Pipeline("direct").aggregate("totals", key="user", aggregate=Sum("v"))
+    expected = sorted(tuple(sorted(record.items())) for step in run_batches(program, batches)
+                      for record in step.results["sink"])
+    shuffled = {}
+    for combine in (True, False):
+        sink = fissure.MemorySink()
+        before = {stage["stageId"] for stage in StageLog(spark).get("/stages")}
+        fissure.run(program, TestingSource(batches=batches), sink, checkpoint=str(tmp_path / f"ckpt-{combine}"),
+                    config=RunnerConfig(combine_aggregates=combine, spark_conf=STAGE_LOG_CONF, spark=spark,
+                                        progress="off"))
+        shuffled[combine] = sum(stage.get("shuffleWriteBytes", 0) for stage in StageLog(spark).get("/stages")
+                                if stage["stageId"] not in before)
+        assert sorted(tuple(sorted(row.items())) for row in sink.records()) == expected
+    assert len(expected) == 3 + 2
+    assert shuffled[True] < shuffled[False] / 2
