@@ -262,15 +262,7 @@ class LocalGraphRun:
         states = self.states.setdefault(node.name, {})
         deadlines = self.deadlines.setdefault(node.name, Deadlines())
 
-        def load(key: str):
-            stored = states.get(key)
-            return codec.unseal(stored) if stored is not None else None
-
-        def store(key: str, state: bytes | None) -> None:
-            if state is None:
-                states.pop(key, None)
-            else:
-                states[key] = codec.seal(state)
+        load, store = _sealed_state_access(states, codec)
 
         due = deadlines.due(time.current) if time is not None else []
         return run_keys(step, carried, load, store, time=time, due=due, deadline=deadlines.set)
@@ -284,15 +276,7 @@ class LocalGraphRun:
                             order_by=operator.order_by, codec=codec)
         states = self.states.setdefault(node.name, {})
 
-        def load(key: str):
-            stored = states.get(key)
-            return codec.unseal(stored) if stored is not None else None
-
-        def store(key: str, state: bytes | None) -> None:
-            if state is None:
-                states.pop(key, None)
-            else:
-                states[key] = codec.seal(state)
+        load, store = _sealed_state_access(states, codec)
 
         if operator.kind is Kind.PARTITIONED:  # every key's records at once, as a bucket on Spark
             return run_keys(step, carried, load, store)
@@ -357,3 +341,20 @@ def run_local(program: Pipeline | StreamGraph, sources: Mapping[str, Sequence[Ma
         warnings.warn(DeadLettersWarning(f"run_local({graph.name!r}): {results.describe_dead_letters()}; they are "
                                          f"not in the sinks' records: read results.dead_letters"), stacklevel=2)
     return results
+
+
+def _sealed_state_access(states: dict, codec):
+    """`load(key)` and `store(key, state)` over a node's dict of sealed states: a state stored as
+    None is removed, as Spark's state store removes it."""
+
+    def load(key: str):
+        stored = states.get(key)
+        return codec.unseal(stored) if stored is not None else None
+
+    def store(key: str, state: bytes | None) -> None:
+        if state is None:
+            states.pop(key, None)
+        else:
+            states[key] = codec.seal(state)
+
+    return load, store
