@@ -40,10 +40,11 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from fissure.program.aggregates import Count
 from fissure.program.eventtime import AggregateRole, WindowRole, event_seconds, no_event_time
 from fissure.runtime.records.arrow_rows import batch_records, column_values
 from fissure.runtime.records.columns import SEQ
-from fissure.runtime.operators.keyed import BatchTime, KeyEmitted, group_by_key, null_key_error
+from fissure.runtime.operators.keyed import BatchTime, KeyEmitted, group_by_key, key_values_text, null_key_error
 from fissure.runtime.records.fate import DeadLetter, OperatorFailedError, operator_stopped, record_failed, record_text
 from fissure.runtime.state.codec import StateCodec, StateCodecError
 from fissure.runtime.operators.timed import TimedKeyFunction, emit_window, open_windows
@@ -100,6 +101,24 @@ class CombinePlan:
     def needs_clock(self) -> bool:
         return self.window is not None
 
+    @property
+    def counts_by_columns(self) -> bool:
+        """Whether a task can count the records per key from the Arrow columns, without a dict per
+        record: a running `Count()` (its `add` reads nothing of the record) keyed on text or
+        integer fields, whose key texts Arrow's distinct values give exactly (one value type
+        per column; a bool, float or nested key goes through the records)."""
+        if self.window is not None or type(self.aggregate) is not Count or not self.key:
+            return False
+        names = set(self.input_schema.names)
+        return all(name in names and _exact_key_type(self.input_schema.field(name).type) for name in self.key)
+
+
+def _exact_key_type(kind: pa.DataType) -> bool:
+    return pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_integer(kind)
+
+
+_POSITION = "_fissure_position"  # a row's place in the task's batch, sorted by sequence number
+
 
 # --- the task's side ------------------------------------------------------------------------------
 
@@ -108,10 +127,14 @@ class Combiner:
     """One task's partials of one operator over a micro-batch: `add` each carried batch of the
     operator's live input rows (returns the dead letters it made), then `partials()`."""
 
-    def __init__(self, plan: CombinePlan, time: BatchTime | None = None) -> None:
+    def __init__(self, plan: CombinePlan, time: BatchTime | None = None, columnar: bool = True) -> None:
         if plan.needs_clock and time is None:
             raise ValueError(f"operator {plan.name!r}: a window is combined only with its batch's watermarks")
         self.plan, self.time = plan, time
+        # `columnar`: count from the Arrow columns when the plan allows it (False: a dict per record,
+        # the reference the columnar path is tested against)
+        self.columnar = columnar and plan.counts_by_columns
+        self.records_as_dicts = 0  # the records `add` turned into dicts (the columnar path: null keys only)
         self.codec = StateCodec(plan.name)
         # key text -> [key values, first seq, {window start or None: [acc, last seq, last time, end]},
         #              records, dead letters, fold CPU seconds]
@@ -122,9 +145,12 @@ class Combiner:
     def add(self, carried: pa.RecordBatch) -> list[DeadLetter]:
         if not carried.num_rows:
             return []
+        if self.columnar:
+            return self._add_counts(carried)
         plan = self.plan
         ordered = carried.take(pc.sort_indices(carried, sort_keys=[(SEQ, "ascending")]))
         records = batch_records(ordered.select(plan.input_schema.names))
+        self.records_as_dicts += len(records)
         seqs = column_values(ordered.column(ordered.schema.get_field_index(SEQ)))
         self.records_in += len(records)
         if plan.window is not None:  # every usable event time counts for the watermark, a null key's too
@@ -155,6 +181,53 @@ class Combiner:
         per_record_s = (clock.thread_time() - started_s) / max(1, sum(len(places) for places in grouped.values()))
         for text, positions in grouped.items():
             self.entries[text][5] += per_record_s * len(positions)
+        return dead
+
+    def _add_counts(self, carried: pa.RecordBatch) -> list[DeadLetter]:
+        """`add` for a running Count (CombinePlan.counts_by_columns): the same entries, in the same
+        order (keys by their first record in sequence order), from Arrow's group-by; only the
+        records without a key value become dicts, for their dead letters."""
+        plan = self.plan
+        ordered = carried.take(pc.sort_indices(carried, sort_keys=[(SEQ, "ascending")]))  # stable
+        self.records_in += ordered.num_rows
+        no_key = ordered.column(plan.key[0]).is_null()
+        for name in plan.key[1:]:
+            no_key = pc.or_(no_key, ordered.column(name).is_null())
+        dead: list[DeadLetter] = []
+        if pc.any(no_key).as_py():
+            missing = ordered.filter(no_key)
+            records = batch_records(missing.select(plan.input_schema.names))
+            self.records_as_dicts += len(records)
+            dead = [DeadLetter(plan.name, null_key_error(record, plan.key), record_text(record), seq)
+                    for record, seq in zip(records, column_values(missing.column(SEQ)))]
+            ordered = ordered.filter(pc.invert(no_key))
+        if not ordered.num_rows:
+            return dead
+        started_s = clock.thread_time()
+        table = pa.Table.from_arrays([ordered.column(name) for name in plan.key]
+                                     + [ordered.column(SEQ), pa.array(range(ordered.num_rows), pa.int64())],
+                                     names=[*plan.key, SEQ, _POSITION])
+        groups = table.group_by(list(plan.key), use_threads=False).aggregate(
+            [(SEQ, "min"), (SEQ, "max"), (SEQ, "count"), (_POSITION, "min")])
+        groups = groups.take(pc.sort_indices(groups, sort_keys=[(f"{_POSITION}_min", "ascending")]))
+        key_values = zip(*[column_values(groups.column(name)) for name in plan.key])
+        firsts, lasts, counts = (column_values(groups.column(f"{SEQ}_{how}")) for how in ("min", "max", "count"))
+        touched = []
+        for values, first_seq, last_seq, count in zip(key_values, firsts, lasts, counts):
+            text = key_values_text(values)
+            entry = self.entries.get(text)
+            if entry is None:
+                entry = self.entries[text] = [list(values), first_seq, {}, 0, 0, 0.0]
+            else:
+                entry[1] = min(entry[1], first_seq)
+            slot = entry[2].get(None)
+            acc = slot[0] if slot is not None else plan.aggregate.create()
+            entry[2][None] = [acc + count, last_seq if slot is None else max(slot[1], last_seq), None, None]
+            entry[3] += count
+            touched.append((entry, count))
+        per_record_s = (clock.thread_time() - started_s) / ordered.num_rows
+        for entry, count in touched:
+            entry[5] += per_record_s * count
         return dead
 
     def _failed(self, error: BaseException, record: dict, seq: int) -> DeadLetter:
