@@ -32,19 +32,23 @@ clock, so they make the same partials.
 
 from __future__ import annotations
 
+import math
 import time as clock
 import typing
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from fissure.program.aggregates import Count
+from fissure.program.windows import Tumbling
 from fissure.program.eventtime import AggregateRole, WindowRole, event_seconds, no_event_time
 from fissure.runtime.records.arrow_rows import batch_records, column_values
 from fissure.runtime.records.columns import SEQ
 from fissure.runtime.operators.keyed import BatchTime, KeyEmitted, group_by_key, key_values_text, null_key_error
+from fissure.runtime.operators.packing import distinct_keys
 from fissure.runtime.records.fate import DeadLetter, OperatorFailedError, operator_stopped, record_failed, record_text
 from fissure.runtime.state.codec import StateCodec, StateCodecError
 from fissure.runtime.operators.timed import TimedKeyFunction, emit_window, open_windows
@@ -103,21 +107,25 @@ class CombinePlan:
 
     @property
     def counts_by_columns(self) -> bool:
-        """Whether a task can count the records per key from the Arrow columns, without a dict per
-        record: a running `Count()` (its `add` reads nothing of the record) keyed on text or
-        integer fields, whose key texts Arrow's distinct values give exactly (one value type
-        per column; a bool, float or nested key goes through the records)."""
-        if self.window is not None or type(self.aggregate) is not Count or not self.key:
+        """Whether a task can count the records per key (and tumbling window) from the Arrow
+        columns, without a dict per record: a `Count()` (its `add` reads nothing of the record),
+        running or over `Tumbling` windows of a float or integer event time, keyed on text or
+        integer fields, whose key texts the columns' distinct values give exactly (one value type
+        per column). Any other aggregate, window, key or time type goes through the records."""
+        if type(self.aggregate) is not Count or not self.key:
             return False
-        names = set(self.input_schema.names)
-        return all(name in names and _exact_key_type(self.input_schema.field(name).type) for name in self.key)
+        fields = {field.name: field.type for field in self.input_schema}
+        if not all(name in fields and _exact_key_type(fields[name]) for name in self.key):
+            return False
+        if self.window is None:
+            return True
+        kind = fields.get(self.time_field)
+        return (type(self.window) is Tumbling and kind is not None
+                and (pa.types.is_float64(kind) or pa.types.is_integer(kind)))
 
 
 def _exact_key_type(kind: pa.DataType) -> bool:
     return pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_integer(kind)
-
-
-_POSITION = "_fissure_position"  # a row's place in the task's batch, sorted by sequence number
 
 
 # --- the task's side ------------------------------------------------------------------------------
@@ -146,7 +154,9 @@ class Combiner:
         if not carried.num_rows:
             return []
         if self.columnar:
-            return self._add_counts(carried)
+            dead = self._add_counts(carried)
+            if dead is not None:
+                return dead
         plan = self.plan
         ordered = carried.take(pc.sort_indices(carried, sort_keys=[(SEQ, "ascending")]))
         records = batch_records(ordered.select(plan.input_schema.names))
@@ -183,51 +193,132 @@ class Combiner:
             self.entries[text][5] += per_record_s * len(positions)
         return dead
 
-    def _add_counts(self, carried: pa.RecordBatch) -> list[DeadLetter]:
-        """`add` for a running Count (CombinePlan.counts_by_columns): the same entries, in the same
-        order (keys by their first record in sequence order), from Arrow's group-by; only the
-        records without a key value become dicts, for their dead letters."""
-        plan = self.plan
+    def _add_counts(self, carried: pa.RecordBatch) -> list[DeadLetter] | None:
+        """`add` for a Count (CombinePlan.counts_by_columns): the entries, largest event time and
+        dead letters (same reasons, same order) of the per-record fold, from the Arrow columns;
+        only the records that become dead letters are made dicts, for their text. None (nothing
+        added): the keys do not fit one integer code, `add` goes through the records."""
+        plan, window = self.plan, self.plan.window
         ordered = carried.take(pc.sort_indices(carried, sort_keys=[(SEQ, "ascending")]))  # stable
-        self.records_in += ordered.num_rows
-        no_key = ordered.column(plan.key[0]).is_null()
-        for name in plan.key[1:]:
-            no_key = pc.or_(no_key, ordered.column(name).is_null())
-        dead: list[DeadLetter] = []
-        if pc.any(no_key).as_py():
-            missing = ordered.filter(no_key)
-            records = batch_records(missing.select(plan.input_schema.names))
-            self.records_as_dicts += len(records)
-            dead = [DeadLetter(plan.name, null_key_error(record, plan.key), record_text(record), seq)
-                    for record, seq in zip(records, column_values(missing.column(SEQ)))]
-            ordered = ordered.filter(pc.invert(no_key))
-        if not ordered.num_rows:
-            return dead
+        rows = ordered.num_rows
+        seqs = ordered.column(SEQ).to_numpy(zero_copy_only=False)
+        no_key = np.zeros(rows, dtype=bool)
+        for name in plan.key:
+            no_key |= ordered.column(name).is_null().to_numpy(zero_copy_only=False)
+        keyed = np.flatnonzero(~no_key)
+        found = distinct_keys(ordered.take(pa.array(keyed, pa.int64())).select(list(plan.key)), plan.key) \
+            if len(keyed) else ([], [])
+        if found is None:  # keys Arrow cannot encode into one code: through the records
+            return None
+        self.records_in += rows
+        if window is not None:
+            times = ordered.column(plan.time_field).cast(pa.float64())
+            t = times.fill_null(math.nan).to_numpy(zero_copy_only=False)
+            usable = np.isfinite(t)  # a null, NaN or infinite event time is none
+            if usable.any():  # every usable event time counts for the watermark, a null key's too
+                seen = float(t[usable].max())
+                if self.largest is None or seen > self.largest:
+                    self.largest = seen
         started_s = clock.thread_time()
-        table = pa.Table.from_arrays([ordered.column(name) for name in plan.key]
-                                     + [ordered.column(SEQ), pa.array(range(ordered.num_rows), pa.int64())],
-                                     names=[*plan.key, SEQ, _POSITION])
-        groups = table.group_by(list(plan.key), use_threads=False).aggregate(
-            [(SEQ, "min"), (SEQ, "max"), (SEQ, "count"), (_POSITION, "min")])
-        groups = groups.take(pc.sort_indices(groups, sort_keys=[(f"{_POSITION}_min", "ascending")]))
-        key_values = zip(*[column_values(groups.column(name)) for name in plan.key])
-        firsts, lasts, counts = (column_values(groups.column(f"{SEQ}_{how}")) for how in ("min", "max", "count"))
+        key_values, key_of = found
+        key_of = np.asarray(key_of, dtype=np.int64)
+        _, first_place, records_per_key = np.unique(key_of, return_index=True, return_counts=True)
+        order = np.argsort(first_place, kind="stable")  # keys by their first record in sequence order
+        dead_rows: list[tuple] = [(0, int(row)) for row in np.flatnonzero(no_key)]  # (sort key..., row, kind)
+        dead_per_key = np.zeros(len(key_values), dtype=np.int64)
+        rank = np.empty(len(key_values), dtype=np.int64)
+        rank[order] = np.arange(len(key_values))
+        if window is None:
+            folded = np.arange(len(keyed))
+        else:
+            t_keyed = t[keyed]
+            index = np.floor(t_keyed / window.size)  # fissure.program.windows.aligned_index, elementwise
+            index = np.where(index * window.size > t_keyed, index - 1, index)
+            index = np.where((index + 1) * window.size <= t_keyed, index + 1, index)
+            starts, ends = index * window.size, (index + 1) * window.size
+            late = ends <= self.time.previous
+            timeless = ~usable[keyed]
+            for place in np.flatnonzero(timeless):
+                dead_rows.append((1, int(rank[key_of[place]]), 0, int(place), int(keyed[place]), "time"))
+            for place in np.flatnonzero(late & ~timeless):
+                dead_rows.append((1, int(rank[key_of[place]]), 1, float(t_keyed[place]), int(seqs[keyed[place]]),
+                                  int(place), int(keyed[place]), "late"))
+            np.add.at(dead_per_key, key_of[timeless | late], 1)
+            folded = np.flatnonzero(~(timeless | late))
         touched = []
-        for values, first_seq, last_seq, count in zip(key_values, firsts, lasts, counts):
+        for position in order:
+            values = key_values[position]
             text = key_values_text(values)
+            first_seq = int(seqs[keyed[first_place[position]]])
             entry = self.entries.get(text)
             if entry is None:
                 entry = self.entries[text] = [list(values), first_seq, {}, 0, 0, 0.0]
             else:
                 entry[1] = min(entry[1], first_seq)
-            slot = entry[2].get(None)
-            acc = slot[0] if slot is not None else plan.aggregate.create()
-            entry[2][None] = [acc + count, last_seq if slot is None else max(slot[1], last_seq), None, None]
-            entry[3] += count
-            touched.append((entry, count))
-        per_record_s = (clock.thread_time() - started_s) / ordered.num_rows
-        for entry, count in touched:
-            entry[5] += per_record_s * count
+            entry[3] += int(records_per_key[position])
+            entry[4] += int(dead_per_key[position])
+            touched.append((entry, int(records_per_key[position])))
+        if len(folded):
+            folded_keys, folded_seqs = key_of[folded], seqs[keyed[folded]]
+            if window is None:
+                sort = np.lexsort((folded_seqs, folded_keys))
+                spans = (folded_keys[sort],)
+                last_times = last_starts = last_ends = None
+            else:
+                folded_t, folded_starts = t_keyed[folded], starts[folded]
+                sort = np.lexsort((folded_seqs, folded_t, folded_starts, folded_keys))
+                spans = (folded_keys[sort], folded_starts[sort])
+                last_times, last_starts, last_ends = folded_t[sort], folded_starts[sort], ends[folded][sort]
+            changes = np.zeros(len(sort), dtype=bool)
+            changes[0] = True
+            for column in spans:
+                changes[1:] |= column[1:] != column[:-1]
+            group_starts = np.flatnonzero(changes)
+            group_ends = np.append(group_starts[1:], len(sort)) - 1  # each group's last: its largest (t, seq)
+            counts = group_ends - group_starts + 1
+            sorted_seqs = folded_seqs[sort]
+            for first, last, count in zip(group_starts.tolist(), group_ends.tolist(), counts.tolist()):
+                windows = touched[rank[spans[0][first]]][0][2]
+                last_seq = int(sorted_seqs[last])
+                if window is None:
+                    slot = windows.get(None)
+                    acc = slot[0] if slot is not None else plan.aggregate.create()
+                    windows[None] = [acc + count, last_seq if slot is None else max(slot[1], last_seq), None, None]
+                    continue
+                start, last_time, end = float(last_starts[last]), float(last_times[last]), float(last_ends[last])
+                slot = windows.get(start)
+                if slot is None:
+                    windows[start] = [plan.aggregate.create() + count, last_seq, last_time, end]
+                elif (last_time, last_seq) > (slot[2], slot[1]):
+                    windows[start] = [slot[0] + count, last_seq, last_time, end]
+                else:
+                    slot[0] += count
+        if len(keyed):
+            per_record_s = (clock.thread_time() - started_s) / len(keyed)
+            for entry, count in touched:
+                entry[5] += per_record_s * count
+        return self._dead_letters_of(ordered, sorted(dead_rows))
+
+    def _dead_letters_of(self, ordered: pa.RecordBatch, dead_rows: list[tuple]) -> list[DeadLetter]:
+        """The dead letters of `_add_counts`, in its order: records without a key value, then per
+        key those without an event time, then its late ones in (event time, sequence) order."""
+        if not dead_rows:
+            return []
+        plan = self.plan
+        picked = [(row[-2], row[-1]) if row[0] else (row[1], "key") for row in dead_rows]
+        rows = ordered.take(pa.array([row for row, _ in picked], pa.int64()))
+        records = batch_records(rows.select(plan.input_schema.names))
+        self.records_as_dicts += len(records)
+        seqs = column_values(rows.column(SEQ))
+        dead = []
+        for (_, why), record, seq in zip(picked, records, seqs):
+            if why == "key":
+                reason = null_key_error(record, plan.key)
+            elif why == "time":
+                reason = no_event_time(plan.time_field, record)
+            else:
+                reason = open_windows(plan.window, event_seconds(record.get(plan.time_field)), self.time.previous)[1]
+            dead.append(DeadLetter(plan.name, reason, record_text(record), seq))
         return dead
 
     def _failed(self, error: BaseException, record: dict, seq: int) -> DeadLetter:

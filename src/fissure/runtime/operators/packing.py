@@ -64,7 +64,7 @@ def key_bucket(values: Sequence, buckets: int) -> int:
 def _buckets_of(batch: pa.RecordBatch, columns: Sequence[str], buckets: int) -> np.ndarray:
     """Each row's bucket: one hash per distinct key (the key's values read from the columns'
     dictionaries, not per row) when Arrow can dictionary-encode every key column; else per row."""
-    encoded = _distinct_keys(batch, columns)
+    encoded = distinct_keys(batch, columns)
     if encoded is not None:
         keys, rows = encoded
         per_key = np.array([key_bucket(key, buckets) for key in keys] or [0], dtype=np.int32)
@@ -83,7 +83,7 @@ def _buckets_of(batch: pa.RecordBatch, columns: Sequence[str], buckets: int) -> 
     return result
 
 
-def _distinct_keys(batch: pa.RecordBatch, columns: Sequence[str]) -> tuple[list[tuple], np.ndarray] | None:
+def distinct_keys(batch: pa.RecordBatch, columns: Sequence[str]) -> tuple[list[tuple], np.ndarray] | None:
     """(the distinct keys of the batch as tuples of Python values, each row's place among them),
     from each key column's dictionary encoding (nulls a value of their own); None when Arrow
     cannot encode a column (a list) or the combined codes would not fit an int64."""
