@@ -66,15 +66,16 @@ def test_a_combined_aggregate_gives_the_in_process_outputs_through_a_smaller_exc
 
 
 @pytest.mark.slow
-def test_a_combined_window_gives_the_in_process_windows_and_late_records(spark, tmp_path):
-    from fissure import Tumbling
+@pytest.mark.parametrize("aggregate", ["sum", "count"])  # a Count is folded from the Arrow columns
+def test_a_combined_window_gives_the_in_process_windows_and_late_records(spark, tmp_path, aggregate):
+    from fissure import Count, Tumbling
     from fissure.testing import TestingSource
 
     batches = [[{"k": "abcde"[i % 5], "ts": float(base + i % 17), "v": i % 4} for i in range(300)]
                for base in (0, 20, 40)]
     batches[2] += [{"k": "a", "ts": 1.0, "v": 9}, {"k": "b", "ts": 2.0, "v": 9}]  # late: [0, 10) closed
     program = (Pipeline("windows").event_time("ts", lateness=2.0)
-               .window("sums", key="k", window=Tumbling(10.0), aggregate=Sum("v")))
+               .window("sums", key="k", window=Tumbling(10.0), aggregate=Sum("v") if aggregate == "sum" else Count()))
     results = {}
     for combine in (True, False):
         sink, dead = fissure.MemorySink(), []
