@@ -16,14 +16,19 @@ exchange) and the running count per occurrence (`partitioned`). Parts:
   (`crossing_share`: a task sends each distinct word of its micro-batch once);
 - conversion: fissure's own Arrow -> dicts (`fissure.runtime.records.arrow_rows.batch_records`)
   and dicts -> Arrow (`pyarrow.RecordBatch.from_pylist`, as `records_to_batch` does), timed in
-  this process over the input lines and, where they cross the exchange as records, the keyed
-  records (the word count's words, one thread);
+  this process over the first --sample-records input lines and, where they cross the exchange as
+  records, the keyed records they make (LogWatch's events, the per-occurrence word count's words),
+  one thread;
 - state: the keyed operators' state read and write, in this process: the state codec's calls
   (`StateCodec.loads/dumps/seal/unseal`) while `LocalGraphRun` runs the program's micro-batches
   (only the batches after the first are timed: a steady batch reads the states the earlier wrote).
   Spark's state-server requests and the packing of a bucket's entries are not in it;
 - operator: the direct loop (the user's functions called directly, dict state), one thread;
 - total: fissure's run of the program under the planner's plan, its steady rate.
+
+The word count's exchange pair and its per-occurrence total run over the first --subset-files
+files (8 of 20: two micro-batches, the second steady): their figures are per record, and the
+per-occurrence program runs at about a tenth of the aggregate's rate.
 
 The Spark parts (jvm, arrow, exchange, total) are wall time per record on `local[2]`, both cores
 working; the in-process parts take one thread and are divided by the cores (`cores`) to stand
@@ -156,13 +161,15 @@ def keyed_rows(spark, family: str, source):
     return source.open(spark), "value"
 
 
-def spark_variants(spark, family: str, source, fresh: Callable[[], str]) -> dict[str, Callable[[], float]]:
+def spark_variants(spark, family: str, source, fresh: Callable[[], str],
+                   exchange_source=None) -> dict[str, Callable[[], float]]:
+    """jvm and arrow over `source`; the exchange pair over `exchange_source` (default `source`)."""
     from pyspark.sql import functions as F
 
     cores = spark.sparkContext.defaultParallelism
 
     def exchange(repartition: bool) -> float:
-        rows, key = keyed_rows(spark, family, source)
+        rows, key = keyed_rows(spark, family, exchange_source or source)
         if repartition:
             rows = rows.repartition(cores, F.col(key))
         return spark_query_us(spark, through_python(rows), fresh())
@@ -193,6 +200,16 @@ def file_lines(paths: list[str]) -> list[str]:
     return lines
 
 
+def file_lines_upto(paths: list[str], limit: int) -> list[str]:
+    """The first `limit` lines of the files, as Spark's text source gives them."""
+    lines: list[str] = []
+    for path in paths:
+        if len(lines) >= limit:
+            break
+        lines.extend(file_lines([path]))
+    return lines[:limit]
+
+
 def exchanged_records(family: str, lines: list[str]) -> list[dict]:
     """The records a keyed stage of the family receives, made by the example's own functions: the
     word count's words, LogWatch's events."""
@@ -212,8 +229,9 @@ def exchanged_records(family: str, lines: list[str]) -> list[dict]:
 
 
 def conversion_us(record_sets: list[list[dict]], records: int) -> float:
-    """us per input record (`records` of them) of fissure's conversions over every set: Arrow
-    batches of ARROW_BATCH_ROWS rows to dicts (`batch_records`) and the dicts back to Arrow."""
+    """us per input record (`records` of them, which the sets stand for) of fissure's conversions
+    over every set: Arrow batches of ARROW_BATCH_ROWS rows to dicts (`batch_records`) and the dicts
+    back to Arrow."""
     import pyarrow as pa
 
     from fissure.runtime.records.arrow_rows import batch_records
@@ -322,33 +340,39 @@ def subset_source(paths: list[str], directory: Path, files_per_batch: int):
 
 def family_variants(spark, family: str, work: Path, args, fresh: Callable[[], str]) -> tuple[dict, dict]:
     """The measured variants of a family's block (label -> a callable giving us per input record)
-    and what the report needs beside them."""
+    and what the report needs beside them. The in-process conversion and state run over the first
+    lines of the input (a sample: a million lines' words as dicts would not fit the machine's
+    memory beside Spark); the word count's exchange and its per-occurrence total over the first
+    `subset_files` files (their rates are per record: a share of the files keeps the run short)."""
     source = direct_loops.write_input(family, work / family, args.records, args.files, args.files_per_batch,
                                       VOCABULARY if family == "wordcount" else None)
     paths = direct_loops.input_files(work / family)
     records = direct_loops.count_records(paths)
-    lines = file_lines(paths)
-    keyed = exchanged_records(family, lines)
-    state_lines = lines[:2 * args.state_batch_records]
+    subset = None
+    if family == "wordcount" and args.subset_files < len(paths):
+        subset = subset_source(paths[:args.subset_files], work / "wordcount-subset", args.files_per_batch)
+    sample_lines = file_lines_upto(paths, max(args.sample_records, 2 * args.state_batch_records))
+    sample = sample_lines[:args.sample_records]
+    keyed = exchanged_records(family, sample)
+    state_lines = sample_lines[:2 * args.state_batch_records]
     state_batches = [state_lines[:args.state_batch_records], state_lines[args.state_batch_records:]]
     programs = direct_loops.programs(family)
-    variants = spark_variants(spark, family, source, fresh)
+    variants = spark_variants(spark, family, source, fresh, exchange_source=subset or source)
     variants["operator"] = lambda: operator_us(family, paths, records)
-    info = {"records": records, "files": len(paths), "keyed_records": len(keyed), "workloads": {}}
+    info = {"records": records, "files": len(paths), "sample_records": len(sample), "keyed_records_in_sample": len(keyed),
+            "exchange_files": args.subset_files if subset else len(paths), "workloads": {}}
     cores = spark.sparkContext.defaultParallelism
     for workload in WORKLOADS:
         if workload.family != family:
             continue
         program = programs[workload.variant]
         suffix = f" ({workload.name})" if family == "wordcount" else ""
-        sets = [[{"value": line} for line in lines]] + ([keyed] if workload.keyed_records else [])
-        variants["conversion" + suffix] = lambda sets=sets: conversion_us(sets, records)
+        sets = [[{"value": line} for line in sample]] + ([keyed] if workload.keyed_records else [])
+        variants["conversion" + suffix] = lambda sets=sets: conversion_us(sets, len(sample))
         variants["state" + suffix] = lambda program=program: state_us(program, state_batches)
         total_source, total_records = source, records
-        if workload.name == "wordcount, per occurrence" and args.running_files < len(paths):
-            chosen = paths[:args.running_files]
-            total_source = subset_source(chosen, work / "wordcount-running", args.files_per_batch)
-            total_records = direct_loops.count_records(chosen)
+        if workload.name == "wordcount, per occurrence" and subset is not None:
+            total_source, total_records = subset, direct_loops.count_records(paths[:args.subset_files])
         variants["total" + suffix] = lambda program=program, total_source=total_source: \
             fissure_us(spark, program, total_source, fresh())
         crossing = 1.0
@@ -383,7 +407,9 @@ def report(document: dict) -> str:
     lines += ["", "Inputs:", ""]
     for family, info in document["families"].items():
         lines.append(f"- {family}: {info['records']:,} records in {info['files']} files, {document['files_per_batch']} a "
-                     f"micro-batch; {info['keyed_records']:,} records reach its first keyed stage")
+                     f"micro-batch; the exchange over {info['exchange_files']} files; conversion over the first "
+                     f"{info['sample_records']:,} records, of which {info['keyed_records_in_sample']:,} records reach "
+                     "the first keyed stage")
         for name, workload in info["workloads"].items():
             notes = [f"total over {workload['total_records']:,} records",
                      f"state over a steady in-process batch of {workload['state_records']:,}"]
@@ -404,16 +430,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--records", type=int, default=1_000_000, help="input records a family")
     parser.add_argument("--files", type=int, default=20, help="input files a family")
     parser.add_argument("--files-per-batch", type=int, default=5, help="files a micro-batch")
-    parser.add_argument("--running-files", type=int, default=8,
-                        help="files the per-occurrence word count's total runs over (its rate is a tenth of the "
-                             "aggregate's: all 20 would take most of the run)")
+    parser.add_argument("--subset-files", type=int, default=8,
+                        help="files the word count's exchange and its per-occurrence total run over (the latter's "
+                             "rate is about a tenth of the aggregate's: all 20 files would take most of the run)")
+    parser.add_argument("--sample-records", type=int, default=100_000,
+                        help="input records the in-process conversion runs over")
     parser.add_argument("--state-batch-records", type=int, default=50_000,
                         help="records of each of the two in-process micro-batches the state part runs")
     parser.add_argument("--only", choices=("logwatch", "wordcount"), help="one family")
     args = parser.parse_args(argv)
     if args.quick:
-        args.records, args.files, args.files_per_batch, args.running_files = 2_000, 4, 1, 3
-        args.state_batch_records, args.repeats = 300, 1
+        args.records, args.files, args.files_per_batch, args.subset_files = 2_000, 4, 1, 3
+        args.state_batch_records, args.sample_records, args.repeats = 300, 1_000, 1
     method.check_repeats(args.repeats, args.quick)
     run = method.Run("record_breakdown.py", argv, quick=args.quick, out=args.out)
     import fissure
