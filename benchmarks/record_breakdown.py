@@ -412,8 +412,8 @@ def report(document: dict) -> str:
     for family, info in document["families"].items():
         lines.append(f"- {family}: {info['records']:,} records in {info['files']} files, {document['files_per_batch']} a "
                      f"micro-batch; the exchange over {info['exchange_files']} files; conversion over the first "
-                     f"{info['sample_records']:,} records, of which {info['keyed_records_in_sample']:,} records reach "
-                     "the first keyed stage")
+                     f"{info['sample_records']:,} records, which make the {info['keyed_records_in_sample']:,} records its "
+                     "first keyed stage receives")
         for name, workload in info["workloads"].items():
             notes = [f"total over {workload['total_records']:,} records",
                      f"state over a steady in-process batch of {workload['state_records']:,}"]
