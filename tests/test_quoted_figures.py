@@ -223,3 +223,13 @@ def test_a_results_report_links_only_to_files_beside_it():
     for path in RESULTS.glob("*.md"):
         for target in re.findall(r"\]\(([\w.-]+)\)", path.read_text()):
             assert (RESULTS / target).exists(), f"{path.name} links to {target}, which benchmarks/results does not hold"
+
+
+def test_the_readme_counts_the_goals_as_the_goals_table_does():
+    """The README's count of goals not met follows the table, so that a goal missed is not left
+    out of the README when the table changes."""
+    readme = " ".join((REPOSITORY / "README.md").read_text().split())
+    counted = re.search(r"Of the (\d+) goals the project set itself, (\d+) are not met", readme)
+    assert counted is not None, "the README's benchmark paragraph no longer counts the goals"
+    not_met = sum(row["met"].startswith("not met") for row in GOALS)
+    assert (int(counted.group(1)), int(counted.group(2))) == (len(GOALS), not_met)
