@@ -21,24 +21,33 @@ FILE = re.compile(r"`([\w.-]+\.md)`")
 GOAL = re.compile(r"goal[^;)|]*", re.IGNORECASE)
 
 
-def table_rows(text: str) -> list[list[str]]:
-    """The cells of every table row of a markdown text (header and separator rows included)."""
-    rows = []
-    for line in text.splitlines():
+def tables(text: str) -> list[list[list[str]]]:
+    """Every markdown table of a text, as its rows' cells (the header row first, the separator
+    row left out)."""
+    found, rows = [], []
+    for line in [*text.splitlines(), ""]:
         if line.startswith("|"):
-            rows.append([cell.strip() for cell in line.strip().strip("|").split("|")])
-    return rows
+            cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+            if not set("".join(cells)) <= set("-: "):
+                rows.append(cells)
+        elif rows:
+            found.append(rows)
+            rows = []
+    return found
 
 
 def quoted_figures() -> list[tuple[str, str, str]]:
-    """(where, the quoting text, the results files it names): every row of every table of
-    README.md and docs/benchmarks.md whose last cell names a results file (its figures stand in
-    the cell before: the Results table's "result", the goals table's "current figure"), and the
+    """(where, the quoting text, the results files it names): every row of every figures table of
+    README.md and docs/benchmarks.md (a table whose last column is `file`: the figures stand in the
+    column before it, the Results table's "result", the goals table's "current figure"), and the
     sentences of the README's benchmark paragraph that name a results file."""
     quotes = []
     for where in ("README.md", "docs/benchmarks.md"):
-        for cells in table_rows((REPOSITORY / where).read_text()):
-            if len(cells) >= 2 and FILE.search(cells[-1]):
+        for table in tables((REPOSITORY / where).read_text()):
+            if table[0][-1] != "file":
+                continue
+            for cells in table[1:]:
+                assert FILE.search(cells[-1]), f"{where}: a figures row names no results file: {cells}"
                 quotes.append((where, cells[-2], " ".join(FILE.findall(cells[-1]))))
     readme = (REPOSITORY / "README.md").read_text()
     paragraph = readme[readme.index("## Benchmarks"):]
