@@ -29,6 +29,7 @@ from fissure.control.plan_change import (
     same_plan,
     state_partitions,
 )
+from fissure.compile.stages import state_partitions_of
 from fissure.model.throughput import canonical_regions
 from fissure.control.scenarios import ALL_PIPELINED, SEQUENTIAL, run_scenario, scenario
 from fissure.control.simulate import TablePlanSearch
@@ -146,6 +147,17 @@ def test_state_partitions_are_the_widest_keyed_region_or_the_default_without_one
     assert state_partitions(canonical_regions(plans[1]), {op.name: op for op in unkeyed}, default=4) == 4
     assert state_partitions(canonical_regions(plans[0]), {op.name: op for op in unkeyed}, default=4) == 4
     assert classify_change(*plans, unkeyed).kind is SwitchKind.RESTART
+
+
+@pytest.mark.parametrize("text", ["[p,x,y,z]", "[p,x]x3 -> [y]x2 -> [z]", "[p]x2 -> [x,y]x2 -> [z]",
+                                  "[p,x]x2 -> [y]x4 -> [z]", "[p|x] -> [y]x3 -> [z]"])
+def test_the_classifier_counts_state_partitions_as_the_query_is_compiled(text):
+    class Program:  # what fissure.compile.stages.state_partitions_of reads of a program
+        kind_of = staticmethod(lambda name: {op.name: op for op in STATEFUL_OPS}[name].kind)
+
+    plan = parse_fingerprint(text)
+    by_name = {op.name: op for op in STATEFUL_OPS}
+    assert state_partitions(canonical_regions(plan), by_name, 3) == state_partitions_of(Program(), plan, 3)
 
 
 def test_stateless_replicas_never_move_state():
