@@ -30,8 +30,8 @@ reported: the median seconds per applied kind over every counted switch of that 
 revision's, and this revision's over the other's. The results header carries the provenance, the
 busy check and the machine-speed calibration before and after.
 
-Writes switch_cost.md and .json under --out (default benchmarks/results/; --quick: a temporary
-folder). A shared, noisy machine gives no figures: run it on a quiet one.
+Writes switch_cost.md and .json under --out (default benchmarks/results/; --quick:
+switch_cost_quick.md and .json in a temporary folder). A shared, noisy machine gives no figures: run it on a quiet one.
 
     ./dev python benchmarks/switch_cost.py --revision 6e64f92      # before/after, 3 rounds (quiet machine!)
     ./dev python benchmarks/switch_cost.py                          # this revision alone
@@ -259,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
         if "base" in trees:
             subprocess.run(["git", "worktree", "remove", "--force", str(trees["base"])], cwd=REPOSITORY,
                            capture_output=True)
-    run.write_results("switch_cost", report(document), document)
+    run.write_results("switch_cost_quick" if args.quick else "switch_cost", report(document), document)
     return 0
 
 
