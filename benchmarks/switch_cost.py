@@ -69,7 +69,7 @@ class Size:
 
 
 FULL = Size(records_per_file=2000, heavy_us=30.0, every=3)
-QUICK = Size(records_per_file=200, heavy_us=10.0, every=2)
+QUICK = Size(records_per_file=200, heavy_us=10.0, every=3)
 
 SEQUENTIAL = "[parse,enrich,count]"
 SCRIPT = (  # (target plan, the kind it is meant to exercise), from SEQUENTIAL and back to it
@@ -131,35 +131,61 @@ def run_script(spark, work: Path, size: Size, script, tag: str) -> dict:
     pending = list(script)
     current = parse_fingerprint(SEQUENTIAL)
     queries.start(current)
-    durations: list[float] = []
+    since_switch: list[float] = []  # durations of the batches since the last switch (or the start)
     in_pe_extra: list[float] = []
     classified: list[dict] = []
-    waiting_for, since_switch = None, 0
+    waiting_for, baseline = None, None
     try:
         while (observation := observations.next_batch()) is not None:
-            durations.append(observation.duration_s)
-            since_switch += 1
             if waiting_for is not None and observation.plan_in_force == waiting_for:
-                before = durations[-size.every - 1:-1]
-                in_pe_extra.append(observation.duration_s - statistics.median(before))
+                if baseline is not None:
+                    in_pe_extra.append(observation.duration_s - baseline)
                 waiting_for = None
-            if pending and since_switch >= size.every:
+            since_switch.append(observation.duration_s)
+            if pending and len(since_switch) >= size.every:
+                # the first batch after a switch or the start pays for it: not part of the baseline
+                baseline = statistics.median(since_switch[1:]) if len(since_switch) > 1 else None
                 text, meant = pending.pop(0)
                 target = parse_fingerprint(text)
                 change = classify_change(current, target, stats)
                 classified.append({"plan_before": plan_fingerprint(current), "plan_after": text, "meant": meant,
                                    "classified_as": change.kind.value,
-                                   "state_repartitions": [asdict(entry) for entry in change.state_repartitions]})
+                                   "state_repartitions_named": [entry.operator for entry in change.state_repartitions]})
                 realizer.apply(target, change.kind)
                 if change.kind is SwitchKind.IN_PE:
                     waiting_for = plan_fingerprint(target)
-                current, since_switch = target, 0
+                current, since_switch = target, []
     finally:
         queries.close()
     if pending:
         raise RuntimeError(f"the input ended with {len(pending)} switches of the script left")
     return {"switches": [asdict(switch) for switch in realizer.switches], "classified": classified,
             "in_pe_first_batch_extra_s": in_pe_extra}
+
+
+# Switches of a chain with two keyed operators and an unkeyed stateful one: what the revision's
+# classifier calls each (the kind the loop charges it), no Spark. p is stateless, x keyed by k,
+# y keyed by u, z stateful without a key.
+CLASSIFIED = (
+    ("[p,x]x3 -> [y]x3 -> [z]", "[p,x]x2 -> [y]x3 -> [z]"),  # x narrows, y keeps the state partitions at 3
+    ("[p,x,y]x2 -> [z]", "[p,x]x2 -> [y]x2 -> [z]"),  # y's region and its exchange key change at width 2
+    ("[p,x]x2 -> [y]x2 -> [z]", "[p,x]x3 -> [y]x2 -> [z]"),  # the state partitions go 2 -> 3
+    ("[p,x,y,z]", "[p]x2 -> [x,y,z]"),  # stateless replicas
+)
+
+
+def classified_examples() -> list[dict]:
+    from fissure.control.plan_change import classify_change, parse_fingerprint
+    from fissure.model.types import Kind, OperatorStats
+
+    chain = (OperatorStats("p", Kind.STATELESS, 1.0, 1.0), OperatorStats("x", Kind.PARTITIONED, 1.0, 1.0, key=("k",)),
+             OperatorStats("y", Kind.PARTITIONED, 1.0, 1.0, key=("u",)), OperatorStats("z", Kind.STATEFUL, 1.0, 1.0))
+    examples = []
+    for before, after in CLASSIFIED:
+        change = classify_change(parse_fingerprint(before), parse_fingerprint(after), chain)
+        examples.append({"plan_before": before, "plan_after": after, "classified_as": change.kind.value,
+                         "state_repartitions_named": [entry.operator for entry in change.state_repartitions]})
+    return examples
 
 
 def point(tree: str, size: Size, cores: int, warm_up: bool) -> dict:
@@ -177,7 +203,7 @@ def point(tree: str, size: Size, cores: int, warm_up: bool) -> dict:
         counted = run_script(spark, work, size, SCRIPT, "counted")
     finally:
         method.end_spark(spark)
-    return {"fissure": fissure.__file__, **counted}
+    return {"fissure": fissure.__file__, **counted, "classified_examples": classified_examples()}
 
 
 # -- the parent: revisions, rounds, results ------------------------------------------------------------
@@ -264,7 +290,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def seconds(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.2f}"
+    if value is None:
+        return "n/a"
+    return f"{value:.3f}" if abs(value) < 0.1 else f"{value:.2f}"
 
 
 def report(document: dict) -> str:
@@ -294,11 +322,22 @@ def report(document: dict) -> str:
     extra = this.get("in-pe", {}).get("median_first_batch_extra_s")
     lines += ["", f"In-PE switches: the first batch under the new cut took {seconds(extra)} s over the median of the "
               "batches before it (the PE forks its new processes there)."]
-    classified = [entry for entry in document["runs"]["this"][0]["classified"]] if document["runs"]["this"] else []
-    if classified:
-        lines += ["", "What this revision's classifier called each switch of the script (the kind the loop charges):",
-                  ""] + [f"- {entry['plan_before']} -> {entry['plan_after']}: {entry['classified_as']}"
-                         for entry in classified]
+    names = [name for name in ("this", "base") if document["runs"].get(name)]
+    heading = " | ".join("this" if name == "this" else "before" for name in names)
+    lines += ["", "What each revision's classifier calls a switch (the kind the loop charges it; in brackets the "
+              "operators whose state is repartitioned): the script's switches, then switches of a chain with two "
+              "keyed operators (x by k, y by u) and an unkeyed stateful one (z), classified without Spark.", "",
+              f"| switch | {heading} |", "| --- |" + " --- |" * len(names)]
+    for key in ("classified", "classified_examples"):
+        rows = [document["runs"][name][0].get(key) or [] for name in names]
+        for index, entry in enumerate(rows[0]):
+            cells = []
+            for row in rows:
+                other = row[index] if index < len(row) else None
+                repartitioned = ", ".join(other.get("state_repartitions_named") or []) if other else ""
+                cells.append("n/a" if other is None else other["classified_as"]
+                             + (f" ({repartitioned})" if repartitioned else ""))
+            lines.append(f"| `{entry['plan_before']}` to `{entry['plan_after']}` | {' | '.join(cells)} |")
     return "\n".join(lines) + "\n"
 
 
