@@ -337,7 +337,8 @@ def report(document: dict) -> str:
                 repartitioned = ", ".join(other.get("state_repartitions_named") or []) if other else ""
                 cells.append("n/a" if other is None else other["classified_as"]
                              + (f" ({repartitioned})" if repartitioned else ""))
-            lines.append(f"| `{entry['plan_before']}` to `{entry['plan_after']}` | {' | '.join(cells)} |")
+            switch = f"`{entry['plan_before']}` to `{entry['plan_after']}`".replace("|", "\\|")  # a table cell
+            lines.append(f"| {switch} | {' | '.join(cells)} |")
     return "\n".join(lines) + "\n"
 
 
