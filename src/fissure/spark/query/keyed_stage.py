@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pandas as pd
 import pyarrow as pa
@@ -200,8 +200,9 @@ class GraphStateProcessor(StatefulProcessor):
                     yield pandas_frame(empty_groups(self.output_layout.schema, self.pack_for))
         if result.num_rows:
             yield pandas_frame(result if self.pack_for is None else pack(result, self.pack_for))
-        if outgoing is not None:
-            yield pandas_frame(pack_partials(outgoing, PARTIAL_KEY, self.pack_for))
+        if outgoing is not None:  # every group once: pack() added them when there were rows
+            yield pandas_frame(pack_partials(outgoing, PARTIAL_KEY, self.pack_for if not result.num_rows
+                                             else replace(self.pack_for, every_group=False)))
 
     def _fold(self, result: pa.RecordBatch) -> tuple[pa.RecordBatch, pa.RecordBatch | None] | None:
         """The call's envelopes without the records folded for the keyed stage after (their dead
