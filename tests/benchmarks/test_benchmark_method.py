@@ -311,6 +311,18 @@ class TestBusyVerdict:
         assert header["calibration_s"]["after"] is None and header["speed_change"] is None
         assert method.SPEED_UNKNOWN in header["verdict"] and "MemoryError" in header["verdict"]
 
+    def test_a_runs_header_gives_the_steal_time_between_its_start_and_its_write(self, tmp_path, monkeypatch):
+        monkeypatch.setattr(method, "load", lambda: [0.1, 0.1, 0.1])
+        monkeypatch.setattr(method.Run, "others_cpu_share", lambda self: 0.02)
+        readings = iter([(10.0, 1000.0), (40.0, 1200.0)])  # 30 of 200 CPU seconds stolen during the run
+        monkeypatch.setattr(method, "steal_and_total_s", lambda: next(readings))
+        run = method.Run("example.py", [], out=tmp_path, calibrate=lambda: 0.010)
+        run.write_results("example", "# Title\n", {})
+        header = json.loads((tmp_path / "example.json").read_text())["provenance"]
+        assert header["steal_share"] == pytest.approx(0.15)
+        assert method.BUSY in header["verdict"] and "the hypervisor 15%" in header["verdict"]
+        assert "Steal time (CPU the hypervisor gave other guests): 15.0%" in (tmp_path / "example.md").read_text()
+
     def test_end_spark_stops_the_session_then_ends_its_jvm_and_waits_for_it(self):
         events = []
 

@@ -1,0 +1,89 @@
+"""benchmarks/record_breakdown.py's arithmetic and its in-process parts, without Spark and
+without timing goals: the parts subtract and scale as documented, and the in-process measurements
+run the program's real code paths."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from repository import BENCHMARKS
+
+sys.path.insert(0, str(BENCHMARKS))
+
+import direct_loops  # noqa: E402
+import record_breakdown  # noqa: E402
+from record_breakdown import breakdown, crossing_share, medians_of  # noqa: E402
+
+MEDIANS = {"jvm": 1.0, "arrow": 3.0, "exchange-base": 5.0, "exchange": 9.0, "conversion": 4.0, "state": 2.0,
+           "operator": 6.0, "total": 20.0}
+
+
+def test_spark_parts_are_differences_and_in_process_parts_share_the_cores():
+    parts = breakdown(MEDIANS, cores=2)
+    assert parts["jvm"] == 1.0
+    assert parts["arrow"] == 2.0  # the identity mapInArrow less the bare scan
+    assert parts["exchange"] == 4.0  # with the repartition less without it
+    assert (parts["conversion"], parts["state"], parts["operator"]) == (2.0, 1.0, 3.0)
+    assert parts["explained"] == 13.0
+    assert parts["unexplained"] == 7.0
+
+
+def test_the_unexplained_part_keeps_its_sign():
+    parts = breakdown({**MEDIANS, "total": 10.0}, cores=1)
+    assert parts["explained"] == 1 + 2 + 4 + 4 + 2 + 6
+    assert parts["unexplained"] == -9.0
+
+
+def test_the_exchange_is_scaled_by_the_share_of_rows_that_cross():
+    assert breakdown(MEDIANS, cores=2, crossing=0.25)["exchange"] == 1.0
+    with pytest.raises(ValueError):
+        breakdown(MEDIANS, cores=0)
+
+
+def test_at_most_one_partial_per_distinct_key_and_task_crosses():
+    assert crossing_share([10], [1000], tasks=2) == pytest.approx(0.02)
+    # a batch with fewer rows than tasks x keys sends every row
+    assert crossing_share([10, 600], [1000, 1000], tasks=2) == pytest.approx((20 + 1000) / 2000)
+    assert crossing_share([], [], tasks=2) == 0.0
+    with pytest.raises(ValueError):
+        crossing_share([1], [], tasks=2)
+
+
+def test_a_workloads_medians_prefer_its_own_runs_over_the_familys():
+    block = {**MEDIANS, "total (a)": 30.0, "state (a)": 8.0}
+    chosen = medians_of(block, " (a)")
+    assert chosen["total"] == 30.0 and chosen["state"] == 8.0 and chosen["jvm"] == 1.0
+
+
+def test_the_state_part_counts_the_codec_only_in_the_batches_after_the_first():
+    lines = ["a b a", "b c"]
+    program = direct_loops.programs("wordcount")[""]
+    # an empty second batch: nothing timed, whatever the first batch spent
+    assert record_breakdown.state_us(program, [lines, []]) == 0.0
+    assert record_breakdown.state_us(program, [lines, lines]) > 0.0
+
+
+def test_the_codec_is_restored_after_timing():
+    from fissure.runtime.state.codec import StateCodec
+
+    before = StateCodec.dumps
+    with record_breakdown.timed_state_codec():
+        assert StateCodec.dumps is not before
+    assert StateCodec.dumps is before
+
+
+def test_the_keyed_records_are_the_programs_words():
+    records = record_breakdown.exchanged_records("wordcount", ["The cat", "the"])
+    assert records == [{"word": "the"}, {"word": "cat"}, {"word": "the"}]
+
+
+def test_conversion_goes_through_fissures_arrow_rows(monkeypatch):
+    seen = []
+    import fissure.runtime.records.arrow_rows as arrow_rows
+
+    original = arrow_rows.batch_records
+    monkeypatch.setattr(arrow_rows, "batch_records", lambda batch: seen.append(batch.num_rows) or original(batch))
+    assert record_breakdown.conversion_us([[{"value": "x"}] * 3, [{"word": "y"}] * 2], records=3) >= 0.0
+    assert seen == [3, 2]
