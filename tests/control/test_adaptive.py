@@ -27,7 +27,10 @@ from fissure.control.plan_change import (
     parse_fingerprint,
     plan_fingerprint,
     same_plan,
+    state_partitions,
 )
+from fissure.compile.stages import state_partitions_of
+from fissure.model.throughput import canonical_regions
 from fissure.control.scenarios import ALL_PIPELINED, SEQUENTIAL, run_scenario, scenario
 from fissure.control.simulate import TablePlanSearch
 from fissure.model.types import Kind, Machine, OperatorStats, Plan, RegionPlan
@@ -96,16 +99,70 @@ def test_keyed_region_changing_width_repartitions_its_state():
     assert change == PlanChange(
         "[a,b]x2 -> [c]", "[a,b,c]x2", SwitchKind.RESTART_WITH_STATE,
         frozenset({PlanEdit.region(("a", "b", "c"), 2), PlanEdit.boundary("c", False)}),
-        (StateRepartition("c", 1, 2, None, ("k",)),),
+        (StateRepartition("c", 1, 2),),
     )
 
 
-def test_keyed_operator_changing_exchange_key_repartitions_at_the_same_width():
+def test_keyed_operator_changing_exchange_key_at_the_same_width_is_a_plain_restart():
+    # On Spark each keyed operator's state is hashed on its own key into the query's state
+    # partitions: a region key that changes at the same width moves no state.
     ops = (OperatorStats("x", Kind.PARTITIONED, 1.0, 1.0, key=("k", "j")),
            OperatorStats("y", Kind.PARTITIONED, 1.0, 1.0, key=("k",)))
     change = classify_change(parse_fingerprint("[x,y]x2"), parse_fingerprint("[x]x2 -> [y]x2"), ops)
+    assert change.kind is SwitchKind.RESTART
+    assert change.state_repartitions == ()
+
+
+STATEFUL_OPS = (
+    OperatorStats("p", Kind.STATELESS, 1.0, 1.0),
+    OperatorStats("x", Kind.PARTITIONED, 1.0, 1.0, key=("k",)),
+    OperatorStats("y", Kind.PARTITIONED, 1.0, 1.0, key=("u",)),
+    OperatorStats("z", Kind.STATEFUL, 1.0, 1.0),
+)
+
+
+def test_a_keyed_region_narrowing_below_the_widest_keeps_every_state_in_place():
+    # y keeps 3 replicas, so the query's state partitions stay 3 while x goes from 3 to 2.
+    change = classify_change(parse_fingerprint("[p,x]x3 -> [y]x3 -> [z]"),
+                             parse_fingerprint("[p,x]x2 -> [y]x3 -> [z]"), STATEFUL_OPS)
+    assert change.kind is SwitchKind.RESTART and change.state_repartitions == ()
+
+
+def test_new_state_partitions_rewrite_every_stateful_operator_and_only_those():
+    # Spark's repartitioner rewrites every stateful operator of the checkpoint (one partition
+    # count per query): y and z, whose regions did not change, are named with x; p has no state.
+    change = classify_change(parse_fingerprint("[p,x]x2 -> [y]x2 -> [z]"),
+                             parse_fingerprint("[p,x]x3 -> [y]x2 -> [z]"), STATEFUL_OPS)
     assert change.kind is SwitchKind.RESTART_WITH_STATE
-    assert change.state_repartitions == (StateRepartition("x", 2, 2, ("k",), ("k", "j")),)
+    assert change.state_repartitions == (StateRepartition("x", 2, 3), StateRepartition("y", 2, 3),
+                                         StateRepartition("z", 2, 3))
+
+
+def test_state_partitions_are_the_widest_keyed_region_or_the_default_without_one():
+    by_name = {op.name: op for op in OPS}
+    assert state_partitions(canonical_regions(KEYED), by_name) == 2
+    assert state_partitions(canonical_regions(REPL), by_name, default=4) == 1  # [c] runs once
+    unkeyed = (OperatorStats("a", Kind.STATELESS, 1.0, 1.0), OperatorStats("z", Kind.STATEFUL, 1.0, 1.0))
+    plans = (parse_fingerprint("[a,z]"), parse_fingerprint("[a]x2 -> [z]"))
+    assert state_partitions(canonical_regions(plans[1]), {op.name: op for op in unkeyed}, default=4) == 4
+    assert state_partitions(canonical_regions(plans[0]), {op.name: op for op in unkeyed}, default=4) == 4
+    assert classify_change(*plans, unkeyed).kind is SwitchKind.RESTART
+
+
+@pytest.mark.parametrize("text", ["[p,x,y,z]", "[p,x]x3 -> [y]x2 -> [z]", "[p]x2 -> [x,y]x2 -> [z]",
+                                  "[p,x]x2 -> [y]x4 -> [z]", "[p|x] -> [y]x3 -> [z]"])
+def test_the_classifier_counts_state_partitions_as_the_query_is_compiled(text):
+    class Program:  # what fissure.compile.stages.state_partitions_of reads of a program
+        kind_of = staticmethod(lambda name: {op.name: op for op in STATEFUL_OPS}[name].kind)
+
+    plan = parse_fingerprint(text)
+    by_name = {op.name: op for op in STATEFUL_OPS}
+    assert state_partitions(canonical_regions(plan), by_name, 3) == state_partitions_of(Program(), plan, 3)
+
+
+def test_stateless_replicas_never_move_state():
+    assert classify_change(SEQ, REPL, OPS).state_repartitions == ()
+    assert classify_change(REPL, parse_fingerprint("[a,b]x3 -> [c]"), OPS).kind is SwitchKind.RESTART
 
 
 def test_fingerprints_are_canonical():

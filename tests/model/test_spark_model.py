@@ -337,6 +337,30 @@ def test_a_combined_aggregate_sends_partials_through_its_exchange():
     assert combine_selectivity(count, workload, 120_000, 2) == 1.0  # not combined
 
 
+def test_an_aggregate_after_a_keyed_operator_gets_partials_folded_per_call_of_the_keyed_stage():
+    """A per-user operator then a per-region count: the per-user stage folds each call's records
+    (a bucket of its keys), so the count's exchange carries about regions x buckets partials."""
+    from fissure.model.spark_model import combined_partials
+    from fissure.model.types import STATE_BUCKETS
+
+    per_user = OperatorStats("per_user", Kind.PARTITIONED, 2.0, 1.0, key=("user",))
+    per_region = OperatorStats("per_region", Kind.PARTITIONED, 1.0, 0.001, key=("region",))
+    plan = plan_of(([["per_user"]], 2), ([["per_region"]], 2))
+    workload = SparkWorkload(10_000, source_partitions=2, keys_per_batch={"per_user": 5000, "per_region": 8})
+    whole = evaluate_spark([per_user, per_region], plan, 2, SparkConstants(), workload)
+    combined = evaluate_spark([per_user, replace(per_region, combined=True)], plan, 2, SparkConstants(), workload)
+    keyed = [index for index, stage in enumerate(whole.stages) if stage.shape.key_operator == 1][0]
+    assert whole.stages[keyed].records_in == pytest.approx(10_000)
+    assert combined.stages[keyed].records_in == pytest.approx(combined_partials(10_000, 8, STATE_BUCKETS))
+    assert combined.stages[keyed].records_in <= 8 * STATE_BUCKETS
+    assert combined.throughput_per_s > whole.throughput_per_s
+    # an unkeyed operator before: one call, one partial per region
+    single = OperatorStats("single", Kind.STATEFUL, 2.0, 1.0)
+    after_single = evaluate_spark([single, replace(per_region, combined=True)],
+                                  plan_of(([["single", "per_region"]], 1)), 2, SparkConstants(), workload)
+    assert after_single.stages[-1].records_in == pytest.approx(8)
+
+
 def test_planner_statistics_say_which_aggregates_combine():
     from fissure import Aggregate, Count, StreamGraph
 

@@ -12,13 +12,40 @@ The edits depend on the two plans only, not on how a planner named or ordered th
 plan that makes the same edits again is recognised (`PlanChange.repeats`): the adaptive loop's
 blacklist holds changes, not plans.
 
-The switch kind follows from the edits (docs/spark-runner.md, how a plan becomes a query):
+The switch kind follows from the edits and from how fissure builds a query on Spark
+(docs/spark-runner.md, how a plan becomes a query; docs/adaptive.md, "How a switch is applied"):
 - same regions with the same replicas, other pipeline boundaries: the PE's processes change
-  between two micro-batches, live, no restart (`SwitchKind.IN_PE`);
+  between two micro-batches, live, no restart (`SwitchKind.IN_PE`): the boundaries are a Spark
+  local property the next batch's tasks read;
 - other regions or replicas: a new physical plan, so the query stops at a batch boundary and
-  restarts on the same checkpoint (`SwitchKind.RESTART`), and when a partitioned operator's
-  replica count or exchange key changes, its state is repartitioned offline first
-  (`SwitchKind.RESTART_WITH_STATE`, with one `StateRepartition` per such operator).
+  restarts on the same checkpoint (`SwitchKind.RESTART`);
+- when the query's state partitions change as well, the state is repartitioned offline before
+  the restart (`SwitchKind.RESTART_WITH_STATE`, with one `StateRepartition` per stateful
+  operator: every one of them is rewritten).
+
+Why a stateless region's replica change is a restart and not a live switch: a region's
+replicas are the partitions of a round-robin `repartition(r)` exchange inside the streaming
+plan (fissure.spark.query.compile_graph), before the region's `mapInArrow`. A streaming query
+analyses its logical plan once, when it starts; every micro-batch is planned from that plan
+(`IncrementalExecution`), with only the sources' new offsets substituted, so the exchange's
+partition count `r` is fixed for the query's life. Adaptive query execution, which could
+change a shuffle's partition count per batch, is turned off for streaming queries
+(`StreamExecution` sets `spark.sql.adaptive.enabled` to false in the query's session). Nothing
+of the region's width is decided in the `foreachBatch` function (it only writes the sinks) or
+inside the workers (a task's PE runs the pieces of one partition). So only the pipeline cuts,
+which the workers read per batch, change live.
+
+What a state repartition rewrites: Spark gives every stateful operator of a query the same
+number of state partitions, `spark.sql.shuffle.partitions`, recorded in the checkpoint's offset
+log and restored at every restart; fissure sets it to the most replicas of a region with a
+partitioned operator (`state_partitions`). Each keyed operator's state is hashed on the
+operator's own key into those partitions, whatever its region's exchange key, so its state
+moves only when that count changes: then Spark's offline repartitioner
+(`StreamingCheckpointManager.repartition(checkpoint, partitions)`, which takes no list of
+operators) rewrites every stateful operator's state, and `state_repartitions` names them all.
+A partitioned operator whose replicas or region key change while the count stays (another
+keyed region keeps the largest width) needs a plain restart: its state is neither read nor
+rewritten.
 """
 
 from __future__ import annotations
@@ -27,7 +54,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
 
-from fissure.model.throughput import canonical_regions, shared_key
+from fissure.model.throughput import canonical_regions
 from fissure.model.types import Kind, OperatorStats, Plan, RegionPlan
 
 
@@ -37,7 +64,7 @@ class SwitchKind(str, Enum):
     NONE = "none"  # the same plan: nothing to do
     IN_PE = "in-pe"  # pipeline boundaries inside PEs: processes added or removed between batches
     RESTART = "restart"  # replicas or exchanges: stop at a batch boundary, restart on the checkpoint
-    RESTART_WITH_STATE = "restart-with-state"  # ... after repartitioning a keyed region's state
+    RESTART_WITH_STATE = "restart-with-state"  # ... after repartitioning the query's state partitions
 
 
 class EditKind(str, Enum):
@@ -71,13 +98,11 @@ class PlanEdit:
 
 @dataclass(frozen=True)
 class StateRepartition:
-    """A partitioned operator whose state must be repartitioned before the restart."""
+    """A stateful operator whose state is rewritten into another number of partitions before the restart."""
 
     operator: str
-    replicas_before: int
-    replicas_after: int
-    key_before: tuple[str, ...] | None  # the exchange key of its region (None: one partition)
-    key_after: tuple[str, ...] | None
+    partitions_before: int  # the query's state partitions (Spark: one count for every stateful operator)
+    partitions_after: int
 
 
 @dataclass(frozen=True)
@@ -136,27 +161,20 @@ def _boundaries(regions: Sequence[RegionPlan]) -> frozenset[str]:
     return frozenset(starts - {regions[0].pipelines[0][0]})
 
 
-@dataclass(frozen=True)
-class _Placement:
-    """Where an operator's state lives: its region's replicas and exchange key (None: one partition)."""
-
-    replicas: int
-    key: tuple[str, ...] | None
-
-
-def _placements(regions: Sequence[RegionPlan], by_name: dict[str, OperatorStats]) -> dict[str, _Placement]:
-    placements = {}
-    for region in regions:
-        key = None
-        if region.replicas > 1:
-            key = shared_key([by_name[name] for name in region.operators]) or None
-        for name in region.operators:
-            placements[name] = _Placement(region.replicas, key)
-    return placements
+def state_partitions(regions: Sequence[RegionPlan], by_name: dict[str, OperatorStats], default: int = 1) -> int:
+    """The state partitions of a plan's query on Spark: the most replicas of a region with a
+    partitioned operator, else `default` (fissure.compile.stages.state_partitions_of, the rule the
+    query is compiled with)."""
+    keyed = [region.replicas for region in regions
+             if any(by_name[name].kind is Kind.PARTITIONED for name in region.operators)]
+    return max(keyed, default=default)
 
 
 def classify_change(before: Plan, after: Plan, operators: Sequence[OperatorStats]) -> PlanChange:
-    """The canonical change from `before` to `after` for the chain `operators`, and its kind."""
+    """The canonical change from `before` to `after` for the chain `operators`, and its kind.
+
+    The state partitions depend on RunnerConfig.default_state_partitions only for a chain without
+    a partitioned operator, and then equally for both plans: the kind does not."""
     names = tuple(operator.name for operator in operators)
     for label, plan in (("before", before), ("after", after)):
         if plan.operators != names:
@@ -173,12 +191,12 @@ def classify_change(before: Plan, after: Plan, operators: Sequence[OperatorStats
     edits |= {PlanEdit.boundary(name, True) for name in new_bounds - old_bounds}
     edits |= {PlanEdit.boundary(name, False) for name in old_bounds - new_bounds}
 
-    old_place, new_place = _placements(old_regions, by_name), _placements(new_regions, by_name)
-    repartitions = tuple(
-        StateRepartition(name, old_place[name].replicas, new_place[name].replicas, old_place[name].key, new_place[name].key)
-        for name in names
-        if by_name[name].kind is Kind.PARTITIONED and old_place[name] != new_place[name]
-    )
+    partitions_before = state_partitions(old_regions, by_name)
+    partitions_after = state_partitions(new_regions, by_name)
+    repartitions = ()
+    if partitions_before != partitions_after:
+        repartitions = tuple(StateRepartition(name, partitions_before, partitions_after)
+                             for name in names if by_name[name].kind is not Kind.STATELESS)
     if old_layout != new_layout:
         kind = SwitchKind.RESTART_WITH_STATE if repartitions else SwitchKind.RESTART
     elif old_bounds != new_bounds:

@@ -178,7 +178,7 @@ class _Chain:
         return self.weighted[end] - self.weighted[first]
 
 
-def combined_partials(records: float, keys: float, tasks: int) -> float:
+def combined_partials(records: float, keys: float, tasks: float) -> float:
     """The partials a combine before an exchange sends (fissure.runtime.operators.combine): per task, the
     distinct keys among its share of the records, with the batch's `keys` drawn uniformly
     (occupancy: keys x (1 - e^(-records per task / keys))), never more than the records. Skewed
@@ -190,28 +190,46 @@ def combined_partials(records: float, keys: float, tasks: int) -> float:
     return min(records, tasks * distinct)
 
 
-def combine_selectivity(operator: OperatorStats, workload: SparkWorkload, records_in: float, tasks: int) -> float:
+def combine_selectivity(operator: OperatorStats, workload: SparkWorkload, records_in: float, tasks: float) -> float:
     """Partials out per record in of `operator`'s combine (1.0: not combined)."""
     if not operator.combined or records_in <= 0:
         return 1.0
     return combined_partials(records_in, _keys_per_batch(operator, workload, records_in), tasks) / records_in
 
 
+def _fold_calls(shape: StageShape, operators: Sequence[OperatorStats], chain: _Chain,
+                workload: SparkWorkload) -> float:
+    """How many folds the stage before a combined operator makes, each giving its own partials: a
+    pe stage or the source's envelopes one per task; a keyed stage one per call, that is per
+    group of its operator (min(keys, STATE_BUCKETS) buckets of a partitioned operator's keys, one
+    for an unkeyed one)."""
+    last = shape.nodes[-1]
+    if last.kind != "state":
+        return shape.partitions
+    (index,), = last.pipelines
+    operator = operators[index]
+    if operator.kind is not Kind.PARTITIONED:
+        return 1.0
+    return min(_keys_per_batch(operator, workload, chain.records[index]), STATE_BUCKETS)
+
+
 def _combined_inputs(shapes: Sequence[StageShape], operators: Sequence[OperatorStats], chain: _Chain,
                      workload: SparkWorkload) -> dict[int, float]:
     """Per combined operator (index): the partials its exchange and keyed stage get. Combined where
-    fissure.spark.query.compile_graph combines: a keyed stage right after a pe stage or the source's envelopes."""
+    fissure.spark.query.compile_graph combines: a keyed stage right after a pe stage, the source's
+    envelopes or another keyed stage."""
     partials = {}
     for number, shape in enumerate(shapes):
         before = shapes[number - 1] if number else None
-        if before is None or not before.nodes or before.nodes[-1].kind not in ("pe", "sequence") or not shape.nodes:
+        if before is None or not before.nodes or not shape.nodes:
             continue
         first = shape.nodes[0]
         if first.kind != "state":
             continue
         (index,), = first.pipelines
         records_in = chain.records[index]
-        selectivity = combine_selectivity(operators[index], workload, records_in, before.partitions)
+        folds = _fold_calls(before, operators, chain, workload)
+        selectivity = combine_selectivity(operators[index], workload, records_in, folds)
         if selectivity < 1.0:
             partials[index] = records_in * selectivity
     return partials

@@ -33,8 +33,9 @@ class OperatorStats:
     selectivity: float
     key: tuple[str, ...] | None = None  # partitioning key a(o); only for PARTITIONED
     max_scale: float | None = None  # bound u of the bounded-linear scalability; None: linear
-    # On Spark, its records are folded into one partial per key and task before its exchange
-    # (fissure.runtime.operators.combine): the exchange and the keyed stage see partials, not records.
+    # On Spark, its records are folded into partials before its exchange, one per key and task of
+    # the stage before (a pe stage, the source's envelopes) or per key and call of a keyed stage
+    # before (fissure.runtime.operators.combine): the exchange and the keyed stage see partials.
     combined: bool = False
 
     def __post_init__(self) -> None:

@@ -3,6 +3,7 @@ the policy of fissure.runtime.operators.combine, whose docstring tells the rules
 
 from __future__ import annotations
 
+import enum
 import typing
 from dataclasses import dataclass
 
@@ -18,6 +19,14 @@ class CombineDecision:
     reason: str
 
 
+class FoldSite(enum.Enum):
+    """What runs right before the operator's keyed stage, and so would fold its records."""
+
+    PE_STAGE = "a stateless stage's task"  # its share of the batch, with the batch's clock
+    SOURCE = "the source's envelopes"  # its share of the batch, made without the batch's clock
+    KEYED_STAGE = "the keyed stage before"  # per call of that stage (a bucket of its keys), with the batch's clock
+
+
 def combinable_aggregate(aggregate: typing.Any) -> CombineDecision:
     """Whether `aggregate` can be folded in parts and merged (see the module docstring)."""
     if isinstance(aggregate, FunctionAggregate):
@@ -30,9 +39,10 @@ def combinable_aggregate(aggregate: typing.Any) -> CombineDecision:
     return CombineDecision(True, f"{aggregate!r} merges accumulators")
 
 
-def combine_decision(operator: typing.Any, sole_reader: bool) -> CombineDecision:
+def combine_decision(operator: typing.Any, sole_reader: bool,
+                     site: FoldSite = FoldSite.PE_STAGE) -> CombineDecision:
     """Whether the keyed `operator` is combined before its exchange; `sole_reader`: its input
-    stream has no other reader (operator or sink)."""
+    stream has no other reader (operator or sink); `site`: what runs before its keyed stage."""
     role = operator.time
     if isinstance(role, AggregateRole):
         if role.expire_after is not None:
@@ -40,8 +50,16 @@ def combine_decision(operator: typing.Any, sole_reader: bool) -> CombineDecision
     elif isinstance(role, WindowRole):
         if role.window.merging:
             return CombineDecision(False, "a session's lateness depends on the key's stored sessions")
+        if site is FoldSite.SOURCE:
+            return CombineDecision(False, "the source's envelopes are made without the batch's clock, so a window's "
+                                          "lateness is judged in its own keyed stage")
     else:
         return CombineDecision(False, "not an aggregate or a window")
     if not sole_reader:
         return CombineDecision(False, "its input stream is read elsewhere too: the records travel anyway")
-    return combinable_aggregate(role.aggregate)
+    decision = combinable_aggregate(role.aggregate)
+    if not decision.combine:
+        return decision
+    judged = ", judging lateness with the batch's clock as the window's stage does" if isinstance(
+        role, WindowRole) else ""
+    return CombineDecision(True, f"{site.value} folds its records into partials{judged}; {decision.reason}")

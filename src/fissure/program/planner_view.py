@@ -86,6 +86,7 @@ def operator_stats(graph, estimates: Mapping[str, OperatorEstimate] | None = Non
         else:
             selectivity = max(rates[following.name], MIN_PLANNED_RATE) / max(rates[name], MIN_PLANNED_RATE)
         max_scale = node.operator.hints.max_scale if node.operator is not None else None
+        # combinable when a pe or keyed stage runs before it (which one depends on the plan)
         combined = node.operator is not None and combine_decision(
             node.operator, sole_reader=graph.consumers(node.inputs[0]) == (name,)
             and not graph.sinks_of(node.inputs[0])).combine

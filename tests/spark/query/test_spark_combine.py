@@ -143,3 +143,83 @@ def test_a_combined_count_folded_from_columns_gives_the_in_process_counts_and_de
     in_process = sorted((letter.node, letter.error, letter.record) for step in steps for letter in step.dead_letters)
     assert sorted((d["operator"], d["error"], d["record"]) for d in dead) == in_process
     assert len(in_process) == 6 and all(error.startswith("NullKey") for _, error, _ in in_process)
+
+
+def run_both_ways(spark, tmp_path, program, batches, name: str) -> dict:
+    """The sink's records, the dead letters and the bytes through the exchanges of `program` on
+    Spark, combined and not."""
+    from fissure.testing import TestingSource
+
+    results = {}
+    for combine in (True, False):
+        sink, dead = fissure.MemorySink(), []
+        before = {stage["stageId"] for stage in StageLog(spark).get("/stages")}
+        fissure.run(program, TestingSource(batches=batches), sink, checkpoint=str(tmp_path / f"ckpt-{name}-{combine}"),
+                    config=RunnerConfig(combine_aggregates=combine, spark_conf=STAGE_LOG_CONF, spark=spark,
+                                        dead_letters=TestingSink(dead), progress="off"))
+        shuffled = sum(stage.get("shuffleWriteBytes", 0) for stage in StageLog(spark).get("/stages")
+                       if stage["stageId"] not in before)
+        results[combine] = (sorted(tuple(sorted(row.items())) for row in sink.records()),
+                            sorted((d["operator"], d["error"], d["record"], d["seq"]) for d in dead), shuffled)
+    return results
+
+
+def passed_on(state, record):
+    return record
+
+
+@pytest.mark.slow
+def test_an_aggregate_after_a_keyed_operator_is_folded_by_that_stage_with_the_same_outputs(spark, tmp_path):
+    from fissure.spark.query.compile_graph import compile_graph
+    from fissure.program.graph import as_graph
+    from fissure.testing import record_files
+
+    program = (Pipeline("regions").partitioned("per_user", passed_on, key="user")
+               .aggregate("per_region", key="region", aggregate=Sum("n")))
+    source = record_files(tmp_path / "in", [{"user": "u", "region": "r", "n": 1}],
+                          {"user": str, "region": str, "n": int}).open(spark)
+    for combine in (True, False):
+        steps = compile_graph(as_graph(program), {"source": source}, combine=combine).steps
+        assert [step.combined for step in steps if step.kind == "state"] == [False, combine]
+    # a user's records come out of one call of the per-user stage: a partial per region there
+    batches = [[{"user": f"u{i % 5}", "region": "nesw"[i % 4], "n": i % 7} for i in range(600)],
+               [{"user": f"u{i % 3}", "region": "ns"[i % 2], "n": i} for i in range(60)]]
+    batches[1] += [{"user": "u1", "region": "n", "n": None}, {"user": "u2", "region": None, "n": 3}]
+    results = run_both_ways(spark, tmp_path, program, batches, "aggregate")
+    steps = run_batches(program, batches)
+    expected = sorted(tuple(sorted(record.items())) for step in steps for record in step.results["sink"])
+    assert results[True][0] == expected == results[False][0]
+    assert results[True][1] == results[False][1]
+    # Sum over None and a null region: the aggregate's dead letters, made in the per-user stage
+    in_process_dead = sorted((letter.node, letter.error, letter.record) for step in steps
+                             for letter in step.dead_letters)
+    assert [(operator, error, record) for operator, error, record, _ in results[True][1]] == in_process_dead
+    assert sorted((operator, error.split(":")[0]) for operator, error, _ in in_process_dead) == [
+        ("per_region", "NullKey"), ("per_region", "NullValue")]
+    # only the per-region exchange differs: partials instead of records
+    assert results[True][2] < results[False][2]
+
+
+@pytest.mark.slow
+def test_windows_after_keyed_operators_judge_lateness_as_their_own_stage_would(spark, tmp_path):
+    from fissure import Tumbling
+
+    program = (Pipeline("windows").event_time("ts", lateness=2.0)
+               .partitioned("per_user", passed_on, key="user")
+               .window("sums", key="region", window=Tumbling(10.0), aggregate=Sum("v"))
+               .window("wide", key="region", window=Tumbling(30.0), aggregate=Sum("sum")))
+    batches = [[{"user": f"u{i % 11}", "region": "ab"[i % 2], "ts": float(base + i % 17), "v": i % 4}
+                for i in range(200)] for base in (0, 20, 40, 70)]
+    batches[2] += [{"user": "u1", "region": "a", "ts": 1.0, "v": 9}, {"user": "u2", "region": "b", "ts": 2.0, "v": 9}]
+    results = run_both_ways(spark, tmp_path, program, batches, "windows")
+    steps = run_batches(program, batches)
+    expected = sorted(tuple(sorted(record.items())) for step in steps for record in step.results["sink"])
+    in_process_dead = sorted((letter.node, letter.error, letter.record) for step in steps
+                             for letter in step.dead_letters)
+    assert results[True][0] == expected == results[False][0]
+    assert results[True][1] == results[False][1]
+    assert [(operator, error, record) for operator, error, record, _ in results[True][1]] == in_process_dead
+    assert len(in_process_dead) == 2 and all(operator == "sums" and error.startswith("Late")
+                                             for operator, error, _ in in_process_dead)
+    assert expected  # the wide windows closed
+    assert results[True][2] < results[False][2]  # partials crossed the windows' exchanges

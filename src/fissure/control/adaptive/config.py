@@ -24,8 +24,8 @@ class SwitchCosts:
             about one micro-batch floor, 0.3-0.5 s).
         restart_s: stop the query at a batch boundary and restart it on the same checkpoint with
             another physical plan (the first batch of a new streaming query: 2.5-5 s).
-        restart_with_state_s: the same after repartitioning a keyed region's state offline
-            (RocksDB state repartitioner: 4-8 s more).
+        restart_with_state_s: the same after repartitioning the query's state offline, when its
+            state partitions change (RocksDB state repartitioner: 4-8 s more).
     """
 
     in_pe_s: float = 0.5

@@ -2,8 +2,11 @@
 
 An `aggregate` (no `expire_after`) or a tumbling or sliding `window` whose aggregate can merge
 accumulators gets, in the stage before its exchange, one partial per key (and window) per task
-and micro-batch instead of every record: the task folds its records with the aggregate's
-`create`/`add` (`Combiner`), ships the partials, and the keyed stage merges them into the key's
+and micro-batch instead of every record. The stage before is a pe stage, the source's envelopes,
+or another keyed operator's stage (a per-user aggregate before a per-region count, a window
+before a wider window), which folds per handler call, one bucket of its keys: Spark gives a
+transformWithStateInPandas handler no end-of-task call to emit from. The task folds its records
+with the aggregate's `create`/`add` (`Combiner`), ships the partials, and the keyed stage merges them into the key's
 state with `merge` and emits once per changed key or closed window (`CombinedAggregateKeys`,
 `CombinedWindowKeys`), exactly what the per-record functions of fissure.runtime.operators.timed emit. Spark,
 Flink and Beam combine the same way before their shuffles (Beam's CombineFn "combiner lifting").
@@ -12,7 +15,10 @@ Which operators combine is a pure decision (fissure.program.combine_policy.combi
 - an `aggregate` without `expire_after`: nothing depends on the key's state but the accumulator;
 - a `Tumbling` or `Sliding` window: a record is late when every window it falls in ended at or
   before the batch before's watermark (W_prev), which the task reads from the batch's clock, so the
-  task judges lateness itself and folds only records it keeps; a session window's lateness
+  task judges lateness itself and folds only records it keeps. A pe stage's or a keyed stage's
+  task reads the clock the window's own stage runs with (a task whose clock is not its batch's
+  ships the records whole); the source's envelopes are made without it, but a window never reads
+  a source directly (its `event_time` declaration runs before it). A session window's lateness
   depends on the key's stored sessions, so sessions are not combined;
 - the aggregate is combinable: a fold (`Count`, `Sum`, `Min`, `Max`, `Mean`, or an object whose
   `merge` is its own), not `Aggregate.of(fn)` (its accumulator is the window's records: nothing

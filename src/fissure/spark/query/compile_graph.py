@@ -20,8 +20,9 @@
   SQL just before it. Every other row gets one of `spread` spread keys (`-1 - seq mod spread`
   packed, `~seq mod spread` for a join), which the handler passes through without touching state;
 - an `aggregate` or tumbling or sliding `window` that can merge (fissure.program.combine_policy) gets, from
-  the stage before it (a pe stage, or the source's envelopes for an aggregate reading a source),
-  one partial per key (and window) per task instead of its records (fissure.runtime.operators.combine);
+  the stage before it (a pe stage's task, a keyed stage's call, or the source's envelopes for an
+  aggregate reading a source), one partial per key (and window) instead of its records
+  (fissure.runtime.operators.combine);
 - the runner's foreachBatch persists each micro-batch once and writes each sink from it.
 A stream used by several nodes is computed once: its rows travel once and each consumer reads
 them where it runs, so nothing upstream is recomputed.
@@ -61,7 +62,7 @@ from fissure.compile.stages import (
 )
 from fissure.compile.pieces import StageProfiling
 from fissure.runtime.operators.packing import PACKED_SCHEMA, PackSpec
-from fissure.program.combine_policy import combine_decision
+from fissure.program.combine_policy import FoldSite, combine_decision
 from fissure.runtime.operators.combine import CombinePlan
 
 
@@ -119,10 +120,17 @@ def _pack_spec(graph: StreamGraph, stage: GraphStage, layout: EnvelopeLayout, sp
     return PackSpec(layout.route_of(stream), key_columns, STATE_BUCKETS, max(1, spread), every_group)
 
 
+def fold_site(stages, stage) -> FoldSite:
+    """What runs before keyed `stage` and folds a combined operator's records for it."""
+    if not stage.position:
+        return FoldSite.SOURCE
+    return FoldSite.PE_STAGE if stages[stage.position - 1].kind == "pe" else FoldSite.KEYED_STAGE
+
+
 def combine_plans(graph: StreamGraph, stages, schemas: Mapping[str, pa.Schema],
                   time_fields: Mapping[str, str | None]) -> dict[str, CombinePlan]:
     """The keyed nodes whose records are combined before their exchange, by name
-    (fissure.program.combine_policy decides which)."""
+    (fissure.program.combine_policy decides which, given what runs before them)."""
     plans = {}
     for stage in stages:
         if stage.kind == "pe":
@@ -132,7 +140,7 @@ def combine_plans(graph: StreamGraph, stages, schemas: Mapping[str, pa.Schema],
             continue
         (stream,) = node.inputs
         sole_reader = graph.consumers(stream) == (node.name,) and not graph.sinks_of(stream)
-        if combine_decision(node.operator, sole_reader).combine:
+        if combine_decision(node.operator, sole_reader, fold_site(stages, stage)).combine:
             plans[node.name] = CombinePlan.of(node.operator, schemas[stream], time_fields.get(node.name), stream)
     return plans
 
@@ -216,7 +224,7 @@ def compile_graph(graph: StreamGraph, source_frames: Mapping[str, DataFrame], *,
     combined = combine_plans(graph, stages, schemas, time_aware) if combine else {}
 
     def combine_before(stage) -> CombinePlan | None:
-        """The combine a pe stage does for the keyed stage right after it."""
+        """The combine a stage (pe or keyed) does for the keyed stage right after it."""
         after = stages[stage.position + 1] if stage.position + 1 < len(stages) else None
         return combined.get(after.nodes[0]) if after is not None and after.kind != "pe" else None
 
@@ -283,7 +291,7 @@ def compile_graph(graph: StreamGraph, source_frames: Mapping[str, DataFrame], *,
                                         packed_input=packed, pack_for=pack_next, stage_position=stage.position,
                                         publishes=stage is stages[-1], state_access=state_access,
                                         time=StageTime(time_tally, node.name in time_aware, time_aware.get(node.name)),
-                                        combine=combined.get(node.name))
+                                        combine=combined.get(node.name), fold_for=combine_before(stage))
         if not packed:
             frame = frame.withColumn(KEY, _join_key_column(node, entering, state_partitions))
         output_schema = spark_schema_of(leaving.schema if pack_next is None else PACKED_SCHEMA)
@@ -294,10 +302,7 @@ def compile_graph(graph: StreamGraph, source_frames: Mapping[str, DataFrame], *,
         partitioned = node.kind is not NodeKind.OPERATOR or node.operator.kind is Kind.PARTITIONED
         steps.append(CompiledStep("state", ((node.name,),), "hash" if partitioned else "single", state_partitions,
                                   tuple(node.key) if partitioned else None,
-                                  combined=node.name in combined and (
-                                      stages[stage.position - 1].kind == "pe" if stage.position
-                                      else combined[node.name].stream in graph.sources
-                                      and not combined[node.name].needs_clock)))
+                                  combined=node.name in combined))
     return CompiledGraph(frame, layouts[-1], stages, schemas, checked.order, plan, state_partitions, tuple(steps),
                          checked.time)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pandas as pd
 import pyarrow as pa
@@ -29,16 +29,16 @@ from fissure.runtime.records.envelopes import EnvelopeLayout
 from fissure.runtime.state.key_buckets import SubBucketStore
 from fissure.runtime.operators.keyed import StatefulStep, run_group, run_grouped_keys, run_keys
 from fissure.runtime.state.codec import StateAccess, StateCodec
-from fissure.runtime.operators.combine import (PARTIAL_SCHEMA, CombinePlan, Combiner, combined_key_function,
-                                               is_partial_schema, partial_inputs)
-from fissure.runtime.operators.packing import PackSpec, empty_groups, pack, unpack, unpack_apart
+from fissure.runtime.operators.combine import (PARTIAL_KEY, PARTIAL_SCHEMA, CombinePlan, Combiner,
+                                               combined_key_function, is_partial_schema, partial_inputs)
+from fissure.runtime.operators.packing import PackSpec, empty_groups, pack, pack_partials, unpack, unpack_apart
 from fissure.runtime.operators.timed import max_event_time, per_key_step
 from fissure.runtime.operators.time_tally import TimeTally
 from fissure.runtime.operators.watermark import Deadlines
 from fissure.runtime.profiling.profiler import RECORDS_IN, ProfiledKeyFunction, ProfiledUpdate
 from fissure.runtime.profiling.report_rows import report_envelope, report_text, reported_counts
-from fissure.spark.query.stages import (KEY, PUBLISHED_PROPERTY, SPREAD_PREFIX, WorkerProfiling, task_attempt,
-                                        task_batch, task_clock, task_property)
+from fissure.spark.query.stages import (KEY, PUBLISHED_PROPERTY, SPREAD_PREFIX, WorkerProfiling, fold_envelopes,
+                                        task_attempt, task_batch, task_clock, task_combiner, task_property)
 
 
 def carried_batch_from_pandas(frame: pd.DataFrame, carried_input: pa.Schema) -> pa.RecordBatch:
@@ -98,9 +98,11 @@ class GraphStateProcessor(StatefulProcessor):
                  profiling: WorkerProfiling | None = None, packed_input: bool = False,
                  pack_for: PackSpec | None = None, stage_position: int = 0, publishes: bool = False,
                  state_access: StateAccess = StateAccess(), time: StageTime = StageTime(),
-                 combine: CombinePlan | None = None) -> None:
+                 combine: CombinePlan | None = None, fold_for: CombinePlan | None = None) -> None:
         self.graph, self.schemas, self.layout = graph, schemas, layout
         self.combine = combine  # set: the stage before sends partials (fissure.runtime.operators.combine)
+        # set: the keyed stage after merges partials; each call here folds its output records for it
+        self.fold_for = fold_for if pack_for is not None else None
         self.state_access = state_access
         self.time = time
         self._grouped_task = None  # the task attempt that already sent every group on (see handleInputRows)
@@ -184,16 +186,39 @@ class GraphStateProcessor(StatefulProcessor):
             text = report_text(self.stage_position, task_property(PUBLISHED_PROPERTY) if self.publishes else None,
                                operators)
             result = assemble([result, report_envelope(self.output_layout.schema, text)], self.output_layout.schema)
+        outgoing = None  # partials for the keyed stage after
+        folded = self._fold(result)
+        if folded is not None:
+            result, outgoing = folded
         if self.pack_for is not None and self.pack_for.every_group:
             # A time-aware stage follows: every bucket of it runs in the batch (its due keys
             # fire), from the first call of each task here; pack() adds them to calls with rows.
             attempt = task_attempt()
             if attempt != self._grouped_task:
                 self._grouped_task = attempt
-                if not result.num_rows:
+                if not result.num_rows and outgoing is None:  # partials are packed with every group
                     yield pandas_frame(empty_groups(self.output_layout.schema, self.pack_for))
         if result.num_rows:
             yield pandas_frame(result if self.pack_for is None else pack(result, self.pack_for))
+        if outgoing is not None:  # every group once: pack() added them when there were rows
+            yield pandas_frame(pack_partials(outgoing, PARTIAL_KEY, self.pack_for if not result.num_rows
+                                             else replace(self.pack_for, every_group=False)))
+
+    def _fold(self, result: pa.RecordBatch) -> tuple[pa.RecordBatch, pa.RecordBatch | None] | None:
+        """The call's envelopes without the records folded for the keyed stage after (their dead
+        letters in their place), and the partials (fissure.runtime.operators.combine; None: no
+        partial); None: nothing folded (no such records, or a window's clock that is not this
+        batch's: they travel whole)."""
+        if self.fold_for is None or not result.num_rows:
+            return None
+        combiner = task_combiner(self.fold_for)
+        if combiner is None:
+            return None
+        rest = fold_envelopes(combiner, self.output_layout, result)
+        if not combiner.records_in:
+            return None
+        partials = combiner.partials()
+        return rest, partials if partials.num_rows else None
 
     def _rows_of(self, batch: pa.RecordBatch, stream: str) -> pa.RecordBatch:
         """The live envelopes of `stream` (forwarded to a later consumer)."""

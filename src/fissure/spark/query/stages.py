@@ -102,6 +102,19 @@ def task_boundaries(graph_name: str) -> list[str] | None:
         return None
 
 
+def task_combiner(plan: CombinePlan) -> Combiner | None:
+    """A combiner of `plan`'s records for this task (fissure.runtime.operators.combine). A window's
+    needs its batch's watermarks: read from the batch's clock when the clock is this batch's;
+    otherwise None, the records travel whole and the window's keyed stage judges them."""
+    if not plan.needs_clock:
+        return Combiner(plan)
+    text = task_property(BATCH_CLOCK_PROPERTY)
+    clock = BatchClock.from_json(text) if text else None
+    if clock is None or clock.batch != task_batch():
+        return None
+    return Combiner(plan, clock.time_of(plan.time_field))
+
+
 def fold_envelopes(combiner: Combiner, layout: EnvelopeLayout, batch: pa.RecordBatch) -> pa.RecordBatch:
     """`batch`'s envelopes without the combined operator's live input rows, which go into
     `combiner` (fissure.runtime.operators.combine); the dead letters it makes of them (late, failed, no key)
@@ -187,19 +200,8 @@ class GraphRegionFunction:
             yield empty_groups(self.output_layout.schema, self.pack_for)
 
     def combiner(self) -> Combiner | None:
-        """This call's combiner of the keyed operator after the stage (None: not combined). A
-        window's needs its batch's watermarks: read from the batch's clock when the clock is this
-        batch's; otherwise the records travel whole and the keyed stage judges them."""
-        plan = self.combine
-        if plan is None:
-            return None
-        if not plan.needs_clock:
-            return Combiner(plan)
-        text = task_property(BATCH_CLOCK_PROPERTY)
-        clock = BatchClock.from_json(text) if text else None
-        if clock is None or clock.batch != task_batch():
-            return None
-        return Combiner(plan, clock.time_of(plan.time_field))
+        """This call's combiner of the keyed operator after the stage (None: not combined)."""
+        return task_combiner(self.combine) if self.combine is not None else None
 
     def fold(self, combiner: Combiner, batch: pa.RecordBatch) -> pa.RecordBatch:
         return fold_envelopes(combiner, self.output_layout, batch)
