@@ -148,6 +148,21 @@ class Combiner:
         records = batch_records(ordered.select(plan.input_schema.names))
         self.records_as_dicts += len(records)
         seqs = column_values(ordered.column(ordered.schema.get_field_index(SEQ)))
+        return self._add_ordered(records, seqs)
+
+    def add_records(self, records: list[dict], seqs: list[int]) -> list[DeadLetter]:
+        """`add` of records a fused run emitted, as the dicts themselves: each a dict of exactly
+        the input schema's fields whose values are what Arrow would give back for them
+        (fissure.runtime.operators.dict_fold judges that). No Arrow row is made of them."""
+        if not records:
+            return []
+        order = sorted(range(len(seqs)), key=seqs.__getitem__)  # stable, as the batch's sort by SEQ
+        if order != list(range(len(seqs))):
+            records, seqs = [records[position] for position in order], [seqs[position] for position in order]
+        return self._add_ordered(records, seqs)
+
+    def _add_ordered(self, records: list[dict], seqs: list[int]) -> list[DeadLetter]:
+        plan = self.plan
         self.records_in += len(records)
         if plan.window is not None:  # every usable event time counts for the watermark, a null key's too
             for record in records:

@@ -288,7 +288,14 @@ class FusedStage:
     def __repr__(self) -> str:
         return f"FusedStage({' | '.join(self.names)})"
 
-    def __call__(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+    @property
+    def ends_per_record(self) -> bool:
+        """Whether its last operator is per-record: its output is dicts before it is Arrow."""
+        return self.steps[-1].action in RECORD_ACTIONS
+
+    def __call__(self, batch: pa.RecordBatch, fold=None) -> pa.RecordBatch:
+        """`fold` (a fissure.runtime.operators.dict_fold.RecordFold): offered the last run of
+        per-record operators' output as dicts; what it takes is folded, not made Arrow rows."""
         profile = self._profile if self._profile is not None else self.bind_profile()
         live, upstream_dead = split_dead(batch)
         data = live.select(self.input_schema.names)
@@ -320,7 +327,11 @@ class FusedStage:
                                          cpu_s if timed else None, wall_s if timed else None)
                 records, seqs = run_record_steps(segment, batch_records(data), sequence_numbers(seqs), dead,
                                                  observe, timed)
-                data, seqs = records_to_batch(records, seqs, segment[-1].output_schema, segment[-1].name, dead)
+                if fold is not None and segment is self._segments[-1] and \
+                        fold.take(records, seqs, segment[-1].output_schema, segment[-1].name, dead):
+                    data, seqs = pa.RecordBatch.from_pylist([], schema=self.output_schema), []
+                else:
+                    data, seqs = records_to_batch(records, seqs, segment[-1].output_schema, segment[-1].name, dead)
             if not data.num_rows:
                 data = pa.RecordBatch.from_pylist([], schema=self.output_schema)
                 break

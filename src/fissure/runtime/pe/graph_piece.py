@@ -34,12 +34,15 @@ class StatelessNode:
     stage: FusedStage | None  # None: a union
     names: tuple[str, ...] = ()  # the fused operators, in order (empty: a union)
 
-    def run(self, inputs: Sequence[pa.RecordBatch]) -> pa.RecordBatch:
-        """Its carried output (live rows and new dead letters) from its inputs' live carried rows."""
+    def run(self, inputs: Sequence[pa.RecordBatch], fold=None) -> pa.RecordBatch:
+        """Its carried output (live rows and new dead letters) from its inputs' live carried rows;
+        `fold`: passed to its FusedStage (the records it folds are not in the output)."""
         present = [batch for batch in inputs if batch is not None and batch.num_rows]
         if self.stage is None:
             schema = carried_schema(self.output_schema)
             return assemble([conform(batch, schema) for batch in present], schema)
+        if fold is not None:
+            return assemble([self.stage(batch, fold) for batch in present], carried_schema(self.output_schema))
         return assemble([self.stage(batch) for batch in present], carried_schema(self.output_schema))
 
 
@@ -79,7 +82,9 @@ class GraphPiece:
             self._profile = PieceProfile(self.profile_id, tuple(node.name for node in self.nodes))
         return self._profile
 
-    def __call__(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+    def __call__(self, batch: pa.RecordBatch, fold=None) -> pa.RecordBatch:
+        """`fold` (a fissure.runtime.operators.dict_fold.RecordFold): the node of its stream
+        offers it its output records as dicts; those it folds leave the piece as partials only."""
         profile = self._profile if self._profile is not None else self.bind_profile()
         started_cpu_s = time.thread_time()
         present = self.layout.streams_in(batch) & self.consumed
@@ -97,11 +102,14 @@ class GraphPiece:
             if not records_in:
                 continue
             node_started_s = time.thread_time()
-            output = node.run(inputs)
+            folding = fold is not None and node.name == fold.stream
+            folded_before = fold.folded if folding else 0
+            output = node.run(inputs, fold) if folding else node.run(inputs)
             live_output, new_dead = split_dead(output)
             available[node.name] = live_output
             if profile is not None:
-                profile.node(index, records_in, live_output.num_rows, time.thread_time() - node_started_s)
+                records_out = live_output.num_rows + (fold.folded - folded_before if folding else 0)
+                profile.node(index, records_in, records_out, time.thread_time() - node_started_s)
             if new_dead is not None:
                 parts.append(self.layout.wrap_dead(new_dead, node.name))
             if node.name in self.forward and live_output.num_rows:

@@ -148,6 +148,31 @@ def _exact_types(records: list, seqs: list[int], checks: Sequence[_FieldCheck], 
 def records_to_batch(records: list, seqs: list[int], schema: pa.Schema, operator: str,
                      dead: list[DeadLetter]) -> tuple[pa.RecordBatch, list[int]]:
     """Records as a batch of `schema`; records that do not fit become dead letters of `operator`."""
+    fitting, fitting_seqs = fitting_records(records, seqs, schema, operator, dead)
+    try:
+        return pa.RecordBatch.from_pylist(fitting, schema=schema), fitting_seqs
+    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError):
+        pass
+    # Some value does not convert: find the records one by one.
+    kept, kept_seqs = [], []
+    for record, seq in zip(fitting, fitting_seqs):
+        try:
+            pa.RecordBatch.from_pylist([record], schema=schema)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError) as error:
+            dead.append(DeadLetter(operator, f"SchemaMismatch: {type(error).__name__}: {error}",
+                                   record_text(record), seq))
+        else:
+            kept.append(record)
+            kept_seqs.append(seq)
+    return pa.RecordBatch.from_pylist(kept, schema=schema), kept_seqs
+
+
+def fitting_records(records: list, seqs: list[int], schema: pa.Schema, operator: str,
+                    dead: list[DeadLetter]) -> tuple[list, list[int]]:
+    """`records_to_batch`'s judgment before Arrow: the records that are mappings of exactly
+    `schema`'s fields with values of their fields' types; the others become dead letters of
+    `operator`. A value Arrow still cannot convert (an integer out of its field's range, text that
+    is not UTF-8) is only found by building the batch."""
     expected = set(schema.names)
     fitting, fitting_seqs = [], []
     for record, seq in zip(records, seqs):
@@ -166,22 +191,7 @@ def records_to_batch(records: list, seqs: list[int], schema: pa.Schema, operator
     checks = type_checks(schema)
     if checks and fitting:
         fitting, fitting_seqs = _exact_types(fitting, fitting_seqs, checks, operator, dead)
-    try:
-        return pa.RecordBatch.from_pylist(fitting, schema=schema), fitting_seqs
-    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError):
-        pass
-    # Some value does not convert: find the records one by one.
-    kept, kept_seqs = [], []
-    for record, seq in zip(fitting, fitting_seqs):
-        try:
-            pa.RecordBatch.from_pylist([record], schema=schema)
-        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError) as error:
-            dead.append(DeadLetter(operator, f"SchemaMismatch: {type(error).__name__}: {error}",
-                                   record_text(record), seq))
-        else:
-            kept.append(record)
-            kept_seqs.append(seq)
-    return pa.RecordBatch.from_pylist(kept, schema=schema), kept_seqs
+    return fitting, fitting_seqs
 
 
 def conform(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:

@@ -26,6 +26,7 @@ from fissure.runtime.records.envelopes import EnvelopeLayout
 from fissure.compile.stages import GraphStage
 from fissure.compile.pieces import StageProfiling, build_pieces
 from fissure.runtime.operators.combine import PARTIAL_KEY, CombinePlan, Combiner
+from fissure.runtime.operators.dict_fold import RecordFold
 from fissure.runtime.operators.packing import PACKED_KEY, PackSpec, empty_groups, pack, pack_partials
 from fissure.runtime.operators.watermark import BatchClock
 from fissure.spark.query.time_log import BATCH_CLOCK_PROPERTY
@@ -172,12 +173,18 @@ class GraphRegionFunction:
         """The stage's envelopes; with `report`, then its report row (fissure.runtime.profiling.report_rows)
         when it has one (ProfiledGraphRegion asks for it itself, with the call's counts)."""
         pieces = pieces if pieces is not None else self.pieces_for_call()
-        element = processing_element([[piece] for piece in pieces], self.region_id)
         if self.source_envelopes is not None:
             batches = self.source_envelopes(batches)
         packed_any = False
         combiner = self.combiner()
-        for batch in element.process(batches):
+        # the combined operator's records folded from the dicts of the run that emits them
+        # (fissure.runtime.operators.dict_fold); otherwise from the element's Arrow output below
+        record_fold = RecordFold.of(combiner, pieces)
+        if record_fold is not None:
+            outputs = record_fold.outputs(pieces[0], batches, self.output_layout)
+        else:
+            outputs = processing_element([[piece] for piece in pieces], self.region_id).process(batches)
+        for batch in outputs:
             if batch.num_rows:
                 batch = self.output_layout.conform(batch)
                 if combiner is not None:
