@@ -28,6 +28,12 @@ Which operators combine is a pure decision (fissure.program.combine_policy.combi
 - the operator's input stream is read by it alone (no sink, no other operator), so the records
   need not travel as well.
 
+How the task gets the records: a pe stage whose one piece makes the operator's input with a run
+of per-record operators hands the run's output dicts to `Combiner.add_records` (no Arrow row per
+record, fissure.runtime.operators.dict_fold, which judges each record as its conversion to Arrow
+would and sends a batch it cannot judge through Arrow); otherwise `Combiner.add` takes the Arrow
+rows, and a `Count` is counted on their columns (fissure.runtime.operators.column_fold).
+
 Equal outputs: a record that fails `add` (e.g. `Sum` over a None field), has no key value or (a
 window) no event time, or is late is a dead letter of the operator with the same reason, made in
 the task instead of the keyed stage. An output's sequence number is the last record added to it,
