@@ -52,6 +52,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from fissure.program.aggregates import Count
 from fissure.program.eventtime import AggregateRole, WindowRole, event_seconds, no_event_time
 from fissure.runtime.records.arrow_rows import batch_records, column_values
 from fissure.runtime.records.columns import SEQ
@@ -165,9 +166,11 @@ class Combiner:
         order = sorted(range(len(seqs)), key=seqs.__getitem__)  # stable, as the batch's sort by SEQ
         if order != list(range(len(seqs))):
             records, seqs = [records[position] for position in order], [seqs[position] for position in order]
-        return self._add_ordered(records, seqs)
+        return self._add_ordered(records, seqs, counting=type(self.plan.aggregate) is Count)
 
-    def _add_ordered(self, records: list[dict], seqs: list[int]) -> list[DeadLetter]:
+    def _add_ordered(self, records: list[dict], seqs: list[int], counting: bool = False) -> list[DeadLetter]:
+        """`counting`: a running `Count` adds each key's number of records at once (its `add` is
+        `acc + 1`, reads nothing and cannot fail), not one `add` call per record."""
         plan = self.plan
         self.records_in += len(records)
         if plan.window is not None:  # every usable event time counts for the watermark, a null key's too
@@ -189,7 +192,12 @@ class Combiner:
             else:
                 entry[1] = min(entry[1], seqs[positions[0]])
             dead_before = len(dead)
-            if plan.window is None:
+            if plan.window is None and counting:
+                slot = entry[2].get(None)
+                last_seq = max(map(seqs.__getitem__, positions))
+                entry[2][None] = [len(positions), last_seq, None, None] if slot is None else \
+                    [slot[0] + len(positions), max(slot[1], last_seq), None, None]
+            elif plan.window is None:
                 self._fold(entry[2], records, seqs, positions, dead)
             else:
                 self._fold_windows(entry[2], records, seqs, positions, dead)
