@@ -134,7 +134,8 @@ def _run_to_end(graph: StreamGraph, source, sink, *, plan: Plan, checkpoint: str
     config = replace(config, spark=spark)  # the session fissure.run created, for every query of the run
     while True:
         runner = Runner(graph, source, sink, plan=plan, checkpoint=checkpoint, config=config, lock=lock)
-        loop = GraphAutopipeliner(runner, config.autopipelining).attach() if config.replanning == "autopipeline" else None
+        autopipelined = config.replanning == "autopipeline"
+        loop = GraphAutopipeliner(runner, config.autopipelining).attach() if autopipelined else None
         if limit is not None:
             runner.wrap_batch = limit.wrap
         try:
