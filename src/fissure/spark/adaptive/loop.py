@@ -144,8 +144,8 @@ def run_adaptive_on_spark(
     is made to try from there (evaluated, kept or reverted like any candidate).
     `repartition`: not a setting but a test seam replacing Spark's state repartitioner.
     `clock`: not a setting but the time source (a test's fake clock).
-    `on_decision(decision, entry)`: not a setting but a callback that sees every decision as it
-    is made.
+    `on_decision`: not a setting but a callback, `on_decision(decision, entry)`, that sees every
+    decision as it is made.
 
     As in a plain run (fissure.spark.run): a failure that is the machine's starts the plan in force
     again on the checkpoint within `config.restart_policy()` (a bounded run's end-of-input batch
