@@ -4,6 +4,7 @@ functions; and which operators combine."""
 
 from __future__ import annotations
 
+import math
 import random
 
 import pyarrow as pa
@@ -86,7 +87,7 @@ def reference(operator, batches) -> tuple[list, list, dict]:
     return sorted(out), sorted(dead), states
 
 
-def combined(operator, batches, tasks: int, seed: int) -> tuple[list, list, dict, int]:
+def combined(operator, batches, tasks: int, seed: int, columnar: bool = True) -> tuple[list, list, dict, int]:
     """The tasks' partials, merged per key."""
     rng = random.Random(seed)
     role = operator.time
@@ -101,7 +102,7 @@ def combined(operator, batches, tasks: int, seed: int) -> tuple[list, list, dict
             split[rng.randrange(tasks)].append(row)
         partials = []
         for task_rows in split:
-            combiner = Combiner(plan, time if plan.needs_clock else None)
+            combiner = Combiner(plan, time if plan.needs_clock else None, columnar)
             for chunk in (task_rows[:len(task_rows) // 2], task_rows[len(task_rows) // 2:]):
                 if chunk:
                     dead += [(letter.error.split(":")[0], letter.seq) for letter in combiner.add(carried(chunk))]
@@ -132,12 +133,13 @@ def sorted_items(record: dict) -> tuple:
 @pytest.mark.parametrize("kind", ["aggregate", "tumbling", "sliding"])
 @pytest.mark.parametrize("aggregate", [Count(), Sum("v"), Min("v"), Max("v"), Mean("v")], ids=repr)
 @pytest.mark.parametrize("tasks", [1, 3])
-def test_partials_merged_give_the_per_record_outputs(kind, aggregate, tasks):
+@pytest.mark.parametrize("columnar", [True, False], ids=["columns-where-allowed", "records"])
+def test_partials_merged_give_the_per_record_outputs(kind, aggregate, tasks, columnar):
     for seed in range(3):
         batches = batches_of(seed)
         operator = operator_of(kind, aggregate)
         expected_out, expected_dead, expected_states = reference(operator, batches)
-        out, dead, states, shipped = combined(operator, batches, tasks, seed)
+        out, dead, states, shipped = combined(operator, batches, tasks, seed, columnar)
         assert out == expected_out
         assert dead == expected_dead
         assert states == expected_states
@@ -233,3 +235,86 @@ def test_partials_go_to_their_keys_buckets_and_every_bucket_gets_a_group_when_as
             batch.num_rows for batch in found)
     every = pack_partials(partials, PARTIAL_KEY, PackSpec(0, ("user",), 8, 1, every_group=True))
     assert sorted(every.column(0).to_pylist()) == list(range(8))
+
+
+def _count_plan(key: tuple[str, ...], schema: pa.Schema) -> CombinePlan:
+    operator = Pipeline("p").aggregate("agg", key=list(key), aggregate=Count()).operators[-1]
+    return CombinePlan.of(operator, schema, None)
+
+
+COUNTED = pa.schema([("word", pa.string()), ("n", pa.int64()), ("x", pa.float64())])
+
+
+def _counted_chunks(seed: int) -> list[pa.RecordBatch]:
+    """Chunks of records as a flat_map emits them (several records share a sequence number), out
+    of sequence order across and within chunks, with null keys."""
+    rng = random.Random(seed)
+    rows = []
+    for seq in range(300):
+        for _ in range(rng.randrange(0, 4)):
+            rows.append(({"word": None if rng.random() < 0.05 else rng.choice(["a", "b", "é", "c\"d", "a b"]),
+                          "n": None if rng.random() < 0.05 else rng.randrange(-3, 3), "x": rng.random()}, seq))
+    rng.shuffle(rows)
+    chunks = []
+    for start in range(0, len(rows), 97):
+        part = rows[start:start + 97]
+        data = pa.RecordBatch.from_pylist([record for record, _ in part], schema=COUNTED)
+        chunks.append(live_batch(data, [seq for _, seq in part]))
+    return chunks
+
+
+@pytest.mark.parametrize("key", [("word",), ("n",), ("word", "n")])
+def test_a_count_folded_from_columns_makes_the_partials_and_dead_letters_of_the_records(key):
+    for seed in range(3):
+        plan = _count_plan(key, COUNTED)
+        assert plan.counts_by_columns
+        by_columns, by_records = Combiner(plan), Combiner(plan, columnar=False)
+        for chunk in _counted_chunks(seed):
+            assert ([(d.operator, d.error, d.record, d.seq) for d in by_columns.add(chunk)]
+                    == [(d.operator, d.error, d.record, d.seq) for d in by_records.add(chunk)])
+        assert by_columns.records_in == by_records.records_in
+        fold_time = PARTIAL_SCHEMA.get_field_index("_fissure_fold_cpu_s")
+        columns, records = by_columns.partials(), by_records.partials()
+        assert columns.remove_column(fold_time).equals(records.remove_column(fold_time))
+        assert columns.num_rows > 3
+        # only the records without a key value became dicts (for their dead letters)
+        nulls = sum(sum(any(row[name] is None for name in key) for row in chunk.to_pylist())
+                    for chunk in _counted_chunks(seed))
+        assert nulls
+        assert by_columns.records_as_dicts == nulls
+        assert by_records.records_as_dicts == by_records.records_in
+
+
+def test_only_a_count_running_or_tumbling_over_text_or_integer_keys_is_folded_from_columns():
+    assert _count_plan(("word",), COUNTED).counts_by_columns
+    assert not _count_plan(("x",), COUNTED).counts_by_columns  # a float key: its texts through the records
+    summed = Pipeline("p").aggregate("agg", key="word", aggregate=Sum("n")).operators[-1]
+    assert not CombinePlan.of(summed, COUNTED, None).counts_by_columns
+    assert CombinePlan.of(operator_of("tumbling", Count()), SCHEMA, "ts").counts_by_columns
+    assert not CombinePlan.of(operator_of("sliding", Count()), SCHEMA, "ts").counts_by_columns
+    as_time = pa.schema([("user", pa.string()), ("ts", pa.timestamp("us")), ("v", pa.int64())])
+    assert not CombinePlan.of(operator_of("tumbling", Count()), as_time, "ts").counts_by_columns
+
+
+def test_a_tumbling_count_folded_from_columns_makes_the_partials_and_dead_letters_of_the_records():
+    """Windows over an event time with nulls, NaN and late records, several chunks per task: the
+    same partials (every column but the fold time), largest event time and dead letters in the same
+    order as the per-record fold; only the dead letters' records became dicts."""
+    operator = operator_of("tumbling", Count())
+    for seed in range(4):
+        batches = batches_of(seed, batches=3, per_batch=150)
+        for rows, time in zip(batches, times(batches)):
+            rng = random.Random(seed)
+            rows = [({**record, "ts": math.nan} if rng.random() < 0.03 else record, seq) for record, seq in rows]
+            rng.shuffle(rows)
+            plan = CombinePlan.of(operator, SCHEMA, "ts")
+            by_columns, by_records = Combiner(plan, time), Combiner(plan, time, columnar=False)
+            for start in range(0, len(rows), 40):
+                chunk = carried(rows[start:start + 40])
+                assert ([(d.operator, d.error, d.record, d.seq) for d in by_columns.add(chunk)]
+                        == [(d.operator, d.error, d.record, d.seq) for d in by_records.add(chunk)])
+            fold_time = PARTIAL_SCHEMA.get_field_index("_fissure_fold_cpu_s")
+            columns, records = by_columns.partials(), by_records.partials()
+            assert columns.remove_column(fold_time).equals(records.remove_column(fold_time))
+            assert by_columns.largest == by_records.largest and by_columns.records_in == by_records.records_in
+            assert by_columns.records_as_dicts < by_records.records_as_dicts == len(rows)

@@ -100,6 +100,32 @@ def test_batch_steps_arrow_and_pandas_with_row_by_row_retry():
     assert [r[SEQ] for r in out.to_pylist() if r[DEAD_OPERATOR] == "halve"] == [1]
 
 
+def _counting(monkeypatch, name):
+    from fissure.runtime.operators import fused
+
+    calls = []
+    original = getattr(fused, name)
+    monkeypatch.setattr(fused, name, lambda *args: calls.append(1) or original(*args))
+    return calls
+
+
+def test_per_batch_steps_keep_records_and_sequence_numbers_in_arrow(monkeypatch):
+    """A run of per-batch steps builds no dict nor Python value per record (its sequence numbers
+    stay an Arrow column, filtered with the rows); a per-record step after it gets them as before."""
+    records, values = _counting(monkeypatch, "batch_records"), _counting(monkeypatch, "column_values")
+    steps = [Step("double", "map_batches", lambda batch: pa.RecordBatch.from_pydict(
+                 {"n": pa.compute.multiply(batch.column("n"), 2)}), NUMBERS, "arrow"),
+             Step("big", "filter_batches", lambda batch: pa.compute.greater(batch.column("n"), 4), NUMBERS, "arrow")]
+    rows = [{"n": n} for n in (3, 1, 5, 2, 4)]
+    out = FusedStage(steps, NUMBERS)(carried(rows, first_seq=10))
+    assert (records, values) == ([], [])
+    assert out.select(["n", SEQ]).to_pylist() == [{"n": 6, SEQ: 10}, {"n": 10, SEQ: 12}, {"n": 8, SEQ: 14}]
+    then_per_record = FusedStage(steps + [Step("minus", "map", lambda r: {"n": r["n"] - 1}, NUMBERS)], NUMBERS)
+    out = then_per_record(carried(rows, first_seq=10))
+    assert out.select(["n", SEQ]).to_pylist() == [{"n": 5, SEQ: 10}, {"n": 9, SEQ: 12}, {"n": 7, SEQ: 14}]
+    assert len(records) == 1
+
+
 def test_fused_stage_pickles():
     stage = FusedStage([Step("inverse", "map", inverse, NUMBERS)], NUMBERS)
     copy = pickle.loads(pickle.dumps(stage))

@@ -100,6 +100,26 @@ def test_multi_field_keys_bucket_on_all_fields():
     assert keys == [key_bucket(("x", i % 2), 64) for i in range(4)]
 
 
+def test_multi_field_keys_bucket_per_distinct_key_as_row_by_row(monkeypatch):
+    """Several key fields with nulls, a float and text: each row's bucket is its key's, the
+    key's text made once per distinct key (from the columns' dictionaries), not per row."""
+    import random
+
+    from fissure.runtime.operators import packing
+
+    schema = pa.schema([pa.field(ROUTE, pa.int32()), pa.field(SEQ, pa.int64()), pa.field(DEAD_OPERATOR, pa.string()),
+                        pa.field("a", pa.string()), pa.field("b", pa.int64()), pa.field("c", pa.float64())])
+    rng = random.Random(3)
+    rows = [{ROUTE: 1, SEQ: i, DEAD_OPERATOR: None, "a": rng.choice(["x", "y", None, "é"]),
+             "b": rng.choice([1, 2, None, -5]), "c": rng.choice([0.5, 2.0, None])} for i in range(400)]
+    batch = pa.RecordBatch.from_pylist(rows, schema=schema)
+    hashed = []
+    monkeypatch.setattr(packing, "key_bucket", lambda key, buckets: hashed.append(key) or key_bucket(key, buckets))
+    keys = grouping_keys(batch, PackSpec(1, ("a", "b", "c"), 64, 1)).tolist()
+    assert keys == [key_bucket((row["a"], row["b"], row["c"]), 64) for row in rows]
+    assert len(hashed) == len({(row["a"], row["b"], row["c"]) for row in rows}) < 64
+
+
 def test_a_list_valued_key_buckets_on_its_text():
     schema = pa.schema([pa.field(ROUTE, pa.int32()), pa.field(SEQ, pa.int64()), pa.field(DEAD_OPERATOR, pa.string()),
                         pa.field("tags", pa.list_(pa.string()))])

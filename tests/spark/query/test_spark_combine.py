@@ -66,15 +66,16 @@ def test_a_combined_aggregate_gives_the_in_process_outputs_through_a_smaller_exc
 
 
 @pytest.mark.slow
-def test_a_combined_window_gives_the_in_process_windows_and_late_records(spark, tmp_path):
-    from fissure import Tumbling
+@pytest.mark.parametrize("aggregate", ["sum", "count"])  # a Count is folded from the Arrow columns
+def test_a_combined_window_gives_the_in_process_windows_and_late_records(spark, tmp_path, aggregate):
+    from fissure import Count, Tumbling
     from fissure.testing import TestingSource
 
     batches = [[{"k": "abcde"[i % 5], "ts": float(base + i % 17), "v": i % 4} for i in range(300)]
                for base in (0, 20, 40)]
     batches[2] += [{"k": "a", "ts": 1.0, "v": 9}, {"k": "b", "ts": 2.0, "v": 9}]  # late: [0, 10) closed
     program = (Pipeline("windows").event_time("ts", lateness=2.0)
-               .window("sums", key="k", window=Tumbling(10.0), aggregate=Sum("v")))
+               .window("sums", key="k", window=Tumbling(10.0), aggregate=Sum("v") if aggregate == "sum" else Count()))
     results = {}
     for combine in (True, False):
         sink, dead = fissure.MemorySink(), []
@@ -115,6 +116,33 @@ def test_an_aggregate_reading_the_source_is_combined_where_the_source_becomes_en
         assert sorted(tuple(sorted(row.items())) for row in sink.records()) == expected
     assert len(expected) == 3 + 2
     assert shuffled[True] < shuffled[False] / 2
+
+
+@pytest.mark.slow
+def test_a_combined_count_folded_from_columns_gives_the_in_process_counts_and_dead_letters(spark, tmp_path):
+    """A running Count is folded from the Arrow columns in the task (no dict per record): the same
+    counts and sequence of outputs as in process, and a record without a key value is still a
+    dead letter of the aggregate with its reason."""
+    from fissure import Count
+    from fissure.testing import TestingSource
+
+    batches = [[{"value": " ".join(f"w{(line * 5 + position) % 13}" for position in range(6))
+                 + (" -" if line % 40 == 0 else "")} for line in range(120)] for _ in range(2)]
+    program = (Pipeline("counted")
+               .flat_map("words", lambda record: [{"word": None if word == "-" else word}
+                                                  for word in record["value"].split()],
+                         schema={"word": str}, reads=["value"])
+               .aggregate("counts", key="word", aggregate=Count()))
+    sink, dead = fissure.MemorySink(), []
+    fissure.run(program, TestingSource(batches=batches, schema={"value": str}), sink,
+                checkpoint=str(tmp_path / "ckpt"),
+                config=RunnerConfig(spark=spark, dead_letters=TestingSink(dead), progress="off"))
+    steps = run_batches(program, batches, schema={"value": str})
+    expected = sorted(tuple(sorted(record.items())) for step in steps for record in step.results["sink"])
+    assert sorted(tuple(sorted(row.items())) for row in sink.records()) == expected
+    in_process = sorted((letter.node, letter.error, letter.record) for step in steps for letter in step.dead_letters)
+    assert sorted((d["operator"], d["error"], d["record"]) for d in dead) == in_process
+    assert len(in_process) == 6 and all(error.startswith("NullKey") for _, error, _ in in_process)
 
 
 def run_both_ways(spark, tmp_path, program, batches, name: str) -> dict:

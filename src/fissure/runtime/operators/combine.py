@@ -50,6 +50,7 @@ from fissure.program.eventtime import AggregateRole, WindowRole, event_seconds, 
 from fissure.runtime.records.arrow_rows import batch_records, column_values
 from fissure.runtime.records.columns import SEQ
 from fissure.runtime.operators.keyed import BatchTime, KeyEmitted, group_by_key, null_key_error
+from fissure.runtime.operators.column_fold import add_counts, counts_by_columns
 from fissure.runtime.records.fate import DeadLetter, OperatorFailedError, operator_stopped, record_failed, record_text
 from fissure.runtime.state.codec import StateCodec, StateCodecError
 from fissure.runtime.operators.timed import TimedKeyFunction, emit_window, open_windows
@@ -106,6 +107,12 @@ class CombinePlan:
     def needs_clock(self) -> bool:
         return self.window is not None
 
+    @property
+    def counts_by_columns(self) -> bool:
+        """Whether a task folds this operator's records on the Arrow columns
+        (fissure.runtime.operators.column_fold.counts_by_columns)."""
+        return counts_by_columns(self)
+
 
 # --- the task's side ------------------------------------------------------------------------------
 
@@ -114,10 +121,14 @@ class Combiner:
     """One task's partials of one operator over a micro-batch: `add` each carried batch of the
     operator's live input rows (returns the dead letters it made), then `partials()`."""
 
-    def __init__(self, plan: CombinePlan, time: BatchTime | None = None) -> None:
+    def __init__(self, plan: CombinePlan, time: BatchTime | None = None, columnar: bool = True) -> None:
         if plan.needs_clock and time is None:
             raise ValueError(f"operator {plan.name!r}: a window is combined only with its batch's watermarks")
         self.plan, self.time = plan, time
+        # `columnar`: count from the Arrow columns when the plan allows it (False: a dict per record,
+        # the reference the columnar path is tested against)
+        self.columnar = columnar and plan.counts_by_columns
+        self.records_as_dicts = 0  # the records `add` turned into dicts (on the columns: its dead letters only)
         self.codec = StateCodec(plan.name)
         # key text -> [key values, first seq, {window start or None: [acc, last seq, last time, end]},
         #              records, dead letters, fold CPU seconds]
@@ -128,9 +139,14 @@ class Combiner:
     def add(self, carried: pa.RecordBatch) -> list[DeadLetter]:
         if not carried.num_rows:
             return []
+        if self.columnar:
+            dead = add_counts(self, carried)
+            if dead is not None:
+                return dead
         plan = self.plan
         ordered = carried.take(pc.sort_indices(carried, sort_keys=[(SEQ, "ascending")]))
         records = batch_records(ordered.select(plan.input_schema.names))
+        self.records_as_dicts += len(records)
         seqs = column_values(ordered.column(ordered.schema.get_field_index(SEQ)))
         self.records_in += len(records)
         if plan.window is not None:  # every usable event time counts for the watermark, a null key's too

@@ -189,14 +189,18 @@ def _call_batch_step(step: Step, data: pa.RecordBatch) -> pa.RecordBatch | pa.Ar
     return output
 
 
-def run_batch_step(step: Step, data: pa.RecordBatch, seqs: list[int],
-                   dead: list[DeadLetter]) -> tuple[pa.RecordBatch, list[int]]:
-    """A per-batch step; if it raises on the batch, row by row, so only the bad rows go dead."""
+def run_batch_step(step: Step, data: pa.RecordBatch, seqs: pa.Array | Sequence[int],
+                   dead: list[DeadLetter]) -> tuple[pa.RecordBatch, pa.Array | list[int]]:
+    """A per-batch step; if it raises on the batch, row by row, so only the bad rows go dead.
+    `seqs` as an Arrow column stay one (filtered by the step's mask): a run of per-batch steps
+    makes no Python object per record."""
     mark_running(step.name)
     try:
         result = _call_batch_step(step, data)
         mark_idle()
         if step.action == "filter_batches":
+            if isinstance(seqs, pa.Array):
+                return data.filter(result), seqs.filter(result)
             return data.filter(result), [seq for seq, keep in zip(seqs, result.to_pylist()) if keep]
         return result, seqs
     except Exception:  # noqa: BLE001 - retried row by row below
@@ -204,7 +208,7 @@ def run_batch_step(step: Step, data: pa.RecordBatch, seqs: list[int],
     except (SystemExit, KeyboardInterrupt) as error:
         raise operator_stopped(step.name, error) from error
     pieces, kept_seqs = [], []
-    for row, seq in enumerate(seqs):
+    for row, seq in enumerate(sequence_numbers(seqs)):
         single = data.slice(row, 1)
         try:
             result = _call_batch_step(step, single)
@@ -221,6 +225,11 @@ def run_batch_step(step: Step, data: pa.RecordBatch, seqs: list[int],
     schema = data.schema if step.action == "filter_batches" else step.output_schema
     mark_idle()
     return (pa.concat_batches(pieces) if pieces else pa.RecordBatch.from_pylist([], schema=schema)), kept_seqs
+
+
+def sequence_numbers(seqs: pa.Array | Sequence[int]) -> list[int]:
+    """Sequence numbers as the Python list per-record steps take."""
+    return column_values(seqs) if isinstance(seqs, pa.Array) else list(seqs)
 
 
 def _segments(steps: Sequence[Step]) -> list[list[Step]]:
@@ -283,7 +292,8 @@ class FusedStage:
         profile = self._profile if self._profile is not None else self.bind_profile()
         live, upstream_dead = split_dead(batch)
         data = live.select(self.input_schema.names)
-        seqs = column_values(live.column(live.schema.get_field_index(SEQ)))
+        # an Arrow column through per-batch steps, a list from the first per-record step on
+        seqs = live.column(live.schema.get_field_index(SEQ))
         dead: list[DeadLetter] = []
         timed = profile is not None and profile.begin_batch(data.num_rows)
         started_s = time.perf_counter() if timed else 0.0
@@ -308,7 +318,8 @@ class FusedStage:
                         operators_wall_s += wall_s
                         profile.operator(offset + index, rows_in, rows_out, dead_count,
                                          cpu_s if timed else None, wall_s if timed else None)
-                records, seqs = run_record_steps(segment, batch_records(data), seqs, dead, observe, timed)
+                records, seqs = run_record_steps(segment, batch_records(data), sequence_numbers(seqs), dead,
+                                                 observe, timed)
                 data, seqs = records_to_batch(records, seqs, segment[-1].output_schema, segment[-1].name, dead)
             if not data.num_rows:
                 data = pa.RecordBatch.from_pylist([], schema=self.output_schema)

@@ -62,16 +62,13 @@ def key_bucket(values: Sequence, buckets: int) -> int:
 
 
 def _buckets_of(batch: pa.RecordBatch, columns: Sequence[str], buckets: int) -> np.ndarray:
-    if len(columns) == 1:  # the common case: one hash per distinct value, not per row
-        try:
-            encoded = pc.dictionary_encode(batch.column(batch.schema.get_field_index(columns[0])),
-                                           null_encoding="encode")
-        except (pa.ArrowNotImplementedError, pa.ArrowInvalid):  # a type Arrow cannot encode (a list)
-            encoded = None
-        if encoded is not None:
-            per_value = np.array([key_bucket((value,), buckets) for value in column_values(encoded.dictionary)] or [0],
-                                 dtype=np.int32)
-            return per_value[encoded.indices.to_numpy(zero_copy_only=False)]
+    """Each row's bucket: one hash per distinct key (the key's values read from the columns'
+    dictionaries, not per row) when Arrow can dictionary-encode every key column; else per row."""
+    encoded = distinct_keys(batch, columns)
+    if encoded is not None:
+        keys, rows = encoded
+        per_key = np.array([key_bucket(key, buckets) for key in keys] or [0], dtype=np.int32)
+        return per_key[rows]
     values = [column_values(batch.column(batch.schema.get_field_index(name))) for name in columns]
     cache: dict = {}
     result = np.empty(batch.num_rows, dtype=np.int32)
@@ -84,6 +81,37 @@ def _buckets_of(batch: pa.RecordBatch, columns: Sequence[str], buckets: int) -> 
             bucket = key_bucket(key, buckets)
         result[row] = bucket
     return result
+
+
+def distinct_keys(batch: pa.RecordBatch, columns: Sequence[str]) -> tuple[list[tuple], np.ndarray] | None:
+    """(the distinct keys of the batch as tuples of Python values, each row's place among them),
+    from each key column's dictionary encoding (nulls a value of their own); None when Arrow
+    cannot encode a column (a list) or the combined codes would not fit an int64."""
+    dictionaries, indices = [], []
+    for name in columns:
+        try:
+            encoded = pc.dictionary_encode(batch.column(batch.schema.get_field_index(name)), null_encoding="encode")
+        except (pa.ArrowNotImplementedError, pa.ArrowInvalid):
+            return None
+        dictionaries.append(column_values(encoded.dictionary))
+        indices.append(encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64))
+    if len(columns) == 1:
+        return [(value,) for value in dictionaries[0]], indices[0]
+    if np.prod([float(max(1, len(values))) for values in dictionaries]) >= 2.0 ** 62:
+        return None
+    codes = indices[0]
+    for values, column in zip(dictionaries[1:], indices[1:]):
+        codes = codes * max(1, len(values)) + column
+    distinct, rows = np.unique(codes, return_inverse=True)
+    keys = []
+    for code in distinct.tolist():
+        places = []
+        for values in reversed(dictionaries[1:]):
+            code, place = divmod(code, max(1, len(values)))
+            places.append(place)
+        places.append(code)
+        keys.append(tuple(values[place] for values, place in zip(dictionaries, reversed(places))))
+    return keys, rows.reshape(-1)
 
 
 def grouping_keys(batch: pa.RecordBatch, spec: PackSpec) -> np.ndarray:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from itertools import chain
 from operator import itemgetter
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -204,11 +205,20 @@ def dead_letter_batch(dead: Sequence[DeadLetter], data_schema: pa.Schema) -> pa.
     return pa.RecordBatch.from_arrays(columns, schema=carried_schema(data_schema))
 
 
-def live_batch(data: pa.RecordBatch, seqs: Sequence[int]) -> pa.RecordBatch:
-    """Live rows in the carried schema: the user's fields, sequence numbers, null dead letters."""
+def live_batch(data: pa.RecordBatch, seqs: Sequence[int] | pa.Array) -> pa.RecordBatch:
+    """Live rows in the carried schema: the user's fields, sequence numbers (a list, a range or an
+    Arrow column: the last two without a Python int per row), null dead letters."""
     count = data.num_rows
-    columns = list(data.columns) + [pa.array(seqs, pa.int64())] + [pa.nulls(count, pa.string())] * 3
+    columns = list(data.columns) + [sequence_column(seqs)] + [pa.nulls(count, pa.string())] * 3
     return pa.RecordBatch.from_arrays(columns, schema=carried_schema(data.schema))
+
+
+def sequence_column(seqs: Sequence[int] | pa.Array) -> pa.Array:
+    if isinstance(seqs, pa.Array):
+        return seqs if seqs.type == pa.int64() else seqs.cast(pa.int64())
+    if isinstance(seqs, range) and seqs.step == 1:
+        return pa.array(np.arange(seqs.start, seqs.stop, dtype=np.int64))
+    return pa.array(seqs, pa.int64())
 
 
 def split_dead(batch: pa.RecordBatch) -> tuple[pa.RecordBatch, pa.RecordBatch | None]:

@@ -7,6 +7,7 @@ checkpoint (behind a `BatchGate`) and stops it at a batch boundary, the held bat
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
@@ -22,7 +23,7 @@ from fissure.spark.query.run_end import QueryRestarts
 from fissure.spark.query.runner import Runner
 from fissure.spark.io.sinks import DeadLetterLog
 from fissure.spark.io.sources import SourceLike
-from fissure.spark.state.repartition import checkpoint_status
+from fissure.spark.state.repartition import CheckpointStatus, checkpoint_status
 from fissure.program.graph import StreamGraph
 
 log = logging.getLogger(__name__)
@@ -66,6 +67,49 @@ class LiveQuery:
 class StopResult:
     abandoned_batch: int | None
     stop_s: float
+    checkpoint: CheckpointStatus | None = None  # the checkpoint after the stop (None: no query was running)
+
+
+@dataclass(frozen=True)
+class PreparedQuery:
+    """A plan's query built and not started (`QueryManager.prepare`), with the gate it will run behind."""
+
+    plan: Plan
+    runner: Runner
+    gate: BatchGate
+
+
+class BackgroundPreparation:
+    """A query being built on a thread of its own while the caller stops the current one
+    (`QueryManager.prepare_in_background`). `result()` waits for it and raises what the build raised;
+    `build_s` is how long the build took (set once it ended)."""
+
+    def __init__(self, build: Callable[[], PreparedQuery], clock: Callable[[], float]) -> None:
+        self._build, self._clock = build, clock
+        self._prepared: PreparedQuery | None = None
+        self._error: BaseException | None = None
+        self.build_s: float | None = None
+        self._thread = threading.Thread(target=self._run, name="fissure-prepare-query", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        started = self._clock()
+        try:
+            self._prepared = self._build()
+        except BaseException as error:  # noqa: BLE001 - handed to the caller by result()
+            self._error = error
+        finally:
+            self.build_s = self._clock() - started
+
+    def wait(self) -> None:
+        """Wait until the build has ended, whatever its outcome."""
+        self._thread.join()
+
+    def result(self) -> PreparedQuery:
+        self.wait()
+        if self._error is not None:
+            raise self._error
+        return self._prepared
 
 
 class QueryManager:
@@ -94,7 +138,33 @@ class QueryManager:
         self.publication: Publication | None = None  # the latest decision, published by every query's batches
         self.restarts = QueryRestarts(config.restart_policy(), checkpoint, clock, self.runner_options.get("lock"))
 
-    def start(self, plan: Plan) -> LiveQuery:
+    def prepare(self, plan: Plan) -> PreparedQuery:
+        """The query of `plan` built, not started (Runner.prepare): nothing of it reads Spark's logs
+        of the checkpoint, so it can be built while the current query stops. `start(plan, prepared)`
+        starts it."""
+        prepared = self._new_query(plan)
+        prepared.runner.prepare(available_now=self.available_now)
+        return prepared
+
+    def prepare_in_background(self, plan: Plan) -> BackgroundPreparation:
+        """`prepare(plan)` on a thread of its own, started now (a switch's restart: fissure.spark.adaptive.realizer)."""
+        return BackgroundPreparation(lambda: self.prepare(plan), self.clock)
+
+    def start(self, plan: Plan, prepared: PreparedQuery | None = None) -> LiveQuery:
+        """Start the query of `plan` on the checkpoint: the one `prepare` built, or a new one."""
+        plan = canonical_plan(plan)
+        if prepared is None or prepared.plan != plan:
+            prepared = self._new_query(plan)
+        runner, gate = prepared.runner, prepared.gate
+        if self.publication is not None:
+            runner.publish(self.publication)
+        runner.start(available_now=self.available_now)
+        self.admissions = runner.admissions
+        self.queries_started += 1
+        self.current = LiveQuery(plan, runner, gate)
+        return self.current
+
+    def _new_query(self, plan: Plan) -> PreparedQuery:
         plan = canonical_plan(plan)
         # The loop shows the run's progress (DecisionProgress), not each query.
         config = replace(self.config, spark=self.spark, dead_letters=self.dead_letters, progress="off")
@@ -104,13 +174,7 @@ class QueryManager:
         runner.batch_log = self.batch_log
         gate = BatchGate(plan, self.clock)
         runner.wrap_batch = gate.wrap
-        if self.publication is not None:
-            runner.publish(self.publication)
-        runner.start(available_now=self.available_now)
-        self.admissions = runner.admissions
-        self.queries_started += 1
-        self.current = LiveQuery(plan, runner, gate)
-        return self.current
+        return PreparedQuery(plan, runner, gate)
 
     def restart_after_failure(self, live: LiveQuery, error: Exception) -> bool:
         """After `live` failed with `error`: when the run's restart policy allows it (True), start the
@@ -161,23 +225,24 @@ class QueryManager:
                 live.query.stop()
             live.runner.stop()  # the progress watcher; the checkpoint is the run's, never deleted here
         self.current = None
-        abandoned = self._abandoned_batch(live)
+        status = checkpoint_status(self.spark, self.checkpoint)
+        abandoned = abandoned_batch(status, live.gate)
         if abandoned is not None:
             log.info("adaptive: batch %d abandoned at the stop (it ran nothing; the next query runs its input)",
                      abandoned)
-        return StopResult(abandoned, self.clock() - started)
-
-    def _abandoned_batch(self, live: LiveQuery) -> int | None:
-        """The batch the stop cut off: in the offset log, not committed, and never let run by the
-        gate (held at its entry, or stopped while Spark was still planning it), so it computed nothing."""
-        status = checkpoint_status(self.spark, self.checkpoint)
-        if not status.has_uncommitted_batch or status.last_batch in live.gate.plan_of_batch:
-            return None
-        return status.last_batch
+        return StopResult(abandoned, self.clock() - started, status)
 
     def close(self) -> None:
         if self.current is not None:
             self.stop_at_boundary()
+
+
+def abandoned_batch(status: CheckpointStatus, gate: BatchGate) -> int | None:
+    """The batch the stop cut off: in the offset log, not committed, and never let run by the
+    gate (held at its entry, or stopped while Spark was still planning it), so it computed nothing."""
+    if not status.has_uncommitted_batch or status.last_batch in gate.plan_of_batch:
+        return None
+    return status.last_batch
 
 
 # py4j logs, with its traceback, the error a held batch raises in its foreachBatch call when

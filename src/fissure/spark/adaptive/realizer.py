@@ -11,7 +11,10 @@ on Spark (fissure.control.driver), and `SwitchRecord`, what each switch took.
   N's entry: the repartitioner only takes a checkpoint whose last batch committed), and a query
   with the new physical plan starts on the same checkpoint. It re-runs batch N from its recorded
   offsets (or, after a repartition, reads that input in its next batch): nothing lost, and nothing
-  written twice since batch N wrote nothing before.
+  written twice since batch N wrote nothing before. The new query is built (its Runner, the
+  compiled graph, its DataFrame and foreachBatch function: `QueryManager.prepare`) on a thread
+  of its own from the stop request on, so the build overlaps the stop and the repartition; its
+  checks of the checkpoint and Spark's start wait for both.
 
 A switch's cost is measured from the stop request to the moment the new query's first batch
 reaches its `foreachBatch` (planned, about to compute); an in-PE switch costs what the driver
@@ -34,7 +37,7 @@ from fissure.program.chain import Pipeline
 from fissure.model.types import Kind, Plan
 from fissure.spark.adaptive.queries import LiveQuery, QueryManager, canonical_plan
 from fissure.spark.adaptive.batch_gate import POLL_S
-from fissure.spark.state.repartition import Repartitioner, checkpoint_status, repartition_state, spark_repartitioner
+from fissure.spark.state.repartition import Repartitioner, repartition_state, spark_repartitioner
 from fissure.model.throughput import canonical_regions
 from fissure.program.graph import StreamGraph, as_graph
 from fissure.compile.stages import plan_graph_stages, state_partitions_of
@@ -75,6 +78,8 @@ class SwitchRecord:
 
     `total_s`: from the stop request (the apply call, in-PE) to the new query's first batch
     reaching its foreachBatch, or to the new cut being set in-PE; what the controller learns.
+    A restart's `build_s` overlaps its `stop_s` and `repartition_s`; `total_s` is stop and
+    repartition, any wait for the build beyond them, then `start_s`.
     """
 
     plan_before: str
@@ -90,6 +95,7 @@ class SwitchRecord:
     abandoned_batch: int | None = None  # the batch the stop abandoned (re-run by the next query)
     first_batch: int | None = None  # the new query's first batch (None: none came in time)
     error: str | None = None  # a failed switch: why (the previous plan runs again)
+    build_s: float = 0.0  # building the new query (compiled, its DataFrame), on its own thread during stop and repartition
 
 
 class SparkPlanRealizer:
@@ -136,36 +142,46 @@ class SparkPlanRealizer:
     def _restart(self, live: LiveQuery, plan: Plan, kind: SwitchKind) -> float:
         started = self.clock()
         before, after = plan_fingerprint(live.plan), plan_fingerprint(plan)
-        stop = self.queries.stop_at_boundary()
-        partitions_before = checkpoint_status(self.queries.spark, self.queries.checkpoint).state_partitions
         partitions_after = state_partitions_of(self.pipeline, plan, self.queries.config.default_state_partitions)
         keyed = any(self.pipeline.kind_of(name) is not Kind.STATELESS for name in self.pipeline.names)
+        # The new query is built (compiled, its DataFrame and foreachBatch function) while the old
+        # one stops and its state is repartitioned: nothing of the build reads Spark's logs.
+        building = self.queries.prepare_in_background(plan)
+        try:
+            stop = self.queries.stop_at_boundary()
+        except BaseException:
+            building.wait()
+            raise
+        partitions_before = stop.checkpoint.state_partitions if stop.checkpoint is not None else None
         rescale = keyed and partitions_before is not None and partitions_before != partitions_after
         repartition_s = 0.0
         try:
             if rescale:
                 outcome = repartition_state(self.queries.spark, self.queries.checkpoint, partitions_after,
                                             abandoned_batch=stop.abandoned_batch, repartition=self.repartition,
-                                            clock=self.clock)
+                                            clock=self.clock, status=stop.checkpoint)
                 repartition_s = outcome.duration_s
+            prepared = building.result()
             start_at = self.clock()
-            new = self.queries.start(plan)
+            new = self.queries.start(plan, prepared)
         except Exception as error:  # noqa: BLE001 - any failure: the previous plan runs again
+            building.wait()  # the build has ended before the previous plan starts again
             reason = f"{type(error).__name__}: {error}"
             self._restart_previous(live.plan, reason)
             self.switches.append(SwitchRecord(
                 before, after, kind.value, _applied_as(rescale), self.clock() - started, stop.stop_s, repartition_s,
                 state_partitions_before=partitions_before, state_partitions_after=partitions_after,
-                abandoned_batch=stop.abandoned_batch, error=reason))
+                abandoned_batch=stop.abandoned_batch, error=reason, build_s=building.build_s or 0.0))
             raise SwitchFailed(f"could not switch {before} -> {after} ({reason}); {before} runs again") from error
         arrived = self._first_batch(new)
         record = SwitchRecord(
             before, after, kind.value, _applied_as(rescale), arrived - started, stop.stop_s, repartition_s,
             arrived - start_at, partitions_before, partitions_after if rescale else partitions_before,
-            stop.abandoned_batch, new.gate.first_batch)
+            stop.abandoned_batch, new.gate.first_batch, build_s=building.build_s or 0.0)
         self.switches.append(record)
-        log.info("adaptive: %s switch %s -> %s took %.1f s (stop %.1f, repartition %.1f, start to first batch %.1f)",
-                 record.applied_as, before, after, record.total_s, record.stop_s, record.repartition_s, record.start_s)
+        log.info("adaptive: %s switch %s -> %s took %.1f s (stop %.1f, repartition %.1f, start to first batch %.1f;"
+                 " the new query built in %.1f s meanwhile)", record.applied_as, before, after, record.total_s,
+                 record.stop_s, record.repartition_s, record.start_s, record.build_s)
         return record.total_s
 
     def _restart_previous(self, plan: Plan, reason: str) -> None:

@@ -185,7 +185,8 @@ class Runner(SourcePreparation, BatchWriting, QueryWatching):
         Spark starts the query. A checkpoint whose newest batch is a state repartition a dead
         process left unfinished is recovered then (`fissure.spark.state.repartition.recover_unfinished_repartition`:
         `self.recovery`). When starting fails, only what this start wrote into a checkpoint that
-        held no stream is removed (`StartGuard.undo`), and a temporary checkpoint of the runner's."""
+        held no stream is removed (`StartGuard.undo`), and a temporary checkpoint of the runner's.
+        A query built beforehand (`prepare`) is started as built."""
         if self.lock is None:
             self.lock = CheckpointLock.acquire(open_store(self.spark, self.checkpoint), self.graph.name,
                                                spark=self.spark, lease_s=self.config.checkpoint_lease_s)
@@ -223,15 +224,39 @@ class Runner(SourcePreparation, BatchWriting, QueryWatching):
             self.lock.release()
             self.lock = None
 
+    def prepare(self, available_now: bool = False) -> bool:
+        """Build the query start() would start (the plan compiled, its DataFrame and foreachBatch
+        function, the sources opened and sized) without reading Spark's logs of the checkpoint or
+        starting anything, so that it can be built while another query of the same run still runs
+        or stops on the checkpoint: the adaptive loop's restart builds the next plan's query while
+        the previous one stops and its state is repartitioned (fissure.spark.adaptive.realizer).
+        start(available_now) then checks the checkpoint and starts the query as built.
+
+        Only with the caller's `lock` and on a checkpoint that already holds a stream; elsewhere
+        (False) nothing is built and start() builds it after its checks, as always, so that a
+        failed first start removes exactly what it wrote (`StartGuard.undo`)."""
+        if self.lock is None:
+            return False
+        self.lock.check_held()
+        if StartGuard.open(self.lock.store).fresh:
+            return False
+        self._build(available_now, fresh=False)
+        self._built_for = available_now
+        return True
+
+    _built_for: bool | None = None  # the available_now a prepared query was built for (None: none)
+
     def _start(self, available_now: bool, guard: StartGuard):
+        if self._built_for != available_now or guard.fresh:
+            self._build(available_now, guard.fresh)
+        self._built_for = None
+        return self._launch(available_now, guard)
+
+    def _build(self, available_now: bool, fresh: bool) -> None:
+        """Everything before the checkpoint's checks and Spark's start: nothing here reads Spark's
+        logs of the checkpoint, sets the session's conf or starts a thread (`prepare`)."""
         ship_operator_modules(self.graph)
         check_serializable(self.graph)
-        state_partitions = self.state_partitions
-        for name, value in {**QUERY_DEFAULTS,
-                            "spark.sql.streaming.stateStore.providerClass": self.config.state_store_provider,
-                            # Read only when the checkpoint is new: a checkpoint keeps its own value.
-                            "spark.sql.shuffle.partitions": str(state_partitions)}.items():
-            self.spark.conf.set(name, value)
         profiling = None
         if self.profile_settings is not None or self.profile_pieces:
             self.accumulator = self.spark.sparkContext.accumulator(ProfileTally(), ProfileTallyParam())
@@ -248,7 +273,7 @@ class Runner(SourcePreparation, BatchWriting, QueryWatching):
         sources = self.sources
         if self.config.batch_size == "auto":
             sources, self.admissions = self._sized_sources(self.lock.store, available_now)
-        sources = self._staged_sources(sources, guard.fresh, available_now)
+        sources = self._staged_sources(sources, fresh, available_now)
         frames = {name: open_source(sources[name], self.spark) for name in self.graph.sources if name in sources}
         self.time_tally = self.spark.sparkContext.accumulator(TimeTally(), TimeTallyParam())
         control_frame = None
@@ -259,12 +284,11 @@ class Runner(SourcePreparation, BatchWriting, QueryWatching):
         line_formats = {name: source.line_format() for name, source in sources.items()
                         if callable(getattr(source, "line_format", None))}
         self.compiled = compile_graph(self.graph, frames, plan=self.plan, boundaries=self.boundaries,
-                                      state_partitions=state_partitions, threads=self.threads.worker, profiling=profiling,
-                                      resource_profile_for=resource_profiles(self.spark), line_formats=line_formats,
-                                      state_access=self.config.state_access(), control_frame=control_frame,
-                                      time_tally=self.time_tally, combine=self.config.combine_aggregates)
-        guard.check_program(program_fingerprint(self.graph, self.compiled.schemas))
-        self.recovery = recover_unfinished_repartition(self.spark, self.checkpoint)
+                                      state_partitions=self.state_partitions, threads=self.threads.worker,
+                                      profiling=profiling, resource_profile_for=resource_profiles(self.spark),
+                                      line_formats=line_formats, state_access=self.config.state_access(),
+                                      control_frame=control_frame, time_tally=self.time_tally,
+                                      combine=self.config.combine_aggregates)
         frame = observe_run(self.compiled.frame, [operator.name for operator in self.graph.operators],
                             counted=self.profile_settings is not None)
         writer = self._write_batch
@@ -275,6 +299,17 @@ class Runner(SourcePreparation, BatchWriting, QueryWatching):
             writer = self.wrap_batch(writer)
         self._batch_function = DetachableBatchFunction(writer)
         self._stream_frame = frame
+
+    def _launch(self, available_now: bool, guard: StartGuard):
+        """The built query started: the session's query settings, the program checked against the
+        checkpoint's record, an unfinished state repartition finished, then Spark's start."""
+        for name, value in {**QUERY_DEFAULTS,
+                            "spark.sql.streaming.stateStore.providerClass": self.config.state_store_provider,
+                            # Read only when the checkpoint is new: a checkpoint keeps its own value.
+                            "spark.sql.shuffle.partitions": str(self.state_partitions)}.items():
+            self.spark.conf.set(name, value)
+        guard.check_program(program_fingerprint(self.graph, self.compiled.schemas))
+        self.recovery = recover_unfinished_repartition(self.spark, self.checkpoint)
         self._started_at = time.monotonic()
         self.progress_output = self._new_progress_output()  # the first batch's wait counts from here
         self.query = self._stream(available_now).start()

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -184,13 +184,13 @@ class GraphRegionFunction:
                     batch = self.fold(combiner, batch)
                     if not batch.num_rows:
                         continue
+                yield batch if self.pack_for is None else pack(batch, self.packing(packed_any))
                 packed_any = True
-                yield batch if self.pack_for is None else pack(batch, self.pack_for)
         if combiner is not None:
             partials = combiner.partials()
             if partials.num_rows:
+                yield pack_partials(partials, PARTIAL_KEY, self.packing(packed_any))
                 packed_any = True
-                yield pack_partials(partials, PARTIAL_KEY, self.pack_for)
         if report:
             row = self.report_batch(None)
             if row is not None:
@@ -198,6 +198,11 @@ class GraphRegionFunction:
                 yield row
         if not packed_any and self.pack_for is not None and self.pack_for.every_group:
             yield empty_groups(self.output_layout.schema, self.pack_for)
+
+    def packing(self, packed_before: bool) -> PackSpec:
+        """How this call's next output is packed: every group of a time-aware stage after rides
+        the call's first packed output only, not each of them."""
+        return replace(self.pack_for, every_group=False) if packed_before else self.pack_for
 
     def combiner(self) -> Combiner | None:
         """This call's combiner of the keyed operator after the stage (None: not combined)."""

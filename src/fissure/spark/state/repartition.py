@@ -246,14 +246,16 @@ class StateRepartition:
 
 def repartition_state(spark: SparkSession, checkpoint: str, partitions: int, *,
                       abandoned_batch: int | None = None, repartition: Repartitioner = spark_repartitioner,
-                      clock: Callable[[], float] = time.monotonic) -> StateRepartition:
+                      clock: Callable[[], float] = time.monotonic,
+                      status: CheckpointStatus | None = None) -> StateRepartition:
     """Give the stopped query's state `partitions` partitions.
 
     `abandoned_batch`: the batch the stop abandoned before it computed anything (its offset-log
-    entry is dropped first). On failure the checkpoint is left as the last committed batch left
-    it (an unfinished repartition batch is dropped again) and StateRepartitionError is raised.
+    entry is dropped first). `status`: the checkpoint's, when the caller read it after the stop
+    (else read here). On failure the checkpoint is left as the last committed batch left it (an
+    unfinished repartition batch is dropped again) and StateRepartitionError is raised.
     """
-    status = checkpoint_status(spark, checkpoint)
+    status = status or checkpoint_status(spark, checkpoint)
     if status.state_partitions is None:
         raise StateRepartitionError(f"{checkpoint} records no batch: nothing to repartition")
     dropped = None
