@@ -199,8 +199,8 @@ def static_throughput(spark, pipeline: Pipeline, static_plan: Plan, work: Path, 
                       source=None) -> float | None:
     """Median throughput of one static plan's last LAST_BATCHES batches, on a fresh query."""
     source = source if source is not None else inputs(work / "in", size)
-    runner = fissure.Runner(pipeline, source, NoopSink(), plan=static_plan, spark=spark,
-                            checkpoint=str(work / "ckpt"), progress=False)
+    runner = fissure.Runner(pipeline, source, NoopSink(), plan=static_plan,
+                            checkpoint=str(work / "ckpt"), config=RunnerConfig(spark=spark, progress="off"))
     runner.start(available_now=True)
     runner.await_termination()
     progress = sorted(runner.query.recentProgress, key=lambda update: int(update["batchId"]))
@@ -214,6 +214,11 @@ def adaptive_config(quick: bool) -> AdaptiveConfig:
         return AdaptiveConfig(profile_batches=3, profile_s=2.0, evaluation_batches=3, evaluation_s=2.0,
                               min_operator_samples=50)
     return AdaptiveConfig()
+
+
+def adaptive_run(spark, where: Path, quick: bool) -> RunnerConfig:
+    """The settings of one adaptive run: its timeline in `where`/run, no progress line."""
+    return RunnerConfig(spark=spark, run_dir=str(where / "run"), adaptation=adaptive_config(quick), progress="off")
 
 
 def fresh(work: Path, counter=[0]) -> Path:
@@ -232,9 +237,8 @@ def reach_best(spark, work: Path, size: Size, quick: bool, stem: str, repeats: i
 
     def adaptive():
         where = fresh(work)
-        report = run_adaptive_on_spark(pipeline, inputs(where / "in", size), NoopSink(), spark=spark,
-                                       checkpoint=str(where / "ckpt"), run_dir=str(where / "run"),
-                                       adaptive_config=adaptive_config(quick), progress=False)
+        report = run_adaptive_on_spark(pipeline, inputs(where / "in", size), NoopSink(),
+                                       checkpoint=str(where / "ckpt"), config=adaptive_run(spark, where, quick))
         last = [entry.throughput_per_s for entry in report.timeline.batches()
                 if entry.plan == plan_fingerprint(report.plan)][-LAST_BATCHES:]
         return report, median_throughput(last)
@@ -309,8 +313,7 @@ def cost_change(spark, work: Path, change: CostChange, quick: bool, stem: str, r
     def adaptive():
         where = fresh(work)
         report = run_adaptive_on_spark(pipeline, cost_inputs(where / "in", change, change.files), NoopSink(),
-                                       spark=spark, checkpoint=str(where / "ckpt"), run_dir=str(where / "run"),
-                                       adaptive_config=adaptive_config(quick), progress=False)
+                                       checkpoint=str(where / "ckpt"), config=adaptive_run(spark, where, quick))
         segments = plan_segments(report.timeline.batches(), change.change_at)
         return report, settled_throughput(segments, plan_fingerprint(report.plan))
 
@@ -382,10 +385,10 @@ def rollback_window(entries: list[dict], applied_at: int | None, rolled_back_at:
 
 def bad_injection(spark, work: Path, size: Size, quick: bool, stem: str, inject_at: int) -> dict:
     pipeline = heavy_chain(5.0)  # cheap: the exchanges and the extra state stage only cost
-    report = run_adaptive_on_spark(pipeline, inputs(work / "bad-in", size), NoopSink(), spark=spark,
-                                   checkpoint=str(work / "bad-ckpt"), run_dir=str(work / "bad-run"),
-                                   adaptive_config=adaptive_config(quick), injections={inject_at: BAD},
-                                   progress=False)
+    report = run_adaptive_on_spark(pipeline, inputs(work / "bad-in", size), NoopSink(),
+                                   checkpoint=str(work / "bad-ckpt"), injections={inject_at: BAD},
+                                   config=RunnerConfig(spark=spark, run_dir=str(work / "bad-run"),
+                                                       adaptation=adaptive_config(quick), progress="off"))
     entries = report.timeline.entries
     bad = plan_fingerprint(BAD)
     applied = [entry for entry in entries if entry.action == "apply" and entry.plan_after == bad]

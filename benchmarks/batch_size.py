@@ -37,8 +37,9 @@ FIXED_KIB = (2048, 8192, 32768)
 
 
 def drain(spark, pipeline, plan, source, config: RunnerConfig) -> dict:
-    runner = fissure.Runner(pipeline, source, fissure.NoopSink(), plan=plan, spark=spark, config=config,
-                            checkpoint=tempfile.mkdtemp(prefix="fissure-batch-size-"), progress=False)
+    runner = fissure.Runner(pipeline, source, fissure.NoopSink(), plan=plan,
+                            config=replace(config, spark=spark, progress="off"),
+                            checkpoint=tempfile.mkdtemp(prefix="fissure-batch-size-"))
     runner.start(available_now=True)
     try:
         runner.await_termination()

@@ -40,8 +40,9 @@ from model_accuracy import logwatch_source, mixed_pipeline, stateless_pipeline, 
 
 def run_query(spark, log: StageLog, pipeline, source, work: Path) -> dict[int, tuple[float, float]]:
     """Per micro-batch of one run of the sequential plan: (rest, stages) in seconds."""
-    runner = fissure.Runner(pipeline, source, fissure.NoopSink(), plan=sequential_plan(pipeline), spark=spark,
-                            progress=False, checkpoint=tempfile.mkdtemp(dir=work))
+    runner = fissure.Runner(pipeline, source, fissure.NoopSink(), plan=sequential_plan(pipeline),
+                            config=fissure.RunnerConfig(spark=spark, progress="off"),
+                            checkpoint=tempfile.mkdtemp(dir=work))
     runner.start(available_now=True)
     try:
         runner.await_termination()

@@ -159,8 +159,8 @@ def measure_run(spark, pipeline, source, plan, work: Path, profile=True, stage_l
     from fissure.profile.settings import ProfileSettings
 
     settings = ProfileSettings() if profile is True else profile
-    runner = fissure.Runner(pipeline, source, fissure.NoopSink(), plan=plan, spark=spark, progress=False,
-                            checkpoint=tempfile.mkdtemp(dir=work), profile=settings)
+    runner = fissure.Runner(pipeline, source, fissure.NoopSink(), plan=plan, checkpoint=tempfile.mkdtemp(dir=work),
+                            config=fissure.RunnerConfig(spark=spark, progress="off", profiling=settings))
     runner.start(available_now=True)
     try:
         runner.await_termination()

@@ -153,8 +153,8 @@ def measure_handwritten(spark, source, checkpoint, repartition: bool) -> float:
 
 
 def measure_fissure(spark, pipeline, source, plan, checkpoint) -> float:
-    runner = fissure.Runner(pipeline, source, fissure.NoopSink(), plan=plan, spark=spark, checkpoint=checkpoint,
-                            progress=False)
+    runner = fissure.Runner(pipeline, source, fissure.NoopSink(), plan=plan, checkpoint=checkpoint,
+                            config=fissure.RunnerConfig(spark=spark, progress="off"))
     runner.start(available_now=True)
     try:
         runner.await_termination()

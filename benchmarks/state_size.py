@@ -75,8 +75,9 @@ def batch_seconds(spark, batches: list[list[str]], directory: Path) -> list[floa
     for number, keys in enumerate(batches):
         record_files(directory / "input", [{"k": key} for key in keys], KEYED, first_file=number)
     source = fissure.FileSource(str(directory / "input"), format="json", schema=KEYED, max_files_per_trigger=1)
-    runner = fissure.Runner(pipeline(), source, fissure.NoopSink(), plan="sequential", spark=spark,
-                            checkpoint=str(directory / "checkpoint"), progress=False, profile=None)
+    runner = fissure.Runner(pipeline(), source, fissure.NoopSink(), plan="sequential",
+                            checkpoint=str(directory / "checkpoint"),
+                            config=fissure.RunnerConfig(spark=spark, progress="off", profiling=None))
     runner.start(available_now=True)
     try:
         runner.await_termination()

@@ -111,22 +111,19 @@ DRIVER = textwrap.dedent("""
         graph = Pipeline("wordcount").map("norm", norm).partitioned("count", count, key="word", schema=COUNTED)
         sinks = FileSink(sink + "/counts")
         source = FileSource(inputs, format="json", schema={"word": str, "i": int}, max_files_per_trigger=1)
-    config = fissure.RunnerConfig(master="local[2]", query_restart_window_s=1.0 if fault else 600.0)
-    common = dict(checkpoint=checkpoint, spark=spark, config=config, available_now=not follow, progress=False)
-    if letters:
-        common["dead_letters"] = FileSink(sink + "/dead")
+    config = fissure.RunnerConfig(master="local[2]", query_restart_window_s=1.0 if fault else 600.0, spark=spark,
+                                  available_now=not follow, progress="off",
+                                  dead_letters=FileSink(sink + "/dead") if letters else None)
     if plan_name == "adaptive":
+        from dataclasses import replace
         from fissure.spark.adaptive.loop import run_adaptive_on_spark
         from fissure.plan.plans import plan_from_json
         hands_off = AdaptiveConfig(profile_batches=2, profile_s=1e9, evaluation_s=1e9, min_operator_samples=1)
-        run_adaptive_on_spark(graph, source, sinks, plan=SEQUENTIAL, adaptive_config=hands_off,
-                              injections={1: plan_from_json(REPLICATED)}, **common)
+        run_adaptive_on_spark(graph, source, sinks, plan=SEQUENTIAL, checkpoint=checkpoint,
+                              config=replace(config, adaptation=hands_off), injections={1: plan_from_json(REPLICATED)})
     else:
-        from dataclasses import replace
         plan = {"sequential": SEQUENTIAL, "replicated": REPLICATED}.get(plan_name, plan_name)
-        settings = {name: common[name] for name in ("available_now", "dead_letters", "spark") if name in common}
-        fissure.run(graph, source, sinks, plan=plan, checkpoint=checkpoint,
-                    config=replace(config, progress="off", **settings))
+        fissure.run(graph, source, sinks, plan=plan, checkpoint=checkpoint, config=config)
     print("done", flush=True)
 """)
 

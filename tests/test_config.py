@@ -96,6 +96,30 @@ def test_fissure_run_is_a_small_surface_that_says_where_a_moved_argument_went():
         fissure.run(program, None, None, chekpoint="ckpt")
 
 
+# The run's what and where, as fissure.run takes them beside its config: no RunnerConfig field.
+RUN_ARGUMENTS = ("program", "pipeline", "source", "sink", "plan", "checkpoint", "config")
+
+
+@pytest.mark.parametrize("entry", ["fissure.spark.query.runner:Runner",
+                                   "fissure.spark.adaptive.loop:run_adaptive_on_spark"])
+def test_the_lower_entry_points_take_every_setting_from_the_config_alone(entry):
+    """Before: Runner and run_adaptive_on_spark took `progress`, `profile`, `boundaries`, `timeout_s`, ...
+    beside `config`, and fissure.run passed both; a setting had two homes that could disagree."""
+    import dataclasses
+    import importlib
+
+    module, name = entry.split(":")
+    function = getattr(importlib.import_module(module), name)
+    parameters = inspect.signature(function).parameters
+    settings = {item.name for item in dataclasses.fields(RunnerConfig)}
+    assert not settings & set(parameters), f"{name} takes RunnerConfig fields as arguments: {settings & set(parameters)}"
+    assert not {"profile", "adaptive_config", "profile_pieces", "progress"} & set(parameters)  # renamed settings
+    assert "config" in parameters
+    doc = inspect.getdoc(function)
+    for other in set(parameters) - set(RUN_ARGUMENTS):  # each says why it is not a setting
+        assert f"`{other}`: not a setting" in doc, (name, other)
+
+
 def _cli_args(*extra: str):
     return build_parser().parse_args(["run", "app.py:build", "--source", "in", *extra])
 

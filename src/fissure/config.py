@@ -82,6 +82,9 @@ class RunnerConfig:
     query_restarts: int = 3
     query_restart_window_s: float = 600.0
     app_name: str = "fissure"
+    # The streaming query's name in Spark (its web UI, `spark.streams`); None: unnamed. Spark lets
+    # one active query in a session hold a name: a second one under it fails to start.
+    query_name: str | None = None
     # Time between micro-batch starts; 0 starts the next batch as soon as the last one ends.
     trigger_interval_s: float = 0.0
     # Micro-batch size of a file source given none (FileSource's max_*_per_trigger; fissure run's

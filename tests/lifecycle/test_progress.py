@@ -7,7 +7,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from fissure.lifecycle.progress import ProgressForm, ProgressPolicy, ProgressState, progress_form, requested_mode
+from fissure.lifecycle.progress import ProgressForm, ProgressPolicy, ProgressState, progress_form
 from fissure.lifecycle.progress_output import ProgressOutput
 
 
@@ -35,15 +35,6 @@ def state(batch_id, records=0, plan="[a,b]", **fields):
     ("live", False, ProgressForm.LIVE), ("lines", True, ProgressForm.LINES), ("off", True, ProgressForm.OFF)])
 def test_the_form_follows_the_mode_and_whether_the_output_is_a_terminal(mode, terminal, form):
     assert progress_form(mode, terminal) is form
-
-
-def test_a_runs_progress_argument_resolves_against_the_configured_mode():
-    assert requested_mode(None, "lines") == "lines"
-    assert requested_mode(False, "auto") == "off"
-    assert requested_mode(True, "lines") == "lines" and requested_mode(True, "off") == "auto"
-    assert requested_mode("live", "auto") == "live"
-    with pytest.raises(ValueError, match="progress must be one of auto, live, lines, off"):
-        requested_mode("fancy", "auto")
 
 
 def test_lines_come_at_the_first_batch_each_plan_change_the_interval_and_the_end():

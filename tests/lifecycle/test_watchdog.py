@@ -97,7 +97,7 @@ def test_files_left_counts_what_no_committed_batch_read():
 class StalledRunner:
     """A Runner whose query never ends within the timeout."""
 
-    def __init__(self, program, source, sink, *, checkpoint, spark, **options) -> None:
+    def __init__(self, program, source, sink, *, checkpoint, config, **options) -> None:
         self.sources, self.checkpoint, self.spark = {"logs": source}, checkpoint, None
 
     def start(self, available_now=False):

@@ -163,7 +163,8 @@ def _measure_experiment(spark, stage_log, experiment: Experiment, sizes, work: P
 
     pipeline, plan = experiment.build()
     source = _files(work / experiment.label, sizes)
-    runner = fissure.Runner(pipeline, source, fissure.NoopSink(), plan=plan, spark=spark, progress=False)
+    runner = fissure.Runner(pipeline, source, fissure.NoopSink(), plan=plan,
+                            config=fissure.RunnerConfig(spark=spark, progress="off"))
     runner.start(available_now=True)
     try:
         runner.await_termination()

@@ -44,18 +44,6 @@ def check_progress_mode(mode: str) -> str:
     return mode
 
 
-def requested_mode(progress: bool | str | None, configured: str) -> str:
-    """The mode a run's `progress=` argument asks for: None, the configured one; False, "off";
-    True, the configured one unless that is "off" ("auto" then); a mode by name, that mode."""
-    if progress is None:
-        return check_progress_mode(configured)
-    if progress is False:
-        return "off"
-    if progress is True:
-        return "auto" if configured == "off" else check_progress_mode(configured)
-    return check_progress_mode(progress)
-
-
 def progress_form(mode: str, is_terminal: bool) -> ProgressForm:
     """The form `mode` takes on an output that is (or is not) a terminal."""
     if check_progress_mode(mode) == "auto":

@@ -19,6 +19,7 @@ import difflib
 import shutil
 import tempfile
 import time
+from dataclasses import replace
 
 from fissure.config import RunnerConfig
 from fissure.model.types import Plan
@@ -73,12 +74,7 @@ def run(program: Pipeline | StreamGraph, source=None, sink=None, *, plan: object
     graph = as_graph(program)  # the one model of the program every part of the run takes
     if config.replanning == "adaptive":
         with noted_failures():
-            return run_adaptive_on_spark(graph, source, sink, plan=plan, checkpoint=checkpoint, spark=config.spark,
-                                         dead_letters=config.dead_letters, estimates=config.estimates,
-                                         config=config, available_now=config.available_now,
-                                         timeout_s=config.timeout_s, max_batches=config.max_batches,
-                                         profile=config.profiling, profile_log=config.profile_log,
-                                         adaptive_config=config.adaptation, run_dir=config.run_dir)
+            return run_adaptive_on_spark(graph, source, sink, plan=plan, checkpoint=checkpoint, config=config)
     owned_checkpoint = checkpoint is None
     checkpoint = checkpoint or tempfile.mkdtemp(prefix="fissure-checkpoint-")
     lock = None
@@ -133,15 +129,13 @@ def _run_to_end(graph: StreamGraph, source, sink, *, plan: Plan, checkpoint: str
     `config.restart_policy()` allows. `config.timeout_s` counts from the first start, restarts included."""
     limit = BatchLimit(config.max_batches) if config.max_batches is not None else None
     available_now, timeout_s = config.available_now, config.timeout_s
-    autopipeline = config.replanning == "autopipeline"
     restarts = QueryRestarts(config.restart_policy(), checkpoint, clock, lock)
     deadline = None if timeout_s is None else clock() + timeout_s
+    config = replace(config, spark=spark)  # the session fissure.run created, for every query of the run
     while True:
-        runner = Runner(graph, source, sink, plan=plan, checkpoint=checkpoint, spark=spark,
-                        dead_letters=config.dead_letters, estimates=config.estimates, config=config,
-                        profile=config.profiling, profile_log=config.profile_log, boundaries=config.boundaries,
-                        state_partitions=config.state_partitions, profile_pieces=autopipeline, lock=lock)
-        loop = GraphAutopipeliner(runner, config.autopipelining).attach() if autopipeline else None
+        runner = Runner(graph, source, sink, plan=plan, checkpoint=checkpoint, config=config, lock=lock)
+        autopipelined = config.replanning == "autopipeline"
+        loop = GraphAutopipeliner(runner, config.autopipelining).attach() if autopipelined else None
         if limit is not None:
             runner.wrap_batch = limit.wrap
         try:

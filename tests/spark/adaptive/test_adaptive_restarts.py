@@ -178,9 +178,9 @@ def test_a_bounded_adaptive_run_ended_by_its_timeout_with_input_left_raises_run_
     pipeline = Pipeline("p").map("a", lambda record: record).map("b", lambda record: record)
     with pytest.raises(RunTimedOut) as raised:
         adaptive.run_adaptive_on_spark(pipeline, FileSource(str(logs), format="json", schema={"a": int}), None,
-                                       spark=object(), checkpoint=str(tmp_path / "ckpt"), available_now=True,
-                                       timeout_s=30, progress=False, run_dir=str(tmp_path / "run"),
-                                       clock=FakeClock())
+                                       checkpoint=str(tmp_path / "ckpt"), clock=FakeClock(),
+                                       config=RunnerConfig(spark=object(), available_now=True, timeout_s=30,
+                                                           progress="off", run_dir=str(tmp_path / "run")))
     assert str(raised.value).startswith("the run's timeout (30 s) ended it with input left: logs"), raised.value
     assert raised.value.left.files == 1 and raised.value.report.batches == 0
 
@@ -221,8 +221,8 @@ def run_to_the_end_of_input(monkeypatch, tmp_path, script, finish_errors):
     pipeline = Pipeline("p").map("a", lambda record: record).map("b", lambda record: record)
     (tmp_path / "logs").mkdir()
     source = FileSource(str(tmp_path / "logs"), format="json", schema={"a": int})
-    return adaptive.run_adaptive_on_spark(pipeline, source, None, spark=object(), checkpoint=str(tmp_path / "ckpt"),
-                                          available_now=True, progress=False, run_dir=str(tmp_path / "run"),
+    config = RunnerConfig(spark=object(), available_now=True, progress="off", run_dir=str(tmp_path / "run"))
+    return adaptive.run_adaptive_on_spark(pipeline, source, None, checkpoint=str(tmp_path / "ckpt"), config=config,
                                           clock=FakeClock())
 
 

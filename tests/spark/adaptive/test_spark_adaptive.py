@@ -38,6 +38,11 @@ FILES, PER_FILE, USERS = 5, 12, 3  # one file a batch; the forced switches come 
 HANDS_OFF = AdaptiveConfig(profile_batches=2, profile_s=1e9, evaluation_s=1e9, min_operator_samples=1)
 
 
+def hands_off(spark, tmp_path) -> RunnerConfig:
+    """The run's settings for a loop that only switches where a test injects a plan."""
+    return RunnerConfig(spark=spark, adaptation=HANDS_OFF, run_dir=str(tmp_path / "run"), progress="off")
+
+
 def events(files=FILES):
     return [{"user": f"u{i % USERS}", "i": i} for i in range(files * PER_FILE)]
 
@@ -109,9 +114,8 @@ def test_switch_to_replicas_of_a_stateless_region_is_exactly_once(spark, tmp_pat
     replicated = plan(([["scale", "not_seven"]], 2))
     sink, decisions = MemorySink(), []
     report = run_adaptive_on_spark(
-        pipeline, source(tmp_path), sink, spark=spark, checkpoint=str(tmp_path / "ckpt"),
-        run_dir=str(tmp_path / "run"), adaptive_config=HANDS_OFF, injections={2: replicated}, progress=False,
-        on_decision=lambda decision, entry: decisions.append(decision))
+        pipeline, source(tmp_path), sink, checkpoint=str(tmp_path / "ckpt"), config=hands_off(spark, tmp_path),
+        injections={2: replicated}, on_decision=lambda decision, entry: decisions.append(decision))
 
     expected = [scale(record) for record in events() if not_seven(scale(record))]
     assert canonical(sink.records()) == canonical(expected)
@@ -148,9 +152,8 @@ def test_a_graph_with_a_fan_out_switches_plans_exactly_once(spark, tmp_path, tar
     assert graph.names == ("scale", "not_seven", "count")
     counts, kept = MemorySink(), MemorySink()
     report = run_adaptive_on_spark(
-        graph, {"events": source(tmp_path)}, {"counts": counts, "kept": kept}, spark=spark,
-        checkpoint=str(tmp_path / "ckpt"), run_dir=str(tmp_path / "run"), adaptive_config=HANDS_OFF,
-        injections={2: target}, progress=False)
+        graph, {"events": source(tmp_path)}, {"counts": counts, "kept": kept}, checkpoint=str(tmp_path / "ckpt"),
+        config=hands_off(spark, tmp_path), injections={2: target})
 
     assert [(switch.applied_as, switch.error) for switch in report.switches] == [(applied_as, None)]
     assert report.queries == queries and plan_fingerprint(report.plan) == plan_fingerprint(canonical_plan(target))
@@ -218,8 +221,8 @@ def test_in_pe_cut_switch_applies_between_batches_without_restart(spark, tmp_pat
     batches = {}
     sink = ForeachBatchSink(lambda frame, batch_id: batches.__setitem__(batch_id, frame.collect()))
     report = run_adaptive_on_spark(
-        pipeline, source(tmp_path), sink, plan=fused, spark=spark, checkpoint=str(tmp_path / "ckpt"),
-        run_dir=str(tmp_path / "run"), adaptive_config=HANDS_OFF, injections={2: cut}, progress=False)
+        pipeline, source(tmp_path), sink, plan=fused, checkpoint=str(tmp_path / "ckpt"),
+        config=hands_off(spark, tmp_path), injections={2: cut})
 
     [switch] = report.switches
     assert (switch.requested_kind, switch.applied_as, switch.error) == ("in-pe", "in-pe", None)
@@ -241,9 +244,9 @@ def test_failed_state_repartition_keeps_the_old_plan_and_the_loop_running(spark,
 
     sink, decisions = MemorySink(), []
     report = run_adaptive_on_spark(
-        keyed_pipeline(), source(tmp_path), sink, spark=spark, checkpoint=str(tmp_path / "ckpt"),
-        run_dir=str(tmp_path / "run"), adaptive_config=HANDS_OFF, injections={2: KEYED_X2}, progress=False,
-        repartition=broken_repartitioner, on_decision=lambda decision, entry: decisions.append(decision))
+        keyed_pipeline(), source(tmp_path), sink, checkpoint=str(tmp_path / "ckpt"),
+        config=hands_off(spark, tmp_path), injections={2: KEYED_X2}, repartition=broken_repartitioner,
+        on_decision=lambda decision, entry: decisions.append(decision))
 
     [switch] = report.switches
     assert "injected repartition failure" in switch.error and switch.applied_as == "restart-with-state"

@@ -89,6 +89,10 @@ def assert_counted_once(rows, total):
         assert {k: sorted(v) for k, v in seen.items()} == {k: list(range(1, len(v) + 1)) for k, v in seen.items()}
 
 
+def quiet(spark) -> fissure.RunnerConfig:
+    return fissure.RunnerConfig(spark=spark, progress="off")
+
+
 def run(program, tmp_path, spark, first, last, plan="sequential"):
     fissure.run(program, write_events(tmp_path, first, last), FileSink(str(tmp_path / "out")), plan=plan,
                 checkpoint=str(tmp_path / "ckpt"), config=fissure.RunnerConfig(spark=spark, progress="off"))
@@ -102,11 +106,11 @@ def sink_rows(spark, tmp_path):
 def test_a_second_runner_on_a_running_checkpoint_is_refused_naming_the_first(spark, tmp_path):
     source = write_events(tmp_path, 0, 20)
     checkpoint = str(tmp_path / "ckpt")
-    first = Runner(counts(), source, MemorySink(), checkpoint=checkpoint, spark=spark, progress=False)
+    first = Runner(counts(), source, MemorySink(), checkpoint=checkpoint, config=quiet(spark))
     first.start()  # runs until stopped
     try:
         first.process_all_available()
-        second = Runner(counts(), source, MemorySink(), checkpoint=checkpoint, spark=spark, progress=False)
+        second = Runner(counts(), source, MemorySink(), checkpoint=checkpoint, config=quiet(spark))
         with pytest.raises(CheckpointLocked) as refused:
             second.start()
         message = str(refused.value)
@@ -116,7 +120,7 @@ def test_a_second_runner_on_a_running_checkpoint_is_refused_naming_the_first(spa
         assert second.query is None and first.query.isActive
     finally:
         first.stop()
-    again = Runner(counts(), source, MemorySink(), checkpoint=checkpoint, spark=spark, progress=False)
+    again = Runner(counts(), source, MemorySink(), checkpoint=checkpoint, config=quiet(spark))
     again.start(available_now=True)
     again.await_termination()
     again.stop()
@@ -155,7 +159,7 @@ def test_a_failed_start_keeps_a_checkpoint_another_writer_filled_meanwhile(spark
         shutil.copytree(done, checkpoint, dirs_exist_ok=True, ignore=shutil.ignore_patterns("lock"))
         raise RuntimeError("the source cannot be opened")
 
-    runner = Runner(counts(), meanwhile, MemorySink(), checkpoint=str(checkpoint), spark=spark, progress=False)
+    runner = Runner(counts(), meanwhile, MemorySink(), checkpoint=str(checkpoint), config=quiet(spark))
     with pytest.raises(RuntimeError, match="cannot be opened"):
         runner.start()
     status = checkpoint_status(spark, str(checkpoint))

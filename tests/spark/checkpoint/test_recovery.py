@@ -126,16 +126,16 @@ def test_a_start_that_fails_removes_the_checkpoint_directory_it_created(spark, t
     other = spark.readStream.format("rate").load().writeStream.format("memory").queryName("taken").start()
     try:
         checkpoint = tmp_path / "ckpt"
-        runner = Runner(word_count(), source, MemorySink(), checkpoint=str(checkpoint), spark=spark, progress=False,
-                        query_name="taken")
+        runner = Runner(word_count(), source, MemorySink(), checkpoint=str(checkpoint),
+                        config=fissure.RunnerConfig(spark=spark, progress="off", query_name="taken"))
         with pytest.raises(Exception, match="already active"):
             runner.start()
         assert not checkpoint.exists()
         checkpoint.mkdir()
         (checkpoint / "keep").write_text("mine")
         with pytest.raises(Exception, match="already active"):
-            Runner(word_count(), source, MemorySink(), checkpoint=str(checkpoint), spark=spark, progress=False,
-                   query_name="taken").start()
+            Runner(word_count(), source, MemorySink(), checkpoint=str(checkpoint),
+                   config=fissure.RunnerConfig(spark=spark, progress="off", query_name="taken")).start()
         assert (checkpoint / "keep").read_text() == "mine"
     finally:
         other.stop()
@@ -143,7 +143,7 @@ def test_a_start_that_fails_removes_the_checkpoint_directory_it_created(spark, t
     def broken_source(session):
         raise RuntimeError("the source cannot be opened")
 
-    runner = Runner(word_count(), broken_source, MemorySink(), spark=spark, progress=False)
+    runner = Runner(word_count(), broken_source, MemorySink(), config=fissure.RunnerConfig(spark=spark, progress="off"))
     assert os.path.isdir(runner.checkpoint)  # a temporary checkpoint of its own
     with pytest.raises(RuntimeError, match="cannot be opened"):
         runner.start()

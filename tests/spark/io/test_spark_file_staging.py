@@ -63,8 +63,9 @@ def test_a_file_written_in_place_while_the_stream_runs_is_read_once_whole(spark,
     source_dir = tmp_path / "in"
     source_dir.mkdir()
     sink = MemorySink()
-    runner = fissure.Runner(program(), FileSource(str(source_dir), settle_s=2.0), sink, spark=spark,
-                            checkpoint=str(tmp_path / "ckpt"), progress=False, profile=None)
+    runner = fissure.Runner(program(), FileSource(str(source_dir), settle_s=2.0), sink,
+                            checkpoint=str(tmp_path / "ckpt"),
+                            config=fissure.RunnerConfig(spark=spark, progress="off", profiling=None))
     runner.start(available_now=False)
     try:
         growing = source_dir / "a.txt"

@@ -107,8 +107,8 @@ def test_rate_source_through_keyed_state_keeps_counts_and_timestamps(spark, tmp_
     pipeline = (Pipeline("rate").map("stamp", stamp, schema=STAMPED, reads=["value", "timestamp"])
                 .partitioned("count", count_per_key, key="key", order_by="value", schema={**STAMPED, "n": int}))
     sink = MemorySink()
-    runner = fissure.Runner(pipeline, RateSource(rows_per_second=20), sink, spark=spark,
-                            checkpoint=str(tmp_path / "ckpt"), progress=False)
+    runner = fissure.Runner(pipeline, RateSource(rows_per_second=20), sink,
+                            checkpoint=str(tmp_path / "ckpt"), config=fissure.RunnerConfig(spark=spark, progress="off"))
     runner.start()
     deadline = time.monotonic() + 90
     try:
@@ -163,8 +163,9 @@ def test_socket_source_reads_lines_from_a_tcp_server(spark, tmp_path):
     pipeline = Pipeline("socket").map("parse", parse_text, schema=SCHEMA, reads=["value"])
     sink = MemorySink()
     with LineServer(lines) as server:
-        runner = fissure.Runner(pipeline, SocketSource("127.0.0.1", server.port), sink, spark=spark,
-                                checkpoint=str(tmp_path / "ckpt"), progress=False)
+        runner = fissure.Runner(pipeline, SocketSource("127.0.0.1", server.port), sink,
+                                checkpoint=str(tmp_path / "ckpt"),
+                                config=fissure.RunnerConfig(spark=spark, progress="off"))
         runner.start()
         deadline = time.monotonic() + 60
         try:

@@ -157,7 +157,8 @@ def test_a_listener_reads_operator_statistics_and_the_plan_from_progress_events(
 def test_last_progress_carries_the_last_batchs_statistics_and_plan(spark, tmp_path, make, replicas):
     program = make()
     plan = plan_of(program, replicas)
-    runner = Runner(program, source(tmp_path), sinks_of(program), plan=plan, spark=spark, progress=False)
+    runner = Runner(program, source(tmp_path), sinks_of(program), plan=plan,
+                    config=fissure.RunnerConfig(spark=spark, progress="off"))
     runner.start(available_now=True)
     try:
         runner.await_termination(300)
@@ -178,7 +179,8 @@ def test_last_progress_carries_the_last_batchs_statistics_and_plan(spark, tmp_pa
 
 def test_without_profiling_the_plan_is_still_published(spark, tmp_path):
     program = chain()
-    runner = Runner(program, source(tmp_path), MemorySink(), spark=spark, progress=False, profile=None)
+    runner = Runner(program, source(tmp_path), MemorySink(),
+                    config=fissure.RunnerConfig(spark=spark, progress="off", profiling=None))
     runner.start(available_now=True)
     try:
         runner.await_termination(300)
@@ -199,9 +201,10 @@ def test_an_adaptive_decision_and_the_plan_it_puts_in_force_reach_the_listener(s
     spark.streams.addListener(listener)
     try:
         report = run_adaptive_on_spark(
-            program, source(tmp_path), MemorySink(), spark=spark, checkpoint=str(tmp_path / "ckpt"),
-            run_dir=str(tmp_path / "run"), adaptive_config=hands_off, injections={1: replicated}, progress=False,
-            on_decision=lambda decision, entry: decisions.append(decision))
+            program, source(tmp_path), MemorySink(), checkpoint=str(tmp_path / "ckpt"),
+            config=fissure.RunnerConfig(spark=spark, run_dir=str(tmp_path / "run"), adaptation=hands_off,
+                                        progress="off"),
+            injections={1: replicated}, on_decision=lambda decision, entry: decisions.append(decision))
         wait_for(listener, report.batches)
     finally:
         spark.streams.removeListener(listener)

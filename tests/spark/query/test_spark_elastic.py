@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pyarrow as pa
 import pytest
@@ -55,8 +55,9 @@ def run(spark, tmp_path, name: str, declare: bool, config: RunnerConfig):
     records = [{"user": f"u{i % 5}", "i": i} for i in range(750)]
     source = record_files(tmp_path / name / "in", records, EVENTS, records_per_file=250, max_files_per_trigger=1)
     sink = MemorySink()
-    runner = fissure.Runner(pipeline(declare), source, sink, plan="sequential", spark=spark, config=config,
-                            checkpoint=str(tmp_path / name / "ckpt"), progress=False)
+    runner = fissure.Runner(pipeline(declare), source, sink, plan="sequential",
+                            config=replace(config, spark=spark, progress="off"),
+                            checkpoint=str(tmp_path / name / "ckpt"))
     runner.start(available_now=True)
     runner.await_termination(120)
     report = runner.stop()

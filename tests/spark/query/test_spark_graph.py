@@ -124,7 +124,7 @@ def test_a_plan_replicates_stateless_and_keyed_stages_of_a_graph(spark, tmp_path
     plan = Plan(regions=(RegionPlan((("parsed", "big"), ("small", "checked", "both")), replicas=2),
                          RegionPlan((("per_host", "enrich"),), replicas=2)))
     sinks = {name: MemorySink() for name in ("all", "counts", "enriched")}
-    runner = Runner(graph, sources(tmp_path), sinks, spark=spark, plan=plan)
+    runner = Runner(graph, sources(tmp_path), sinks, config=fissure.RunnerConfig(spark=spark), plan=plan)
     assert runner.boundaries == ("small",) and runner.state_partitions == 2
     runner.start(available_now=True)
     try:
@@ -196,8 +196,10 @@ def test_sinks_named_like_the_operators_that_feed_them(spark, tmp_path):
 def test_binding_and_boundary_errors_name_the_fix(spark, tmp_path):
     graph = build_graph()
     with pytest.raises(PipelineError, match="missing enriched"):
-        Runner(graph, sources(tmp_path), {"all": MemorySink(), "counts": MemorySink()}, spark=spark)
-    runner = Runner(graph, sources(tmp_path), {name: MemorySink() for name in graph.sinks}, spark=spark)
+        Runner(graph, sources(tmp_path), {"all": MemorySink(), "counts": MemorySink()},
+               config=fissure.RunnerConfig(spark=spark))
+    runner = Runner(graph, sources(tmp_path), {name: MemorySink() for name in graph.sinks},
+                    config=fissure.RunnerConfig(spark=spark))
     with pytest.raises(PipelineError, match="per_host name no stateless operator"):
         runner.set_boundaries(["big", "per_host"])
     with pytest.raises(PipelineError, match="'nowhere' name no stateless operator"):
@@ -208,7 +210,9 @@ def test_binding_and_boundary_errors_name_the_fix(spark, tmp_path):
 @pytest.mark.slow
 def test_boundaries_change_live_and_pieces_are_profiled(spark, tmp_path):
     sinks = {name: MemorySink() for name in ("all", "counts", "enriched")}
-    runner = Runner(build_graph(), sources(tmp_path), sinks, spark=spark, profile_pieces=True)
+    # An autopipelining run's runner counts node by node (no loop attached here: the test moves the boundaries).
+    runner = Runner(build_graph(), sources(tmp_path), sinks,
+                    config=fissure.RunnerConfig(spark=spark, replanning="autopipeline"))
     runner.listeners.on_batch.append(lambda batch: runner.set_boundaries(["big"]) if batch.batch_id == 0 else None)
     runner.start(available_now=True)
     try:

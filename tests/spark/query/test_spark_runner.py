@@ -64,8 +64,9 @@ def run_chain(spark, tmp_path, plan, count=40, files=4):
     source = record_files(tmp_path / "in", events(count), EVENTS, records_per_file=count // files,
                           max_files_per_trigger=1)
     sink = MemorySink()
-    runner = fissure.Runner(chain(), source, sink, plan=plan, spark=spark, checkpoint=str(tmp_path / "ckpt"),
-                            dead_letters=FileSink(str(tmp_path / "dead"), format="json"), progress=False)
+    runner = fissure.Runner(chain(), source, sink, plan=plan, checkpoint=str(tmp_path / "ckpt"),
+                            config=fissure.RunnerConfig(spark=spark, progress="off",
+                                                        dead_letters=FileSink(str(tmp_path / "dead"), format="json")))
     runner.start(available_now=True)
     runner.await_termination(120)
     report = runner.stop()
@@ -115,7 +116,7 @@ def test_partitioned_region_spreads_its_stateless_prefix_and_hashes_on_the_key(s
     plan = Plan((RegionPlan((("scale", "order"),), replicas=2),))
     source = record_files(tmp_path / "in", events(30), EVENTS)
     sink = MemorySink()
-    runner = fissure.Runner(pipeline, source, sink, plan=plan, spark=spark, progress=False)
+    runner = fissure.Runner(pipeline, source, sink, plan=plan, config=fissure.RunnerConfig(spark=spark, progress="off"))
     runner.start(available_now=True)
     runner.await_termination(120)
     runner.stop()
@@ -146,9 +147,10 @@ def test_pipeline_that_does_not_fit_its_source_fails_at_start(spark, tmp_path):
     pipeline = (Pipeline("misfit").map("scale", scale)
                 .partitioned("per_host", remember_order, key="host", schema=ORDERED))
     with pytest.raises(PipelineError) as raised:
-        fissure.Runner(pipeline, source, MemorySink(), spark=spark, progress=False)
+        fissure.Runner(pipeline, source, MemorySink(), config=fissure.RunnerConfig(spark=spark, progress="off"))
     assert "'per_host'" in str(raised.value) and "'host'" in str(raised.value)
-    runner = fissure.Runner(pipeline, source.open, MemorySink(), spark=spark, progress=False)
+    runner = fissure.Runner(pipeline, source.open, MemorySink(),
+                            config=fissure.RunnerConfig(spark=spark, progress="off"))
     with pytest.raises(PipelineError) as raised:
         runner.start(available_now=True)
     assert "'per_host'" in str(raised.value) and "'host'" in str(raised.value)
@@ -157,10 +159,10 @@ def test_pipeline_that_does_not_fit_its_source_fails_at_start(spark, tmp_path):
 
 def test_plan_that_does_not_fit_the_pipeline_is_refused(spark):
     with pytest.raises(PipelineError, match="lacks total"):
-        fissure.Runner(chain(), lambda s: None, MemorySink(), spark=spark,
+        fissure.Runner(chain(), lambda s: None, MemorySink(), config=fissure.RunnerConfig(spark=spark),
                        plan={"regions": [{"replicas": 1, "pipelines": [["scale", "even", "order"]]}]})
     with pytest.raises(PipelineError, match="replicates stateful operator 'total'"):
-        fissure.Runner(chain(), lambda s: None, MemorySink(), spark=spark,
+        fissure.Runner(chain(), lambda s: None, MemorySink(), config=fissure.RunnerConfig(spark=spark),
                        plan=Plan((RegionPlan((("scale", "even", "order"),)), RegionPlan((("total",),), 2))))
 
 
@@ -231,8 +233,9 @@ def test_the_operators_run_on_a_cost_sample_once_per_checkpoint_and_say_so(spark
     store = open_store(spark, str(tmp_path / "ckpt"))
 
     def start(config=RunnerConfig()):
-        runner = fissure.Runner(Pipeline("sampled").map("marked", marked), source, MemorySink(), spark=spark,
-                                checkpoint=str(tmp_path / "ckpt"), config=config, progress=False)
+        runner = fissure.Runner(Pipeline("sampled").map("marked", marked), source, MemorySink(),
+                                checkpoint=str(tmp_path / "ckpt"),
+                                config=dataclasses.replace(config, spark=spark, progress="off"))
         _, (admission,) = runner._sized_sources(store)
         return admission
 
@@ -250,8 +253,8 @@ def test_the_operators_run_on_a_cost_sample_once_per_checkpoint_and_say_so(spark
     assert len(marks.read_text()) == calls and off.costs == "the operators' declared costs"
     store.delete("fissure", recursive=True)
     # Read once (available now), 600 lines fit in one batch whatever a sample would measure: none runs.
-    runner = fissure.Runner(Pipeline("sampled").map("marked", marked), source, MemorySink(), spark=spark,
-                            checkpoint=str(tmp_path / "ckpt"), progress=False)
+    runner = fissure.Runner(Pipeline("sampled").map("marked", marked), source, MemorySink(),
+                            checkpoint=str(tmp_path / "ckpt"), config=RunnerConfig(spark=spark, progress="off"))
     _, (once,) = runner._sized_sources(store, available_now=True)
     assert len(marks.read_text()) == calls and "separate process" not in capsys.readouterr().err
     assert once.costs.startswith("the operators' declared costs (no sample: the whole input, about 600 records")

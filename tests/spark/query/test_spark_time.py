@@ -196,9 +196,11 @@ def test_windows_survive_an_adaptive_switch_that_repartitions_their_state(spark,
     keyed_x2 = Plan((RegionPlan((("parse", "event_time", "per_key"),), replicas=2),))
     sink, dead = MemorySink(), []
     report = run_adaptive_on_spark(
-        program, TestingSource(batches=ADAPTIVE_BATCHES), sink, spark=spark, checkpoint=str(tmp_path / "ckpt"),
-        dead_letters=TestingSink(dead), run_dir=str(tmp_path / "run"), injections={2: keyed_x2}, progress=False,
-        adaptive_config=AdaptiveConfig(profile_batches=2, profile_s=1e9, evaluation_s=1e9, min_operator_samples=1))
+        program, TestingSource(batches=ADAPTIVE_BATCHES), sink, checkpoint=str(tmp_path / "ckpt"),
+        injections={2: keyed_x2},
+        config=fissure.RunnerConfig(
+            spark=spark, dead_letters=TestingSink(dead), run_dir=str(tmp_path / "run"), progress="off",
+            adaptation=AdaptiveConfig(profile_batches=2, profile_s=1e9, evaluation_s=1e9, min_operator_samples=1)))
     assert report.queries == 2 and report.switches  # the state was repartitioned to 2 partitions
     expected, late = reference_windows(ADAPTIVE_BATCHES, 10.0, 10.0, 2.0)
     assert window_rows(sink.records()) == expected

@@ -88,7 +88,8 @@ def test_every_batch_of_a_real_query_runs_the_stages_the_model_prices(spark, tmp
     source = record_files(tmp_path / "in", rows, {"k": str, "x": float}, records_per_file=30, max_files_per_trigger=1)
     pipeline = Pipeline("staged").map("m", lambda record: record).partitioned("s", count, key="k").stateful("g", count)
     plan = Plan((RegionPlan((("m",),), 1), RegionPlan((("s",),), 2), RegionPlan((("g",),), 1)))
-    runner = fissure.Runner(pipeline, source, fissure.NoopSink(), plan=plan, spark=spark, progress=False,
+    runner = fissure.Runner(pipeline, source, fissure.NoopSink(), plan=plan,
+                            config=fissure.RunnerConfig(spark=spark, progress="off"),
                             checkpoint=str(tmp_path / "checkpoint"))
     runner.start(available_now=True)
     try:

@@ -66,13 +66,14 @@ class RunnerBoundaries:
 
 
 class GraphAutopipeliner:
-    """Drives `runner` (a Runner that counts node by node: `profile_pieces=True`); see the module
-    docstring."""
+    """Drives `runner` (a Runner that counts node by node: its config's
+    `replanning="autopipeline"`); see the module docstring."""
 
     def __init__(self, runner, config: GraphAutopipelineConfig = GraphAutopipelineConfig(),
                  clock: Callable[[], float] = time.monotonic) -> None:
         if not runner.profile_pieces:
-            raise ValueError("autopipelining needs the runner's node-by-node counts: Runner(..., profile_pieces=True)")
+            raise ValueError("autopipelining needs the runner's node-by-node counts: "
+                             "Runner(..., config=RunnerConfig(replanning='autopipeline'))")
         self.runner, self.config, self.clock = runner, config, clock
         graph = runner.graph
         input_port_count = sum(1 for node in graph.nodes if node.kind not in (NodeKind.SOURCE, NodeKind.SINK))

@@ -27,19 +27,15 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 
-from pyspark.sql import SparkSession
-
-from fissure.control.adaptive.config import AdaptiveConfig, SwitchCosts
+from fissure.control.adaptive.config import SwitchCosts
 from fissure.control.adaptive.controller import AdaptiveController
 from fissure.control.adaptive.decisions import Decision
 from fissure.control.driver import Timeline, TimelineEntry, plot_timeline, run_adaptive
 from fissure.control.model_correction import Correction
 from fissure.control.plan_change import parse_fingerprint, plan_fingerprint
-from fissure.lifecycle.progress import ProgressState, requested_mode
-from fissure.program.operators import OperatorEstimate
+from fissure.lifecycle.progress import ProgressState, check_progress_mode
 from fissure.program.chain import Pipeline
 from fissure.model.types import Machine, Plan
-from fissure.profile.settings import ProfileSettings
 from fissure.spark.adaptive.observations import OperatorProfiles, SparkObservations
 from fissure.spark.adaptive.queries import QueryManager, canonical_plan
 from fissure.spark.adaptive.realizer import SparkPlanRealizer, SwitchRecord
@@ -124,31 +120,44 @@ def levels_text(levels: Mapping[str, Sequence[int]] | None) -> str:
 
 def run_adaptive_on_spark(
     pipeline: Pipeline | StreamGraph, source: SourceLike, sink, *, plan: object = "sequential", checkpoint: str | None = None,
-    spark: SparkSession | None = None, dead_letters=None, estimates: Mapping[str, OperatorEstimate] | None = None,
-    config: RunnerConfig = RunnerConfig(), available_now: bool = True, timeout_s: float | None = None,
-    max_batches: int | None = None, progress: bool | str | None = None,
-    profile: ProfileSettings | None = ProfileSettings(), profile_log: str | None = None,
-    adaptive_config: AdaptiveConfig | None = None,
-    switch_costs: SwitchCosts | None = None, run_dir: str | None = None, injections: Mapping[int, object] | None = None,
-    repartition: Repartitioner = spark_repartitioner, clock: Callable[[], float] = time.monotonic,
-    on_decision: Callable[[Decision, TimelineEntry], None] | None = None,
+    config: RunnerConfig = RunnerConfig(), switch_costs: SwitchCosts | None = None,
+    injections: Mapping[int, object] | None = None, repartition: Repartitioner = spark_repartitioner,
+    clock: Callable[[], float] = time.monotonic, on_decision: Callable[[Decision, TimelineEntry], None] | None = None,
 ) -> AdaptiveRunReport:
     """Run `pipeline` on Spark and re-plan while it runs (see the module docstring).
 
     Starts from `plan` (as `fissure.run` takes it) and feeds every micro-batch to an
-    `AdaptiveController` (`adaptive_config`, `switch_costs`). `injections` maps a batch id to a plan
-    the loop is made to try from there (evaluated, kept or reverted like any candidate). Writes
-    `timeline.json` (every decision with its reason, and every switch with its measured cost) and
-    `timeline.png` into `run_dir` (default: a new temporary directory). `profile`, `profile_log`:
-    the runner's profiling (None: none); operators without a measured profile are planned on their
-    declared estimates. `repartition` replaces Spark's state repartitioner
-    (tests). `on_decision(decision, entry)` sees every decision as it is made. `max_batches`: the
-    run ends after that many micro-batches (the next one, held at its gate, is left for a run on
-    the checkpoint). As in a plain run (fissure.spark.run): a failure that is the machine's starts
-    the plan in force again on the checkpoint within `config.restart_policy()` (a bounded run's
-    end-of-input batch too, QueryManager.finish_input), and a bounded run (available_now=True)
-    that `timeout_s` ends with input left raises RunTimedOut.
+    `AdaptiveController`. Every setting is `config`'s (RunnerConfig), as `fissure.run` takes it:
+    the session (`spark`), `dead_letters`, `estimates`, how long the run goes (`available_now`,
+    `timeout_s`, `max_batches`: the run ends after that many micro-batches, the next one, held at
+    its gate, left for a run on the checkpoint), `progress`, `profiling` and `profile_log`
+    (operators without a measured profile are planned on their declared estimates), the loop's
+    parameters (`adaptation`) and `run_dir`, where `timeline.json` (every decision with its
+    reason, and every switch with its measured cost) and `timeline.png` go (default: a new
+    temporary directory). The loop cuts the plan's boundaries and sizes its state partitions
+    itself: a config that sets `boundaries` or `state_partitions` is refused.
+
+    The other arguments are not settings:
+    `switch_costs`: not a setting but the controller's prior, measured defaults its own switches
+    correct (SwitchCosts), given by tests that need other starting points.
+    `injections`: not a setting but a benchmark's and a test's seam: a batch id to a plan the loop
+    is made to try from there (evaluated, kept or reverted like any candidate).
+    `repartition`: not a setting but a test seam replacing Spark's state repartitioner.
+    `clock`: not a setting but the time source (a test's fake clock).
+    `on_decision`: not a setting but a callback, `on_decision(decision, entry)`, that sees every
+    decision as it is made.
+
+    As in a plain run (fissure.spark.run): a failure that is the machine's starts the plan in force
+    again on the checkpoint within `config.restart_policy()` (a bounded run's end-of-input batch
+    too, QueryManager.finish_input), and a bounded run (available_now=True) that `timeout_s` ends
+    with input left raises RunTimedOut.
     """
+    given = [name for name in ("boundaries", "state_partitions") if getattr(config, name) is not None]
+    if given:
+        raise ValueError(f"{' and '.join(given)} would be dropped: the adaptive loop cuts its plan's boundaries and "
+                         f"sizes its state partitions itself; leave {' and '.join(given)} out of the config")
+    spark, estimates = config.spark, config.estimates
+    available_now, timeout_s = config.available_now, config.timeout_s
     check_before_spark(as_graph(pipeline), bind_sources(as_graph(pipeline), source),
                        default_file_system(spark, config.master, config.spark_conf))
     origin = clock()
@@ -160,27 +169,27 @@ def run_adaptive_on_spark(
     cores = default_parallelism(session)
     initial = canonical_plan(resolve_plan(plan, pipeline, cores, estimates))
     chain = pipeline.operator_stats(estimates)
-    settings = adaptive_config or AdaptiveConfig()
+    settings = config.adaptation
     search = SparkModelSearch(method=settings.planning_method, max_threads=settings.max_threads)
-    controller = AdaptiveController(chain, Machine(cores=cores), initial, adaptive_config, switch_costs, search)
+    controller = AdaptiveController(chain, Machine(cores=cores), initial, settings, switch_costs, search)
     owned_checkpoint = checkpoint is None
     checkpoint = checkpoint or tempfile.mkdtemp(prefix="fissure-checkpoint-")
-    run_dir = run_dir or tempfile.mkdtemp(prefix="fissure-run-")
+    run_dir = config.run_dir or tempfile.mkdtemp(prefix="fissure-run-")
     os.makedirs(run_dir, exist_ok=True)
     # One lock for every query of the run: a switch's restart re-uses it (fissure.spark.checkpoint.lock).
     lock = CheckpointLock.acquire(open_store(session, checkpoint), pipeline.name, spark=session,
                                   lease_s=config.checkpoint_lease_s)
-    runner_options = {"profile": profile, "profile_log": profile_log, "lock": lock}
-    queries = QueryManager(pipeline, source, sink, spark=session, checkpoint=checkpoint, dead_letters=dead_letters,
-                           config=config, available_now=available_now, clock=run_clock, runner_options=runner_options)
+    queries = QueryManager(pipeline, source, sink, spark=session, checkpoint=checkpoint,
+                           dead_letters=config.dead_letters, config=config, available_now=available_now,
+                           clock=run_clock, runner_options={"lock": lock})
     realizer = SparkPlanRealizer(queries, repartition=repartition, clock=run_clock)
     started = run_clock()
     observations = SparkObservations(
-        queries, OperatorProfiles(chain, profile), cores=cores,
+        queries, OperatorProfiles(chain, config.profiling), cores=cores,
         offered_rate_per_s=float(source.rows_per_second) if isinstance(source, RateSource) else None,
-        deadline_s=None if timeout_s is None else started + timeout_s, max_batches=max_batches,
+        deadline_s=None if timeout_s is None else started + timeout_s, max_batches=config.max_batches,
         search=search, clock=run_clock)
-    progress_output = ProgressOutput(requested_mode(progress, config.progress),
+    progress_output = ProgressOutput(check_progress_mode(config.progress),
                                      interval_s=config.progress_lines_interval_s, clock=clock)
     decision_progress = DecisionProgress(queries, observations, progress_output, pipeline)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from pyspark.sql import SparkSession
 
@@ -166,8 +166,9 @@ class QueryManager:
 
     def _new_query(self, plan: Plan) -> PreparedQuery:
         plan = canonical_plan(plan)
-        runner = Runner(self.pipeline, self.source, self.sink, plan=plan, checkpoint=self.checkpoint,
-                        spark=self.spark, dead_letters=self.dead_letters, config=self.config, progress=False,
+        # The loop shows the run's progress (DecisionProgress), not each query.
+        config = replace(self.config, spark=self.spark, dead_letters=self.dead_letters, progress="off")
+        runner = Runner(self.pipeline, self.source, self.sink, plan=plan, checkpoint=self.checkpoint, config=config,
                         **self.runner_options)
         runner.dead_letter_log = self.dead_letter_log  # one count over the run's queries
         runner.batch_log = self.batch_log

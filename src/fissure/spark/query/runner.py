@@ -3,7 +3,8 @@ profile, the waiting operators' threads) and stops it. `fissure.run` (fissure.sp
 one call that runs any program to its end.
 
     runner = Runner(pipeline, FileSource("logs/"), FileSink("out/"), plan="planner", checkpoint="ckpt/")
-    runner = Runner(graph, {"lines": FileSource("logs/")}, {"alerts": FileSink("out/alerts")}, plan="planner")
+    runner = Runner(graph, {"lines": FileSource("logs/")}, {"alerts": FileSink("out/alerts")}, plan="planner",
+                    config=RunnerConfig(spark=spark, progress="off"))
     runner.start(available_now=True); runner.await_termination(); report = runner.stop()
 
 Every program, a chain (a Pipeline) or any other graph, compiles to one query over envelopes
@@ -13,7 +14,7 @@ wrote, so with idempotent sinks (FileSink, MemorySink) every sink holds each res
 across restarts from the checkpoint.
 
 The pipeline boundaries (operators whose input port starts a new process of their PE) are the
-plan's, or `boundaries`, and change between micro-batches with `set_boundaries` (a Spark local
+plan's, or `config.boundaries`, and change between micro-batches with `set_boundaries` (a Spark local
 property the next batch's tasks read: no restart).
 
 This module holds the Runner's life (start, end of input, stop, its report); its parts are mixed
@@ -29,12 +30,11 @@ import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 
-from pyspark.sql import SparkSession
 
 from fissure.config import RunnerConfig
-from fissure.lifecycle.progress import ProgressState, requested_mode
+from fissure.lifecycle.progress import ProgressState, check_progress_mode
 from fissure.lifecycle.watchdog import Stall
 from fissure.profile.collector import ProfileCollector
 from fissure.profile.log import profile_log_path
@@ -43,7 +43,7 @@ from fissure.profile.window import BatchProfile, ProfileSummary
 from fissure.program.chain import Pipeline
 from fissure.program.fingerprint import program_fingerprint
 from fissure.program.graph import StreamGraph, as_graph
-from fissure.program.operators import OperatorEstimate, PipelineError
+from fissure.program.operators import PipelineError
 from fissure.spark.io.batch_admission import SourceAdmission
 from fissure.spark.checkpoint.files import open_store
 from fissure.spark.checkpoint.guard import StartGuard
@@ -80,57 +80,52 @@ class Runner(SourcePreparation, BatchWriting, QueryWatching):
 
     `plan`: a Plan, "sequential" (default), "planner" (the throughput model's pick from the
     operators' estimates), a JSON plan file (`fissure plan --json` output) or a dict of one.
-    `spark`: an existing session; without one fissure creates `config.master` (local[*]).
-    `dead_letters`: a sink for dead letters (e.g. FileSink); they are counted and the latest kept
-    in `runner.dead_letter_log` either way.
-    `progress`: how progress shows on stderr: None, as `config.progress` says ("auto": a live line
-    on a terminal, timestamped lines elsewhere); False, not at all; True, shown (in the form the
-    configured mode, or "auto", gives); or a mode by name (fissure.lifecycle.progress).
-    `profile`: how operators are profiled on the live stream (None: not at all); the statistics
-    are in `runner.profile_summary()`, under the progress line, and in the profile log
-    (`profile_log`, default `<checkpoint>/fissure/profile.jsonl` when a checkpoint is given) that
-    `fissure profile` reads. See docs/profiling.md.
-    `boundaries`: a graph's pipeline boundaries instead of the plan's; `state_partitions`: instead
-    of the plan's (the most replicas of a keyed region); `profile_pieces`: count a graph's PEs node
-    by node for the autopipelining loop (a chain then runs as its graph).
-    `lock`: the checkpoint's lock when the caller holds it for several queries (the adaptive loop,
-    `fissure.run`'s restarts); without one, start() takes it and stop() releases it.
-    `input_records`: the whole input, when the run reads it once (`fissure.run` with
-    available_now): the planner plans for one batch of it when that is smaller than the batch it
-    assumes (fissure.plan.plans.planner_plan).
+    `checkpoint`: where the query keeps its progress and state (None: a temporary one).
+    `config` (RunnerConfig): every setting of the run, the one home of each, as `fissure.run`
+    takes it: the session (`spark`; None: fissure creates `master`), `dead_letters`, `estimates`,
+    `progress`, `query_name`, `profiling` and `profile_log` (the statistics are in
+    `runner.profile_summary()`, under the progress line, and in the profile log, default
+    `<checkpoint>/fissure/profile.jsonl` when a checkpoint is given; docs/profiling.md),
+    `boundaries` and `state_partitions` (a graph's instead of the plan's). With
+    `replanning="autopipeline"` the runner counts a graph's PEs node by node for the
+    autopipelining loop (a chain then runs as its graph).
+
+    The other arguments are not settings:
+    `lock`: not a setting but an object the caller holds: the checkpoint's lock when it holds it
+    for several queries (the adaptive loop, `fissure.run`'s restarts); without one, start()
+    takes it and stop() releases it.
+    `input_records`: not a setting but a measured fact: the whole input, when the run reads it
+    once (`fissure.run` with available_now): the planner plans for one batch of it when that is
+    smaller than the batch it assumes (fissure.plan.plans.planner_plan).
     """
 
     # Set before start() to wrap the foreachBatch function (fissure.spark.adaptive.batch_gate's gate).
     wrap_batch: Callable[[Callable], Callable] | None = None
 
     def __init__(self, program: Pipeline | StreamGraph, source, sink, *, plan: object = "sequential",
-                 checkpoint: str | None = None, spark: SparkSession | None = None,
-                 dead_letters=None, estimates: Mapping[str, OperatorEstimate] | None = None,
-                 config: RunnerConfig = RunnerConfig(), progress: bool | str | None = None,
-                 query_name: str | None = None, profile: ProfileSettings | None = ProfileSettings(),
-                 profile_log: str | None = None, boundaries: Iterable[str] | None = None,
-                 state_partitions: int | None = None, profile_pieces: bool = False,
+                 checkpoint: str | None = None, config: RunnerConfig = RunnerConfig(),
                  lock: CheckpointLock | None = None, input_records: float | None = None) -> None:
         self.graph = as_graph(program)  # the one model of the program: what plans name, what compiles
         self.sources = bind_sources(self.graph, source)
         self.sinks = bind_sinks(self.graph, sink)
         # A missing path or field fails now, not after Spark's start.
-        check_before_spark(self.graph, self.sources, default_file_system(spark, config.master, config.spark_conf))
+        check_before_spark(self.graph, self.sources, default_file_system(config.spark, config.master, config.spark_conf))
         self.config = config
-        self.spark = spark if spark is not None else create_session(config)
-        self.estimates = estimates
-        self.plan = resolve_plan(plan, self.graph, default_parallelism(self.spark), estimates, input_records)
+        self.spark = config.spark if config.spark is not None else create_session(config)
+        self.estimates = config.estimates
+        self.plan = resolve_plan(plan, self.graph, default_parallelism(self.spark), self.estimates, input_records)
         self.admissions: tuple[SourceAdmission, ...] = ()  # batch sizes chosen at start()
         self.stagers: list[FileStager] = []  # file sources read through staging (fissure.spark.io.file_staging)
         self._staging: StagingThread | None = None
         self._staging_error: BaseException | None = None
         self.missing_files: list[str] = []
+        boundaries = config.boundaries
         if boundaries is None:
             boundaries = [node for stage in plan_graph_stages(self.graph, self.plan) for node in stage.boundaries]
         self.boundaries = tuple(sorted(set(boundaries)))
-        self.state_partitions = state_partitions or state_partitions_of(
+        self.state_partitions = config.state_partitions or state_partitions_of(
             self.graph, self.plan, max(1, config.default_state_partitions))
-        self.profile_pieces = profile_pieces  # count node by node for the autopipelining loop
+        self.profile_pieces = config.replanning == "autopipeline"  # count node by node for the autopipelining loop
         self.accumulator = None  # the run's profile accumulator (a ProfileTally), when anything is counted
         self.listeners = BatchListeners()
         self.batch_log: list[GraphBatch] = []
@@ -139,11 +134,11 @@ class Runner(SourcePreparation, BatchWriting, QueryWatching):
         self.checkpoint = checkpoint or tempfile.mkdtemp(prefix="fissure-checkpoint-")
         self.lock = lock  # the checkpoint's lock while the query runs
         self._owns_lock = lock is None
-        self.dead_letter_sink = dead_letters
+        self.dead_letter_sink = config.dead_letters
         self.dead_letter_log = DeadLetterLog(kept=config.dead_letters_kept)
-        self.progress_mode = requested_mode(progress, config.progress)
+        self.progress_mode = check_progress_mode(config.progress)
         self.progress_output = self._new_progress_output()
-        self.query_name = query_name
+        self.query_name = config.query_name
         self.query = None
         self._batch_function: DetachableBatchFunction | None = None
         self.recovery: RepartitionRecovery | None = None  # an unfinished repartition start() finished
@@ -154,8 +149,9 @@ class Runner(SourcePreparation, BatchWriting, QueryWatching):
         self._started_at = 0.0
         self._watcher: threading.Thread | None = None
         self._stop_watching = threading.Event()
+        profile = config.profiling
         self.profile_settings = profile if profile is not None and profile.enabled else None
-        self.profile_log = profile_log or (None if self._temporary_checkpoint else str(profile_log_path(self.checkpoint)))
+        self.profile_log = config.profile_log or (None if self._temporary_checkpoint else str(profile_log_path(self.checkpoint)))
         self.profiler: ProfileCollector | None = None
         self.threads: ThreadLevels | None = None  # waiting operators' thread levels (start())
         # The plan and latest decision each batch publishes in observedMetrics["fissure"].
