@@ -143,8 +143,18 @@ def children_of_this_process() -> dict[int, str]:
     return children
 
 
-def open_fd_count() -> int:
-    return len(os.listdir("/proc/self/fd"))
+def open_pipes_and_shared_memory() -> set[tuple[int, str]]:
+    """This process's open pipes and shared-memory files (what a PE opens), by fd: other threads of
+    a test process (Spark's, in a suite) open and close sockets and files meanwhile."""
+    found = set()
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{name}")
+        except OSError:
+            continue  # closed since listed
+        if target.startswith("pipe:") or target.startswith("/dev/shm"):
+            found.add((int(name), target))
+    return found
 
 
 def wait_until(condition, timeout_s: float = 10.0) -> bool:
@@ -401,15 +411,16 @@ def test_closing_an_element_during_a_call_fails_that_call_clearly():
 
 
 def test_close_leaves_no_children_no_zombies_and_no_open_fds():
-    fds_before = open_fd_count()
+    fds_before = open_pipes_and_shared_memory()
     element = ProcessingElement([[identity], [identity], [identity], [identity]])
     pids = element.child_pids
     assert set(pids) <= children_of_this_process().keys()
+    assert open_pipes_and_shared_memory() - fds_before  # the element's own, while it runs
     list(element.process(make_batches([10, 10])))
     element.close()
     assert element.forced_kill_count == 0  # they saw EOF: no stray copy of a pipe's write end
     assert set(pids).isdisjoint(children_of_this_process())
-    assert open_fd_count() == fds_before
+    assert open_pipes_and_shared_memory() - fds_before == set()
     with pytest.raises(ProcessingElementError, match="is closed"):
         list(element.process(make_batches([1])))
 
