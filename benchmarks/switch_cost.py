@@ -274,6 +274,7 @@ def main(argv: list[str] | None = None) -> int:
                 expected = str(trees[name] / "src" / "fissure" / "__init__.py")
                 if os.path.realpath(result["fissure"]) != os.path.realpath(expected):
                     raise SystemExit(f"the {name} process imported {result['fissure']}, not {expected}")
+                result["fissure"] = os.path.relpath(result["fissure"], trees[name])  # checked; no machine path kept
                 rounds[name].append(result)
                 print(f"round {round_number + 1} {name}: " + ", ".join(
                     f"{switch['applied_as']} {switch['total_s']:.2f} s" for switch in result["switches"]), flush=True)
