@@ -358,6 +358,7 @@ def test_a_stage_returning_something_else_than_batches_fails_with_a_hint():
 
 
 def test_child_killed_mid_call_fails_the_call_visibly_and_next_call_restarts():
+    others = children_of_this_process().keys()  # other elements' children, e.g. a worker's kept PEs
     with ProcessingElement([[identity], [identity], [die_on_poison]]) as element:
         victim = element.child_pids[1]
         batches = make_batches([10] * 3) + [pa.record_batch({"x": [POISON]})] + make_batches([10] * 3)
@@ -367,7 +368,7 @@ def test_child_killed_mid_call_fails_the_call_visibly_and_next_call_restarts():
         assert failure.value.pid == victim
         assert element.child_pids == ()
         assert sum(b.num_rows for b in element.process(make_batches([5]))) == 5
-        assert children_of_this_process().keys() == set(element.child_pids)
+        assert children_of_this_process().keys() - others == set(element.child_pids)
 
 
 def test_child_killed_between_calls_is_replaced_before_the_next_call():
