@@ -230,18 +230,8 @@ def main(argv: list[str] | None = None) -> int:
         rates: dict[str, dict[str, list[float]]] = {name: {} for name in trees}
         for round_number in range(args.rounds):
             for name in method.run_order(list(trees), round_number):
-                finished = subprocess.run([sys.executable, __file__, "--base", args.base, "--workloads", *workloads,
-                                           "--point", str(trees[name]), str(work / "inputs")],
-                                          capture_output=True, text=True,
-                                          # the workers Spark starts import fissure from this tree too
-                                          env={**os.environ, "PYTHONPATH": str(trees[name] / "src")})
-                if finished.returncode != 0:
-                    print(finished.stderr[-3000:], file=sys.stderr)
-                    raise SystemExit(f"the {name} revision's process failed")
-                result = json.loads(finished.stdout.strip().splitlines()[-1])
-                expected = str(trees[name] / "src" / "fissure" / "__init__.py")
-                if os.path.realpath(result["fissure"]) != os.path.realpath(expected):
-                    raise SystemExit(f"the {name} process imported {result['fissure']}, not {expected}")
+                result = method.run_in_tree([sys.executable, __file__, "--base", args.base, "--workloads", *workloads,
+                                             "--point", str(trees[name]), str(work / "inputs")], trees[name], name)
                 for key, rate in result["rates"].items():
                     rates[name].setdefault(key, []).append(rate)
                 print(f"round {round_number + 1} {name}: " + ", ".join(f"{key} {rate:,.0f}"

@@ -499,6 +499,24 @@ def measure_block(variants: dict[str, Callable[[], object]], repeats: int, *, qu
 # -- writing results ------------------------------------------------------------------------------
 
 
+def run_in_tree(command: Sequence[str], tree: Path, name: str) -> dict:
+    """Run `command` (a benchmark's own point process) with fissure imported from `tree` (a
+    revision's checkout or worktree), the workers Spark starts too; its last stdout line is its
+    JSON result. Fails unless it ran and imported fissure from `tree`; the result's "fissure" is
+    then the path inside the tree (no machine path kept)."""
+    finished = subprocess.run(list(command), capture_output=True, text=True,
+                              env={**os.environ, "PYTHONPATH": str(Path(tree) / "src")})
+    if finished.returncode != 0:
+        print(finished.stderr[-3000:], file=sys.stderr)
+        raise SystemExit(f"the {name} revision's process failed")
+    result = json.loads(finished.stdout.strip().splitlines()[-1])
+    expected = str(Path(tree) / "src" / "fissure" / "__init__.py")
+    if os.path.realpath(result["fissure"]) != os.path.realpath(expected):
+        raise SystemExit(f"the {name} process imported {result['fissure']}, not {expected}")
+    result["fissure"] = os.path.relpath(result["fissure"], tree)
+    return result
+
+
 def command_line(script: str, argv: Sequence[str] | None) -> str:
     arguments = list(sys.argv[1:] if argv is None else argv)
     return " ".join(["./dev python", f"benchmarks/{script}", *(shlex.quote(arg) for arg in arguments)])

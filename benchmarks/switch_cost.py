@@ -263,18 +263,7 @@ def main(argv: list[str] | None = None) -> int:
             for name in method.run_order(list(trees), round_number):
                 command = [sys.executable, __file__, "--cores", str(args.cores),
                            "--point", str(trees[name]), json.dumps(asdict(size))]
-                finished = subprocess.run(command + ([] if args.quick else ["--warm-up"]), capture_output=True,
-                                          text=True,
-                                          # the workers Spark starts import fissure from this tree too
-                                          env={**os.environ, "PYTHONPATH": str(trees[name] / "src")})
-                if finished.returncode != 0:
-                    print(finished.stderr[-3000:], file=sys.stderr)
-                    raise SystemExit(f"the {name} revision's process failed")
-                result = json.loads(finished.stdout.strip().splitlines()[-1])
-                expected = str(trees[name] / "src" / "fissure" / "__init__.py")
-                if os.path.realpath(result["fissure"]) != os.path.realpath(expected):
-                    raise SystemExit(f"the {name} process imported {result['fissure']}, not {expected}")
-                result["fissure"] = os.path.relpath(result["fissure"], trees[name])  # checked; no machine path kept
+                result = method.run_in_tree(command + ([] if args.quick else ["--warm-up"]), trees[name], name)
                 rounds[name].append(result)
                 print(f"round {round_number + 1} {name}: " + ", ".join(
                     f"{switch['applied_as']} {switch['total_s']:.2f} s" for switch in result["switches"]), flush=True)
