@@ -88,6 +88,17 @@ def test_python_workers_fork_from_the_daemon_that_preloads_fissure(spark):
     assert "-m fissure.spark.session.worker_daemon" in command
 
 
+@pytest.mark.spark
+def test_python_workers_start_with_the_preloaded_modules_frozen(spark):
+    def _frozen(records):  # nested: shipped by value
+        import gc
+
+        yield gc.get_freeze_count()
+
+    # the daemon froze pandas, pyarrow and fissure's worker modules: tens of thousands of objects
+    assert min(spark.sparkContext.parallelize([0, 1], 2).mapPartitions(_frozen).collect()) > 10_000
+
+
 def test_the_daemon_preloads_every_module_it_names():
     from fissure.spark.session.worker_daemon import preload
 
