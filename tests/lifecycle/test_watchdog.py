@@ -71,6 +71,21 @@ def test_a_worker_notes_the_operator_it_enters_and_leaves(tmp_path, monkeypatch)
     assert read_heartbeat("12", '{"operator": "pa') is None  # caught mid-write
 
 
+def test_heartbeats_overwrite_each_other_in_place_whatever_their_length(tmp_path, monkeypatch):
+    monkeypatch.setenv(records.HEARTBEAT_DIR_VARIABLE, str(tmp_path))
+    records.beat("x" * 400)  # longer than the padded width
+    records.beat("parse")
+    (written,) = list(tmp_path.iterdir())
+    assert read_heartbeat(written.name, written.read_text()).operator == "parse"
+    records.beat(None)
+    assert read_heartbeat(written.name, written.read_text()).operator is None
+    # a process forked from a worker (another pid) writes a file of its own
+    monkeypatch.setattr(records.os, "getpid", lambda: 424242)
+    records.beat("child")
+    assert read_heartbeat("424242", (tmp_path / "424242").read_text()).operator == "child"
+    assert read_heartbeat(written.name, written.read_text()).operator is None
+
+
 def test_a_stall_names_the_operator_and_shows_on_the_progress_line():
     stall = Stall(3, 130.0, 11.0, "enrich", 128.0, 4242, "12x the 11.0 s expected (the last batches' median)")
     assert stall.describe() == ("micro-batch 3 has run for 130 s, 12x the 11.0 s expected (the last batches' median); "
