@@ -165,3 +165,21 @@ def test_the_exchange_before_a_keyed_stage_moves_packed_rows_not_records(spark, 
                 if stage["stageId"] not in before]
     assert max(shuffled) > 0
     assert sum(shuffled) <= 64 * 4  # at most a row per bucket and task, far below the 3,000 words
+
+
+def test_a_keyed_stages_output_for_the_pe_stage_after_it_is_packed_and_read_back_in_order():
+    from fissure.runtime.operators import packing
+
+    rows = [row(seq, f"w{seq % 7}", route=1 + seq % 2, dead="op" if seq == 5 else None) for seq in range(2_500)]
+    batch = envelopes(rows)
+    packed = packing.pack_rows(batch)
+    assert packed.schema == packing.PACKED_SCHEMA and packed.num_rows == 1
+    assert [envelope for part in packing.unpacked([packed], SCHEMA) for envelope in part.to_pylist()] == rows
+    # rows beyond MAX_PACKED_ROWS go into further rows, still in order; an empty output packs to nothing
+    many = envelopes([row(seq, "w") for seq in range(MAX_PACKED_ROWS + 3)])
+    packed = packing.pack_rows(many)
+    assert packed.num_rows == 2
+    assert [r[SEQ] for part in packing.unpacked([packed], SCHEMA) for r in part.to_pylist()] == list(
+        range(MAX_PACKED_ROWS + 3))
+    assert packing.pack_rows(envelopes([])).num_rows == 0
+    assert list(packing.unpacked([packing.EMPTY_PACKED], SCHEMA)) == []

@@ -128,6 +128,27 @@ def test_partitioned_region_spreads_its_stateless_prefix_and_hashes_on_the_key(s
     assert counts == {"u0": 10, "u1": 9, "u2": 10}  # i = 13 (user u1) is a dead letter
 
 
+def unlucky_after(record):
+    if record["seen"] == 4:
+        raise ValueError("the fourth of a user")
+    return record
+
+
+@pytest.mark.parametrize("plan", ["sequential", Plan((RegionPlan((("order", "after"),), replicas=2),))])
+def test_a_keyed_operators_output_reaches_the_stateless_ones_after_it_whole_and_in_order(spark, tmp_path, plan):
+    # `after` runs in the keyed stage's Spark stage: the keyed stage hands it its output packed
+    pipeline = (Pipeline("keyed_then_stateless").partitioned("order", remember_order, key="user", schema=ORDERED)
+                .map("after", unlucky_after))
+    source = record_files(tmp_path / "in", events(30), EVENTS, records_per_file=10, max_files_per_trigger=1)
+    sink = MemorySink()
+    report = fissure.run(pipeline, source, sink, plan=plan, config=fissure.RunnerConfig(spark=spark, progress="off"))
+    records = sink.records()
+    assert sorted((r["user"], r["seen"]) for r in records) == sorted(
+        (f"u{user}", seen) for user in range(3) for seen in range(1, 11) if seen != 4)
+    assert all(record["in_order"] for record in records)
+    assert report.dead_letters == 3
+
+
 def test_order_by_field_orders_a_keys_records_within_a_batch(spark, tmp_path):
     # Several files in one micro-batch: Spark packs them into partitions by size, so the
     # source order is only defined per partition; order_by gives an event-time order instead.

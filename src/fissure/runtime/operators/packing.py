@@ -17,12 +17,18 @@ Grouping keys (int32):
 - an unkeyed stateful operator's records: 0;
 - every other row (other streams, dead letters): a spread key `-1 - (seq mod spread)`, which the
   keyed stage passes through without touching state, spread over its partitions.
+
+A keyed stage whose output goes on to a pe stage in the same Spark stage (no exchange between
+them: LogWatch's `range`, then `cutoff,realtime`) packs its output too (`pack_rows`, key 0): each
+call's envelopes as a few rows instead of a row per record, which PySpark would otherwise turn
+from pandas into Arrow value by value, and the JVM into its rows and back into Arrow for the pe
+stage, which reads them back (`unpacked`).
 """
 
 from __future__ import annotations
 
 import zlib
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -160,6 +166,26 @@ def pack(batch: pa.RecordBatch, spec: PackSpec) -> pa.RecordBatch:
                 payloads.append(empty)
     return pa.RecordBatch.from_arrays([pa.array(packed_keys, pa.int32()), pa.array(payloads, pa.binary())],
                                       schema=PACKED_SCHEMA)
+
+
+def pack_rows(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """`batch`'s envelopes as packed rows in their order (MAX_PACKED_ROWS a row, key 0), for a pe
+    stage that reads them where they are made: no exchange looks at the key."""
+    if not batch.num_rows:
+        return EMPTY_PACKED
+    payloads = [_ipc_bytes(batch.slice(start, MAX_PACKED_ROWS)) for start in range(0, batch.num_rows, MAX_PACKED_ROWS)]
+    return pa.RecordBatch.from_arrays([pa.array([0] * len(payloads), pa.int32()), pa.array(payloads, pa.binary())],
+                                      schema=PACKED_SCHEMA)
+
+
+def unpacked(batches: Iterable[pa.RecordBatch], schema: pa.Schema) -> Iterator[pa.RecordBatch]:
+    """The envelopes of batches of packed rows (`pack_rows`), in their order, batch by batch."""
+    for batch in batches:
+        payloads = batch.column(batch.schema.get_field_index(PAYLOAD)).to_pylist()
+        if payloads:
+            envelopes = unpack(payloads, schema)
+            if envelopes.num_rows:
+                yield envelopes
 
 
 def pack_partials(partials: pa.RecordBatch, text_column: str, spec: PackSpec) -> pa.RecordBatch:

@@ -23,6 +23,8 @@
   the stage before it (a pe stage's task, a keyed stage's call, or the source's envelopes for an
   aggregate reading a source), one partial per key (and window) instead of its records
   (fissure.runtime.operators.combine);
+- a keyed stage whose output a pe stage reads in the same Spark stage ships it packed too, in
+  order (fissure.runtime.operators.packing.pack_rows), and that pe stage unpacks it;
 - the runner's foreachBatch persists each micro-batch once and writes each sink from it.
 A stream used by several nodes is computed once: its rows travel once and each consumer reads
 them where it runs, so nothing upstream is recomputed.
@@ -250,6 +252,14 @@ def compile_graph(graph: StreamGraph, source_frames: Mapping[str, DataFrame], *,
             frame = frame.unionByName(other)
         source_envelopes = None
     steps = [] if enveloped_in_first_stage else [CompiledStep("sequence", (), "none", None)]
+
+    def packs_through(stage) -> bool:
+        """Whether keyed `stage` packs its output in order for the pe stage after it, which runs in
+        the same Spark stage (no exchange between them: fissure.runtime.operators.packing.pack_rows)."""
+        after = stages[stage.position + 1] if stage.position + 1 < len(stages) else None
+        return (stage.kind != "pe" and packs[stage.position + 1] is None and after is not None and after.kind == "pe"
+                and (after.replicas is None or (after.replicas == 1 and state_partitions == 1)))
+
     done = set(graph.sources)
     partitions: int | None = None  # None: the sources' partitioning
     for stage in stages:
@@ -270,7 +280,9 @@ def compile_graph(graph: StreamGraph, source_frames: Mapping[str, DataFrame], *,
                                            source_envelopes if stage.position == 0 else None,
                                            StageProfiling(operator_profiling.token, operator_profiling.timed_every_batches)
                                            if operator_profiling is not None else None, packs[stage.position + 1],
-                                           publishes=stage is stages[-1], combine=combine_before(stage))
+                                           publishes=stage is stages[-1], combine=combine_before(stage),
+                                           packed_input=(layouts[stage.position].schema if stage.position
+                                                         and packs_through(stages[stage.position - 1]) else None))
             if profiling is not None:
                 function = ProfiledGraphRegion(function, profiling.accumulator, stage.label,
                                                operators=profiling.operators, pieces=profiling.pieces)
@@ -291,10 +303,12 @@ def compile_graph(graph: StreamGraph, source_frames: Mapping[str, DataFrame], *,
                                         packed_input=packed, pack_for=pack_next, stage_position=stage.position,
                                         publishes=stage is stages[-1], state_access=state_access,
                                         time=StageTime(time_tally, node.name in time_aware, time_aware.get(node.name)),
-                                        combine=combined.get(node.name), fold_for=combine_before(stage))
+                                        combine=combined.get(node.name), fold_for=combine_before(stage),
+                                        pack_through=packs_through(stage))
         if not packed:
             frame = frame.withColumn(KEY, _join_key_column(node, entering, state_partitions))
-        output_schema = spark_schema_of(leaving.schema if pack_next is None else PACKED_SCHEMA)
+        output_schema = spark_schema_of(leaving.schema if pack_next is None and not packs_through(stage)
+                                        else PACKED_SCHEMA)
         # Light to unpickle in PySpark's state-schema processes (fissure.spark.state.handler).
         frame = frame.groupBy(KEY).transformWithStateInPandas(LightStateProcessor(processor), output_schema,
                                                                "Append", "None")

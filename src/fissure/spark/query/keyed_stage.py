@@ -31,7 +31,8 @@ from fissure.runtime.operators.keyed import StatefulStep, run_group, run_grouped
 from fissure.runtime.state.codec import StateAccess, StateCodec
 from fissure.runtime.operators.combine import (PARTIAL_KEY, PARTIAL_SCHEMA, CombinePlan, Combiner,
                                                combined_key_function, is_partial_schema, partial_inputs)
-from fissure.runtime.operators.packing import PackSpec, empty_groups, pack, pack_partials, unpack, unpack_apart
+from fissure.runtime.operators.packing import (PackSpec, empty_groups, pack, pack_partials, pack_rows, unpack,
+                                               unpack_apart)
 from fissure.runtime.operators.timed import max_event_time, per_key_step
 from fissure.runtime.operators.time_tally import TimeTally
 from fissure.runtime.operators.watermark import Deadlines
@@ -98,7 +99,8 @@ class GraphStateProcessor(StatefulProcessor):
                  profiling: WorkerProfiling | None = None, packed_input: bool = False,
                  pack_for: PackSpec | None = None, stage_position: int = 0, publishes: bool = False,
                  state_access: StateAccess = StateAccess(), time: StageTime = StageTime(),
-                 combine: CombinePlan | None = None, fold_for: CombinePlan | None = None) -> None:
+                 combine: CombinePlan | None = None, fold_for: CombinePlan | None = None,
+                 pack_through: bool = False) -> None:
         self.graph, self.schemas, self.layout = graph, schemas, layout
         self.combine = combine  # set: the stage before sends partials (fissure.runtime.operators.combine)
         # set: the keyed stage after merges partials; each call here folds its output records for it
@@ -111,6 +113,8 @@ class GraphStateProcessor(StatefulProcessor):
         self.profiling = profiling
         self.packed_input = packed_input  # groups arrive packed (fissure.runtime.operators.packing)
         self.pack_for = pack_for  # set: the output is packed for the keyed stage that follows
+        # the output is packed in order for the pe stage that follows in the same Spark stage (pack_rows)
+        self.pack_through = pack_through and pack_for is None
         self.output_layout = output_layout or layout
         self.node = graph.node(node_name)
         self.forward_inputs = tuple(forward_inputs)
@@ -199,7 +203,8 @@ class GraphStateProcessor(StatefulProcessor):
                 if not result.num_rows and outgoing is None:  # partials are packed with every group
                     yield pandas_frame(empty_groups(self.output_layout.schema, self.pack_for))
         if result.num_rows:
-            yield pandas_frame(result if self.pack_for is None else pack(result, self.pack_for))
+            yield pandas_frame(pack(result, self.pack_for) if self.pack_for is not None
+                               else pack_rows(result) if self.pack_through else result)
         if outgoing is not None:  # every group once: pack() added them when there were rows
             yield pandas_frame(pack_partials(outgoing, PARTIAL_KEY, self.pack_for if not result.num_rows
                                              else replace(self.pack_for, every_group=False)))

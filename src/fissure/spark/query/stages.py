@@ -27,7 +27,7 @@ from fissure.compile.stages import GraphStage
 from fissure.compile.pieces import StageProfiling, build_pieces
 from fissure.runtime.operators.combine import PARTIAL_KEY, CombinePlan, Combiner
 from fissure.runtime.operators.dict_fold import RecordFold
-from fissure.runtime.operators.packing import PACKED_KEY, PackSpec, empty_groups, pack, pack_partials
+from fissure.runtime.operators.packing import PACKED_KEY, PackSpec, empty_groups, pack, pack_partials, unpacked
 from fissure.runtime.operators.watermark import BatchClock
 from fissure.spark.query.time_log import BATCH_CLOCK_PROPERTY
 from fissure.runtime.profiling.report_rows import report_envelope, report_text
@@ -140,8 +140,11 @@ class GraphRegionFunction:
                  waiting: Mapping[str, WaitingOperator] | None = None,
                  output_layout: EnvelopeLayout | None = None, source_envelopes=None,
                  stage_profiling: StageProfiling | None = None, pack_for: PackSpec | None = None,
-                 publishes: bool = False, combine: CombinePlan | None = None) -> None:
+                 publishes: bool = False, combine: CombinePlan | None = None,
+                 packed_input: pa.Schema | None = None) -> None:
         self.graph, self.schemas, self.layout, self.stages, self.stage = graph, schemas, layout, stages, stage
+        # set: the input comes packed in order (pack_rows) by the keyed stage before, envelopes of this schema
+        self.packed_input = packed_input
         # set: the keyed stage after folds partials (fissure.runtime.operators.combine); made here per task call
         self.combine = combine if pack_for is not None else None
         # The query's last stage carries the driver's published text into the report rows: its
@@ -175,6 +178,8 @@ class GraphRegionFunction:
         pieces = pieces if pieces is not None else self.pieces_for_call()
         if self.source_envelopes is not None:
             batches = self.source_envelopes(batches)
+        if self.packed_input is not None:
+            batches = unpacked(batches, self.packed_input)
         packed_any = False
         combiner = self.combiner()
         # the combined operator's records folded from the dicts of the run that emits them
