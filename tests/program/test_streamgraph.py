@@ -409,6 +409,8 @@ class RecordingRunner:
 
         self.graph = graph
         self.profile_pieces = True
+        self.cores = 2  # one task a batch on two cores: a cut has a core of its own
+        self.counting_stopped = False
         self.compiled = SimpleNamespace(stages=plan_graph_stages(graph))
         self.boundaries = ()
         self.listeners = SimpleNamespace(on_batch=[])
@@ -421,6 +423,9 @@ class RecordingRunner:
 
     def profile_tally(self):
         return self.tally.copy()
+
+    def stop_counting_pieces(self):
+        self.counting_stopped = True
 
     def run_batch(self, batch_id, wall_s, pieces):
         from fissure.spark.query.runner import GraphBatch
@@ -452,7 +457,7 @@ def test_loop_inserts_keeps_a_port_that_gains_then_halts():
                               f"{CUT}/p1": piece_counts(0.3, 0.5, {"big": 0.2, "both": 0.1}, {"big": 100})})
     third = loop.decisions[2].decision
     assert third.action is ControlAction.HALT and "no thread is at or above beta 0.8" in third.reason
-    assert loop.phase == "halted"
+    assert loop.phase == "halted" and runner.counting_stopped  # halted: the pieces fuse again
     runner.run_batch(3, 0.5, {})
     assert len(loop.decisions) == 3
 

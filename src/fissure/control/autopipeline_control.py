@@ -25,9 +25,10 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 
+from fissure.control.cut_forecast import TaskTiming, TrialForecast, best_cut_gain, forecast_trial
 from fissure.control.noise import NoiseEstimate, judge_gain
 from fissure.plan.autopipeline import AutopipelinePlan, AutopipelineProfile, plan_autopipelining
 
@@ -52,6 +53,10 @@ class AutopipelineControlConfig:
     keep_confidence: float | None = 0.9
     # The relative spread of one batch's rate assumed until the run has measured its own.
     assumed_noise: float = 0.10
+    # Try a cut only when the model's bound on its gain beats the noise band a trial must pass
+    # (fissure.control.cut_forecast), with a trial as short as the bound allows; False: try every
+    # cut the optimizer proposes for a whole window, as the paper does. Needs the policy's timings.
+    forecast_trials: bool = True
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.alpha <= 1.0:
@@ -95,6 +100,8 @@ class AutopipelineControlDecision:
     insert: tuple[str, ...] = ()
     keep: tuple[str, ...] = ()
     revert: tuple[str, ...] = ()
+    trial_batches: int = 0  # INSERT: the micro-batches the trial lasts (0: a whole window)
+    not_tried: tuple[str, ...] = ()  # ports the optimizer proposed that could not pay beyond the noise
 
     def summary(self) -> str:
         """One line for a loop's timeline: `insert big`, `continue: keep big, revert small`."""
@@ -134,6 +141,44 @@ def decide_after_optimization(
         blacklist,
         insert=operators,
     )
+
+
+def decide_trials(profile: AutopipelineProfile, tasks: tuple[TaskTiming, ...], blacklist: frozenset[str], *,
+                  batches_before: Mapping[str, int], max_trial_batches: int, noise: NoiseEstimate,
+                  config: AutopipelineControlConfig = AutopipelineControlConfig()) -> AutopipelineControlDecision:
+    """Insert only the proposed cuts whose predicted gain beats the noise (fissure.control.cut_forecast).
+
+    The optimizer's plan for `profile`; each insertion's bound from `tasks` (the largest over the
+    threads it relieves) against the band of a trial of `max_trial_batches` after
+    `batches_before[port]` batches. Cuts that cannot pay are set aside for this round (not
+    blacklisted: a later profile may change them) and the optimizer asked again without them;
+    HALT when nothing is left that could pay, or when the optimizer found nothing."""
+    confidence = config.keep_confidence if config.keep_confidence is not None else 0.5
+    set_aside: list[TrialForecast] = []
+    plan = plan_autopipelining(profile)
+    while plan.insertions:
+        forecasts = [forecast_trial(insertion.operator, best_cut_gain(tasks, insertion.operator, insertion.threads),
+                                    batches_before=max(1, batches_before.get(insertion.operator, 1)),
+                                    max_trial_batches=max_trial_batches, noise=noise, confidence=confidence,
+                                    assumed_sd=config.assumed_noise, min_gain=config.min_gain)
+                     for insertion in plan.insertions]
+        worth = [forecast for forecast in forecasts if forecast.trial_batches]
+        set_aside += [forecast for forecast in forecasts if not forecast.trial_batches]
+        if worth:
+            ports = tuple(forecast.port for forecast in worth)
+            return AutopipelineControlDecision(
+                ControlAction.INSERT,
+                f"insert threads at {', '.join(ports)}: {plan.reason}; "
+                + "; ".join(forecast.reason for forecast in (*set_aside, *worth)),
+                blacklist, insert=ports, trial_batches=max(forecast.trial_batches for forecast in worth),
+                not_tried=tuple(forecast.port for forecast in set_aside))
+        plan = plan_autopipelining(replace(profile, blacklisted_ports=profile.blacklisted_ports
+                                           | {forecast.port for forecast in set_aside}))
+    if not set_aside:
+        return decide_after_optimization(plan, blacklist)
+    return AutopipelineControlDecision(
+        ControlAction.HALT, "no cut can pay beyond the noise: " + "; ".join(forecast.reason for forecast in set_aside),
+        blacklist, not_tried=tuple(forecast.port for forecast in set_aside))
 
 
 def _usable(value: float | None) -> bool:
@@ -240,6 +285,11 @@ class AutopipelineWindow:
     samples: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
     measurements: tuple = ()
     stage_first_nodes: tuple[str, ...] = ()
+    batches: int = 0  # micro-batches in the window (0: the longest of `samples`)
+
+    @property
+    def batch_count(self) -> int:
+        return self.batches or max((len(rates) for rates in self.samples.values()), default=1)
 
     def summary(self) -> str:
         """One line for a loop's timeline: `batch 5: big 200/s, small 100/s`."""
@@ -248,6 +298,7 @@ class AutopipelineWindow:
 
 
 ProfileOf = Callable[[AutopipelineWindow, frozenset[str]], AutopipelineProfile]
+TimingsOf = Callable[[AutopipelineWindow], tuple[TaskTiming, ...]]
 
 
 class AutopipelinePolicy:
@@ -255,14 +306,19 @@ class AutopipelinePolicy:
 
     `profile_of(window, blacklist)` builds the optimizer's profile of a window (on Spark:
     fissure.profile.graph_profile.autopipeline_profile); `input_port_count`: the graph's
-    non-source input ports, what the blacklisted share is taken of. Phases: "profiling",
-    "evaluating", "halted". Every window ran under unchanged cuts, so its per-batch rates feed
-    the noise estimate after the decision.
+    non-source input ports, what the blacklisted share is taken of. `timings_of(window)`: the
+    window's task timings (on Spark: fissure.profile.graph_profile.task_timings); given, and with
+    `config.forecast_trials`, a proposed cut is tried only when it can pay (`decide_trials`), for
+    as few batches as its bound allows. Phases: "profiling", "evaluating", "halted". Every window
+    ran under unchanged cuts, so its per-batch rates feed the noise estimate (before the
+    decision: a forecast weighs the noise of the window it was made on).
     """
 
     def __init__(self, input_port_count: int, profile_of: ProfileOf,
-                 config: AutopipelineControlConfig = AutopipelineControlConfig()) -> None:
+                 config: AutopipelineControlConfig = AutopipelineControlConfig(),
+                 timings_of: TimingsOf | None = None) -> None:
         self.input_port_count, self.profile_of, self.config = input_port_count, profile_of, config
+        self.timings_of = timings_of
         self.phase = "profiling"
         self.blacklist: frozenset[str] = frozenset()
         self.noise = NoiseEstimate()  # the spread of a port's rate per batch under unchanged cuts
@@ -273,17 +329,25 @@ class AutopipelinePolicy:
         if self.phase == "halted":
             return AutopipelineControlDecision.wait("halted: autopipelining has stopped", self.blacklist)
         if self.phase == "profiling":
-            decision = self._optimize(window)
-        else:
-            decision = self._evaluate(window)
+            self._add_noise(window)
+            return self._optimize(window)
+        decision = self._evaluate(window)  # judged against the noise measured before this window
+        self._add_noise(window)
+        return decision
+
+    def _add_noise(self, window: AutopipelineWindow) -> None:
         for rates in window.samples.values():
             self.noise = self.noise.with_window(rates)
-        return decision
 
     def _optimize(self, window: AutopipelineWindow) -> AutopipelineControlDecision:
         profile = self.profile_of(window, self.blacklist)
         self.last_profile = profile
-        decision = decide_after_optimization(plan_autopipelining(profile), self.blacklist)
+        if self.timings_of is not None and self.config.forecast_trials:
+            decision = decide_trials(profile, self.timings_of(window), self.blacklist,
+                                     batches_before={port: len(rates) for port, rates in window.samples.items()},
+                                     max_trial_batches=window.batch_count, noise=self.noise, config=self.config)
+        else:
+            decision = decide_after_optimization(plan_autopipelining(profile), self.blacklist)
         if decision.action is ControlAction.INSERT:
             self._round = InsertionRound(
                 decision.insert, window.now_s,

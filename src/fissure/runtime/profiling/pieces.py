@@ -1,6 +1,6 @@
 """Per-process profile of graph processing elements: what autopipelining needs (no pyspark here).
 
-Each piece (one process of a graph PE) adds, per batch, every node's records and thread-CPU
+Each piece (one process of a graph PE) adds, per batch, every node's records, thread-CPU and wall
 seconds and its own thread-CPU seconds into counters in an anonymous shared memory map (so a
 forked child's counts reach the worker, as for fused stages in fissure.runtime.profiling.profiler). At the
 end of every mapInArrow call `ProfiledGraphRegion` adds what changed, with the call's wall time,
@@ -10,7 +10,8 @@ the driver with the task.
 From the tally the driver computes, per thread t (a piece of a pe stage under one cut):
 mu(t) = its CPU seconds / the wall seconds of the calls it ran in, and, per operator o of the
 piece, mu(o, t) = the CPU seconds of o and every node downstream of o inside the piece / the
-same wall seconds (fissure.profile.graph_profile).
+same wall seconds (fissure.profile.graph_profile); a node whose wall time is much longer than its CPU
+time waits, and counts with its wall time. The calls a piece ran in say how many tasks share the cores.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from collections.abc import Callable, Iterator
 from fissure.runtime.profiling.profiler import ProfileTally, attach_tally, shared_counters
 from fissure.runtime.profiling.report_rows import reported_counts
 
-NODE_FIELDS = ("records_in", "records_out", "cpu_s")
+NODE_FIELDS = ("records_in", "records_out", "cpu_s", "wall_s")
 PIECE_FIELDS = ("batches", "cpu_s")
 
 
@@ -35,11 +36,12 @@ class PieceProfile:
         self.counters = shared_counters("graph:" + profile_id, self.piece_base + len(PIECE_FIELDS))
         self.values = self.counters.values
 
-    def node(self, index: int, records_in: int, records_out: int, cpu_s: float) -> None:
+    def node(self, index: int, records_in: int, records_out: int, cpu_s: float, wall_s: float = 0.0) -> None:
         base = index * len(NODE_FIELDS)
         self.values[base] += records_in
         self.values[base + 1] += records_out
         self.values[base + 2] += cpu_s
+        self.values[base + 3] += wall_s
 
     def piece(self, cpu_s: float) -> None:
         self.values[self.piece_base] += 1

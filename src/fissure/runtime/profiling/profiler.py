@@ -55,7 +55,7 @@ cpu_clock = time.thread_time  # this thread only: Spark's worker may run a reade
 class ProfileTally:
     """The accumulator's value: per operator, pipeline and region, additive tallies; and per
     piece of a graph PE (fissure.runtime.profiling.pieces), what autopipelining reads:
-    `pieces[id] = [cpu_s, wall_s, {node: [records_in, records_out, cpu_s]}]`.
+    `pieces[id] = [cpu_s, wall_s, {node: [records_in, records_out, cpu_s, wall_s]}, calls]`.
 
     `adopt` marks a task's fresh live tally: `ProfileTallyParam.addInPlace` then makes it the
     accumulator's value (merging whatever was there into it), so the hot path's later mutations
@@ -93,10 +93,12 @@ class ProfileTally:
         target[0] += 1
         target[1] += wall_s
 
-    def add_piece(self, piece: str, cpu_s: float, wall_s: float, nodes: dict[str, Sequence[float]]) -> None:
-        target = self.pieces.setdefault(piece, [0.0, 0.0, {}])
+    def add_piece(self, piece: str, cpu_s: float, wall_s: float, nodes: dict[str, Sequence[float]],
+                  calls: int = 1) -> None:
+        target = self.pieces.setdefault(piece, [0.0, 0.0, {}, 0])
         target[0] += cpu_s
         target[1] += wall_s
+        target[3] += calls
         for name, values in nodes.items():
             counts = target[2].setdefault(name, [0.0] * len(values))
             for index, value in enumerate(values):
@@ -112,8 +114,8 @@ class ProfileTally:
             target = self.regions.setdefault(name, [0, 0.0])
             target[0] += calls
             target[1] += wall_s
-        for piece, (cpu_s, wall_s, nodes) in other.pieces.items():
-            self.add_piece(piece, cpu_s, wall_s, nodes)
+        for piece, (cpu_s, wall_s, nodes, calls) in other.pieces.items():
+            self.add_piece(piece, cpu_s, wall_s, nodes, calls)
 
     def copy(self) -> ProfileTally:
         copied = ProfileTally()
@@ -132,12 +134,12 @@ class ProfileTally:
         for name, (calls, wall_s) in self.regions.items():
             then_calls, then_wall_s = earlier.regions.get(name, (0, 0.0))
             delta.regions[name] = [calls - then_calls, wall_s - then_wall_s]
-        for piece, (cpu_s, wall_s, nodes) in self.pieces.items():
-            then = earlier.pieces.get(piece, [0.0, 0.0, {}])
+        for piece, (cpu_s, wall_s, nodes, calls) in self.pieces.items():
+            then = earlier.pieces.get(piece, [0.0, 0.0, {}, 0])
             if cpu_s - then[0] > 0 or wall_s - then[1] > 0:
                 delta.add_piece(piece, cpu_s - then[0], wall_s - then[1], {
                     name: [now - before for now, before in zip(values, then[2].get(name, [0.0] * len(values)))]
-                    for name, values in nodes.items()})
+                    for name, values in nodes.items()}, calls - then[3])
         return delta
 
     @property

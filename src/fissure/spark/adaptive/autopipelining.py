@@ -12,7 +12,11 @@ The loop contract (fissure.control.loop) with its collector and realizer on a gr
   this run's windows measured under unchanged cuts (fissure.control.noise);
 - the realizer: `RunnerBoundaries` adds an INSERT's ports as pipeline boundaries from the next
   batch on and removes a verdict's reverted ones (`Runner.set_boundaries`: a Spark local
-  property, no restart).
+  property, no restart); on HALT it also stops the node-by-node counting, so the graph PEs fuse
+  their operators again (`Runner.stop_counting_pieces`).
+A cut is tried only when the model's bound on its gain beats the noise (the policy's timings:
+fissure.profile.graph_profile.task_timings, fissure.control.cut_forecast); its trial window then
+lasts the INSERT's `trial_batches`, the other windows `profile_batches`.
 The decisions (`AutopipelineControlDecision`, each with its reason) are kept in order, with the
 boundaries in force after each (`LoopDecision`).
 
@@ -33,7 +37,9 @@ from fissure.control.autopipeline_control import (
 from fissure.control.loop import ControlLoop, LoopStep
 from fissure.control.noise import NoiseEstimate
 from fissure.plan.autopipeline import AutopipelineProfile
-from fissure.profile.graph_profile import autopipeline_profile, piece_measurements, port_throughput_per_s
+from fissure.profile.graph_profile import (
+    autopipeline_profile, piece_measurements, port_throughput_per_s, task_timings,
+)
 from fissure.program.nodes import NodeKind
 from fissure.runtime.profiling.profiler import ProfileTally
 
@@ -62,6 +68,8 @@ class RunnerBoundaries:
             boundaries -= set(decision.revert)
         started = self.clock()
         self.runner.set_boundaries(boundaries)
+        if decision.action is ControlAction.HALT and hasattr(self.runner, "stop_counting_pieces"):
+            self.runner.stop_counting_pieces()  # nothing reads the node-by-node counts any more
         return self.clock() - started
 
 
@@ -77,13 +85,15 @@ class GraphAutopipeliner:
         self.runner, self.config, self.clock = runner, config, clock
         graph = runner.graph
         input_port_count = sum(1 for node in graph.nodes if node.kind not in (NodeKind.SOURCE, NodeKind.SINK))
-        self.policy = AutopipelinePolicy(input_port_count, self._profile_of, config.control)
+        self.cores = int(getattr(runner, "cores", 1) or 1)
+        self.policy = AutopipelinePolicy(input_port_count, self._profile_of, config.control, self._timings_of)
         self.loop = ControlLoop(self.policy, RunnerBoundaries(runner, clock), clock, on_step=self._record)
         self.decisions: list[LoopDecision] = []
         self._window: list = []
         self._snapshot = ProfileTally()
         self._batch_snapshot = ProfileTally()
         self._batch_rates: list[dict[str, float]] = []  # per batch of the window: records/s per port
+        self._window_batches = config.profile_batches  # the window being collected: a trial's may be shorter
 
     # -- the policy's state, read-only --------------------------------------------------------------
     @property
@@ -118,6 +128,10 @@ class GraphAutopipeliner:
         return autopipeline_profile(self.runner.graph, window.measurements, stage_first_nodes=window.stage_first_nodes,
                                     beta=self.config.beta, blacklist=blacklist)
 
+    def _timings_of(self, window: AutopipelineWindow):
+        return task_timings(self.runner.graph, window.measurements, batches=window.batch_count, cores=self.cores,
+                            stage_first_nodes=window.stage_first_nodes)
+
     def on_batch(self, batch) -> None:
         """The collector: count the batch into the window; step the loop when the window is full."""
         if self.policy.phase == "halted":
@@ -127,19 +141,21 @@ class GraphAutopipeliner:
                                                        batch.wall_s))
         self._batch_snapshot = now
         self._window.append(batch)
-        if len(self._window) < self.config.profile_batches:
+        if len(self._window) < self._window_batches:
             return
         measurements = piece_measurements(now.minus(self._snapshot).pieces)
         wall_s = sum(item.wall_s for item in self._window)
         samples = {port: tuple(rates[port] for rates in self._batch_rates if port in rates)
                    for port in {port for rates in self._batch_rates for port in rates}}
+        batches = len(self._window)
         self._snapshot = now
         self._window = []
         self._batch_rates = []
         if not measurements:
             return
         self.loop.step(AutopipelineWindow(batch.batch_id, self.clock(), port_throughput_per_s(measurements, wall_s),
-                                          samples, tuple(measurements), self._first_nodes()))
+                                          samples, tuple(measurements), self._first_nodes(), batches))
 
     def _record(self, step: LoopStep[AutopipelineWindow, AutopipelineControlDecision]) -> None:
         self.decisions.append(LoopDecision(step.observation.batch_id, tuple(self.runner.boundaries), step.decision))
+        self._window_batches = step.decision.trial_batches or self.config.profile_batches

@@ -126,6 +126,7 @@ class Runner(SourcePreparation, BatchWriting, QueryWatching):
         self.state_partitions = config.state_partitions or state_partitions_of(
             self.graph, self.plan, max(1, config.default_state_partitions))
         self.profile_pieces = config.replanning == "autopipeline"  # count node by node for the autopipelining loop
+        self.counting_pieces = self.profile_pieces  # still counting (the loop stops it when it halts)
         self.accumulator = None  # the run's profile accumulator (a ProfileTally), when anything is counted
         self.listeners = BatchListeners()
         self.batch_log: list[GraphBatch] = []
@@ -423,6 +424,16 @@ class Runner(SourcePreparation, BatchWriting, QueryWatching):
                                 f"{self.graph.name!r}")
         with self._lock:
             self.boundaries = chosen
+
+    def stop_counting_pieces(self) -> None:
+        """The micro-batches that start from now on run their graph PEs fused, uncounted node by node."""
+        with self._lock:
+            self.counting_pieces = False
+
+    @property
+    def cores(self) -> int:
+        """The task slots the query's tasks share (the autopipelining forecast's cores)."""
+        return default_parallelism(self.spark)
 
     def publish(self, publication: Publication) -> None:
         """What the micro-batches that start from now on publish as their plan and latest decision

@@ -38,6 +38,8 @@ KEY = PACKED_KEY  # the grouping column of every keyed stage, packed or not
 SPREAD_PREFIX = "~"
 KEY_MARK = "="
 BOUNDARIES_PROPERTY = "fissure.graph.boundaries"  # JSON {graph name: [operator, ...]}, per micro-batch
+# The graph whose pieces no longer count node by node (the autopipelining loop halted): they fuse again.
+UNCOUNTED_PIECES_PROPERTY = "fissure.graph.uncounted"
 # JSON {plan, decision, ...} the driver publishes for a micro-batch (fissure.spark.query.observed_metrics).
 PUBLISHED_PROPERTY = "fissure.published"
 
@@ -162,11 +164,12 @@ class GraphRegionFunction:
     def pieces_for_call(self) -> list:
         requested = task_boundaries(self.graph.name)
         boundaries = self.boundaries if requested is None else tuple(sorted(set(requested) & set(self.stage.nodes)))
-        pieces = self._pieces.get(boundaries)
+        counted = self.profile_prefix is not None and task_property(UNCOUNTED_PIECES_PROPERTY) != self.graph.name
+        pieces = self._pieces.get((boundaries, counted))
         if pieces is None:
-            pieces = self._pieces[boundaries] = build_pieces(self.graph, self.schemas, self.layout, self.stages,
-                                                             self.stage, boundaries, self.profile_prefix, self.waiting,
-                                                             self.stage_profiling)
+            pieces = self._pieces[boundaries, counted] = build_pieces(
+                self.graph, self.schemas, self.layout, self.stages, self.stage, boundaries,
+                self.profile_prefix if counted else None, self.waiting, self.stage_profiling)
         return pieces
 
     def __call__(self, batches: Iterator[pa.RecordBatch], pieces=None, report: bool = True) -> Iterator[pa.RecordBatch]:
