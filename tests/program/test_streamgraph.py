@@ -401,6 +401,25 @@ def test_profile_is_mu_of_threads_and_ports_downstream_within_the_piece():
     assert later.minus(later).pieces == {}  # nothing new: no piece
 
 
+def test_a_waiting_node_occupies_its_thread_for_its_wall_time_and_the_forecast_sees_the_task():
+    from fissure.profile.graph_profile import task_timings
+
+    g = example_graph()
+    # small sleeps: 0.4 s of wall time for 0.01 s of CPU; the others compute (wall = CPU)
+    nodes = {name: [0, 0, cpu_s, wall_s] for name, cpu_s, wall_s in
+             (("parsed", 0.1, 0.1), ("big", 0.2, 0.2), ("small", 0.01, 0.4), ("both", 0.1, 0.1))}
+    pieces = {ONE_PIECE: [0.45, 1.0, nodes, 4]}
+    measurements = piece_measurements(pieces)
+    (thread,) = autopipeline_profile(g, measurements, stage_first_nodes=["parsed"]).threads
+    assert thread.utilization == pytest.approx(0.45 + 0.39)  # its CPU and the waiting of small
+    assert thread.port_utilization == pytest.approx({"big": 0.3, "small": 0.5, "both": 0.1})
+    (task,) = task_timings(g, measurements, batches=2, cores=2, stage_first_nodes=["parsed"])
+    assert (task.wall_s, task.tasks_per_batch, task.core_share) == (1.0, 2.0, 1.0)
+    (piece,) = task.pieces
+    assert piece.first and piece.below == {"big": {"big", "both"}, "small": {"small", "both"}, "both": {"both"}}
+    assert piece.nodes["small"].waiting and not piece.nodes["big"].waiting
+
+
 class RecordingRunner:
     """What GraphAutopipeliner needs of a Runner; records every boundary change."""
 
@@ -476,6 +495,32 @@ def test_loop_reverts_and_blacklists_a_port_that_does_not_gain():
     runner.run_batch(2, 1.0, {ONE_PIECE: piece_counts(0.9, 1.0, BUSY, {"small": 100})})
     third = loop.decisions[2].decision
     assert (third.action, third.insert) == (ControlAction.INSERT, ("small",))
+
+
+def test_loop_tries_no_cut_on_a_task_with_no_free_core_and_a_short_trial_where_one_pays():
+    computing = {name: [100, 100, cpu_s, cpu_s] for name, cpu_s in BUSY.items()}  # wall = CPU: every node computes
+    runner = RecordingRunner(example_graph())
+    runner.cores = 1
+    loop = GraphAutopipeliner(runner, GraphAutopipelineConfig(profile_batches=3, beta=0.8), clock=lambda: 0.0).attach()
+    for batch_id in range(3):
+        runner.run_batch(batch_id, 1.0, {ONE_PIECE: [0.9, 1.0, computing]})
+    (only,) = [item.decision for item in loop.decisions]
+    assert only.action is ControlAction.HALT and only.reason.startswith("no cut can pay beyond the noise: big not tried")
+    assert runner.applied == [()] and runner.counting_stopped  # no trial; the pieces fuse again
+
+    waiting = {**computing, "small": [100, 100, 0.01, 0.6]}  # small sleeps: 0.6 s of wall time, 0.01 s of CPU
+    runner = RecordingRunner(example_graph())
+    runner.cores = 1
+    loop = GraphAutopipeliner(runner, GraphAutopipelineConfig(profile_batches=3, beta=0.8), clock=lambda: 0.0).attach()
+    for batch_id in range(3):
+        runner.run_batch(batch_id, 1.5, {ONE_PIECE: [0.91, 1.5, waiting]})
+    first = loop.decisions[0].decision
+    assert (first.action, first.insert, first.trial_batches) == (ControlAction.INSERT, ("small",), 1)
+    cut = "example/pe0/parsed,big|small,both"
+    runner.run_batch(3, 1.0, {f"{cut}/p0": [0.35, 1.0, {name: computing[name] for name in ("parsed", "big")}],
+                              f"{cut}/p1": [0.2, 1.0, {name: waiting[name] for name in ("small", "both")}]})
+    second = loop.decisions[1].decision  # judged after the one batch of the trial
+    assert (second.action, second.keep) == (ControlAction.CONTINUE, ("small",))
 
 
 # --- one program model: a chain is a graph -------------------------------------------------------

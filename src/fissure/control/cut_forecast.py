@@ -143,9 +143,9 @@ def predict_cut_gain(task: TaskTiming, thread: str, port: str) -> CutGain:
     share = (lambda seconds: seconds / before_s) if before_s > 0 else (lambda seconds: 0.0)
     reason = (f"a cut at {port} gains at most {gain:+.0%}: above it busy {share(above_busy_s):.2f} of the task's"
               f" time (waiting {share(above_waiting_s):.2f}), below it {share(below_busy_s):.2f} (waiting"
-              f" {share(waiting_s(below_nodes)):.2f}); the task computes {share(task.compute_s):.2f} on"
-              f" {task.core_share:.2g} core(s) ({task.tasks_per_batch:.3g} task(s) a batch on {task.cores}"
-              f" core(s))")
+              f" {share(waiting_s(below_nodes)):.2f}); the task computes for {share(task.compute_s):.2f} of its time"
+              f" on one core and has {task.core_share:.2g} ({task.tasks_per_batch:.3g} task(s) a batch on"
+              f" {task.cores} core(s))")
     return CutGain(port, thread, gain, reason)
 
 

@@ -1,0 +1,177 @@
+"""Whether autopipelining tries a cut: the model's bound on its gain (cores per task, computing or
+waiting operators on either side) against the noise a trial must beat, as decision values."""
+
+from __future__ import annotations
+
+import pytest
+
+from fissure.control.autopipeline_control import (
+    AutopipelineControlConfig,
+    AutopipelineControlDecision,
+    AutopipelinePolicy,
+    AutopipelineWindow,
+    ControlAction,
+    decide_trials,
+)
+from fissure.control.cut_forecast import (
+    NodeTiming,
+    PieceTiming,
+    TaskTiming,
+    TrialForecast,
+    best_cut_gain,
+    forecast_trial,
+    predict_cut_gain,
+)
+from fissure.control.loop import RecordingRealizer, run_loop
+from fissure.control.noise import NoiseEstimate
+from fissure.plan.autopipeline import AutopipelineProfile, ThreadProfile
+
+THREAD = "pe0/parse,lookup,failures/p0"
+
+
+def piece(nodes: dict[str, NodeTiming], routing_s: float = 0.02) -> PieceTiming:
+    """One piece running `nodes` in a chain; a cut at each node but the first moves it and the rest."""
+    names = list(nodes)
+    below = {name: frozenset(names[index:]) for index, name in enumerate(names) if index}
+    return PieceTiming(THREAD, True, sum(node.cpu_s for node in nodes.values()) + routing_s, nodes, below)
+
+
+# Seconds of one window; the call's wall time is 1.0 s, the rest of it the Spark worker's Arrow I/O.
+COMPUTING = {"parse": NodeTiming(0.30, 0.31), "lookup": NodeTiming(0.20, 0.21), "failures": NodeTiming(0.05, 0.05)}
+WAITING = {"parse": NodeTiming(0.30, 0.31), "lookup": NodeTiming(0.01, 0.40), "failures": NodeTiming(0.05, 0.05)}
+
+
+def task(nodes, tasks_per_batch=2.0, cores=2) -> TaskTiming:
+    return TaskTiming((piece(nodes),), 1.0, tasks_per_batch, cores)
+
+
+def test_a_cut_between_computing_operators_cannot_gain_when_every_core_has_a_task():
+    gain = predict_cut_gain(task(COMPUTING), THREAD, "lookup")
+    assert gain.gain == 0.0
+    assert gain.reason == (
+        "a cut at lookup gains at most +0%: above it busy 0.74 of the task's time (waiting 0.00), below it 0.26"
+        " (waiting 0.00); the task computes for 1.00 of its time on one core and has 1 (2 task(s) a batch on"
+        " 2 core(s))")
+
+
+def test_a_free_core_lets_a_cut_between_computing_operators_gain():
+    # one task a batch on two cores: the halves can run side by side; the longer one, 0.74, bounds the call
+    assert predict_cut_gain(task(COMPUTING, tasks_per_batch=1.0), THREAD, "lookup").gain == pytest.approx(1 / 0.74 - 1)
+
+
+def test_a_waiting_operator_below_the_cut_overlaps_with_the_computing_ones_above():
+    gain = predict_cut_gain(task(WAITING), THREAD, "lookup")
+    # after the cut the task's computing, 0.61 of its time on its one core, bounds it: 1 / 0.61
+    assert gain.gain == pytest.approx(1 / 0.61 - 1)
+    assert "below it 0.45 (waiting 0.39)" in gain.reason
+    # cutting after the waiting operator leaves it above, with the worker's I/O: 0.95 of the time
+    assert predict_cut_gain(task(WAITING), THREAD, "failures").gain == pytest.approx(1 / 0.95 - 1)
+
+
+def test_a_process_waiting_for_a_core_is_not_taken_for_a_waiting_operator():
+    # wall 1.5 x CPU: preempted, not waiting (the ratio is 2); the operators still compute for their wall time
+    preempted = {name: NodeTiming(node.cpu_s, node.cpu_s * 1.5) for name, node in COMPUTING.items()}
+    assert not preempted["lookup"].waiting
+    assert predict_cut_gain(task(preempted), THREAD, "lookup").gain == 0.0
+
+
+@pytest.mark.parametrize("node, waiting", [
+    (NodeTiming(0.20, 0.30, waits="io"), True),  # declared: waits whatever its times
+    (NodeTiming(0.01, 0.40, waits="gil-free"), False),  # native code computes on a core for its wall time
+    (NodeTiming(0.01, 0.40), True),  # undeclared, 40 x its CPU time: detected
+])
+def test_declarations_decide_before_the_times(node, waiting):
+    assert node.waiting is waiting
+    assert node.compute_s == pytest.approx(node.cpu_s if waiting else node.wall_s)
+    assert node.occupied_s == pytest.approx(node.wall_s if waiting else node.cpu_s)
+
+
+def test_the_bound_of_a_port_is_the_best_over_the_threads_it_relieves():
+    timings = (task(COMPUTING), TaskTiming((PieceTiming("pe1/x,lookup/p0", True, 0.5, WAITING, {"lookup": frozenset(
+        {"lookup", "failures"})}),), 1.0, 2.0, 2))
+    best = best_cut_gain(timings, "lookup", (THREAD, "pe1/x,lookup/p0"))
+    assert best.thread == "pe1/x,lookup/p0" and best.gain > 0
+    assert best_cut_gain(timings, "lookup", ("pe9/other/p0",)) is None
+
+
+def forecast(gain, noise=NoiseEstimate(), batches_before=2, max_trial_batches=2):
+    return forecast_trial("lookup", gain, batches_before=batches_before, max_trial_batches=max_trial_batches,
+                          noise=noise, confidence=0.9, assumed_sd=0.10)
+
+
+def test_no_trial_when_the_bound_is_within_the_noise_band():
+    gain = predict_cut_gain(task(COMPUTING), THREAD, "lookup")
+    result = forecast(gain)
+    assert result == TrialForecast(
+        "lookup", 0.0, pytest.approx(0.1367, abs=1e-4), 0,
+        f"lookup not tried: {gain.reason}; within the +13.7% band a trial of 2 batch(es) against 2 must pass at"
+        " 90% confidence (batch spread 10.0% assumed, none measured yet)")
+
+
+def test_a_large_bound_gets_a_short_trial_and_a_quiet_run_a_shorter_one():
+    gain = predict_cut_gain(task(WAITING), THREAD, "lookup")  # +64 %
+    assert forecast(gain, max_trial_batches=4).trial_batches == 1  # 1 batch: band +17 %, at most half of +64 %
+    small = predict_cut_gain(task(COMPUTING, tasks_per_batch=1.8), THREAD, "lookup")  # +11 %: 1.1 cores a task
+    assert small.gain == pytest.approx(1 / 0.9 - 1)
+    noisy = NoiseEstimate().with_window([700.0, 1000.0, 1300.0, 1000.0])
+    quiet = NoiseEstimate().with_window([1000.0, 1002.0, 998.0, 1001.0] * 4)
+    assert forecast(small, noisy, max_trial_batches=4).trial_batches == 0  # within the noise: no trial
+    assert forecast(small, quiet, max_trial_batches=4).trial_batches == 1
+
+
+def test_a_port_without_timing_is_tried_for_a_whole_window():
+    assert forecast(None) == TrialForecast("lookup", None, pytest.approx(0.1367, abs=1e-4), 2,
+                                           "lookup: not timed, tried for 2 batch(es)")
+
+
+def test_a_trial_needs_batches_on_both_sides():
+    with pytest.raises(ValueError, match="at least one batch before and after"):
+        forecast(None, batches_before=0)
+
+
+# -- the decision: insert what can pay, set the rest aside, halt when nothing can ---------------------------
+
+PROFILE = AutopipelineProfile((ThreadProfile(THREAD, 0.9, {"lookup": 0.45, "failures": 0.05}),), beta=0.5)
+
+
+def test_halt_without_a_trial_when_no_proposed_cut_can_pay():
+    decision = decide_trials(PROFILE, (task(COMPUTING),), frozenset(), batches_before={"lookup": 2, "failures": 2},
+                             max_trial_batches=2, noise=NoiseEstimate())
+    lookup = forecast(predict_cut_gain(task(COMPUTING), THREAD, "lookup"))
+    failures = forecast_trial("failures", predict_cut_gain(task(COMPUTING), THREAD, "failures"), batches_before=2,
+                              max_trial_batches=2, noise=NoiseEstimate(), confidence=0.9, assumed_sd=0.10)
+    # the optimizer proposed lookup, then, with lookup set aside, failures: neither can pay
+    assert decision == AutopipelineControlDecision(
+        ControlAction.HALT, f"no cut can pay beyond the noise: {lookup.reason}; {failures.reason}", frozenset(),
+        not_tried=("lookup", "failures"))
+
+
+def test_insert_what_can_pay_for_a_short_trial():
+    decision = decide_trials(PROFILE, (task(WAITING),), frozenset({"x"}), batches_before={"lookup": 2},
+                             max_trial_batches=2, noise=NoiseEstimate())
+    lookup = forecast(predict_cut_gain(task(WAITING), THREAD, "lookup"))
+    assert decision == AutopipelineControlDecision(
+        ControlAction.INSERT, "insert threads at lookup: 1 new thread(s) for 1 of 1 bottleneck thread(s); the most"
+        f" loaded thread is predicted at 0.45, at port lookup; {lookup.reason}", frozenset({"x"}),
+        insert=("lookup",), trial_batches=1)
+
+
+def test_the_policy_with_timings_halts_on_a_computing_graph_without_touching_the_cut():
+    windows = [AutopipelineWindow(1, 2.0, {"lookup": 1000.0}, {"lookup": (990.0, 1010.0)}, batches=2)]
+    policy = AutopipelinePolicy(3, lambda window, blacklist: PROFILE, AutopipelineControlConfig(settle_s=0.0),
+                                timings_of=lambda window: (task(COMPUTING),))
+    realizer = RecordingRealizer(cost_s=lambda decision: 0.0)
+    timeline = run_loop(windows, policy, realizer, clock=lambda: 0.0)
+    (decision,) = timeline.decisions()
+    assert decision.action is ControlAction.HALT and decision.insert == () and decision.blacklist == frozenset()
+    assert decision.not_tried == ("lookup", "failures")
+    assert "batch spread 1.4% over 1 degrees of freedom" in decision.reason  # the window's own noise weighed in
+    assert realizer.applied == [decision] and policy.phase == "halted"
+
+
+def test_the_paper_rule_tries_what_the_optimizer_proposes():
+    policy = AutopipelinePolicy(3, lambda window, blacklist: PROFILE,
+                                AutopipelineControlConfig(settle_s=0.0, forecast_trials=False),
+                                timings_of=lambda window: (task(COMPUTING),))
+    decision = policy.decide(AutopipelineWindow(1, 2.0, {"lookup": 1000.0}, {"lookup": (990.0, 1010.0)}))
+    assert (decision.action, decision.insert, decision.trial_batches) == (ControlAction.INSERT, ("lookup",), 0)
