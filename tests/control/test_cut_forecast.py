@@ -19,6 +19,7 @@ from fissure.control.cut_forecast import (
     TaskTiming,
     TrialForecast,
     best_cut_gain,
+    compute_stretch,
     forecast_trial,
     predict_cut_gain,
 )
@@ -175,3 +176,14 @@ def test_the_paper_rule_tries_what_the_optimizer_proposes():
                                 timings_of=lambda window: (task(COMPUTING),))
     decision = policy.decide(AutopipelineWindow(1, 2.0, {"lookup": 1000.0}, {"lookup": (990.0, 1010.0)}))
     assert (decision.action, decision.insert, decision.trial_batches) == (ControlAction.INSERT, ("lookup",), 0)
+
+
+def test_a_machine_short_of_cores_stretches_every_operator_and_only_what_waits_beyond_counts():
+    # load 4 on 2 cores: every computing operator shows 2.5 x its CPU time; the lookup 40 x
+    stretch = compute_stretch([(0.30, 0.75, None, 1.0), (0.20, 0.50, None, 1.0), (0.01, 0.40, None, 1.0),
+                               (0.001, 0.01, None, 1.0),  # too little CPU time to tell
+                               (0.05, 0.50, "io", 1.0)])  # declared: not a measure of the machine
+    assert stretch == pytest.approx(2.5)
+    assert not NodeTiming(0.30, 0.75, stretch=stretch).waiting and NodeTiming(0.01, 0.40, stretch=stretch).waiting
+    assert NodeTiming(0.30, 0.75).waiting  # without the stretch, parsing would be taken for waiting
+    assert compute_stretch([]) == 1.0 and compute_stretch([(0.3, 0.2, None, 1.0)]) == 1.0

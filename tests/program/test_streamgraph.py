@@ -418,6 +418,11 @@ def test_a_waiting_node_occupies_its_thread_for_its_wall_time_and_the_forecast_s
     (piece,) = task.pieces
     assert piece.first and piece.below == {"big": {"big", "both"}, "small": {"small", "both"}, "both": {"both"}}
     assert piece.nodes["small"].waiting and not piece.nodes["big"].waiting
+    # on a machine short of cores every operator shows 2.5 x its CPU time: only small waits beyond that
+    stretched = {name: [0, 0, cpu_s, wall_s * (2.5 if name != "small" else 1.0)]
+                 for name, (_, _, cpu_s, wall_s) in nodes.items()}
+    (piece,) = task_timings(g, piece_measurements({ONE_PIECE: [0.45, 2.0, stretched, 4]}), batches=2, cores=2)[0].pieces
+    assert [name for name, timing in piece.nodes.items() if timing.waiting] == ["small"]
 
 
 class RecordingRunner:

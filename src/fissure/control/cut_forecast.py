@@ -19,9 +19,13 @@ gain at most, from the window's timings of the task it would cut:
   7 %), and the Spark worker's I/O is counted as computing.
 
 A node computes for its whole wall time unless it waits: declared `waits="io"`, or its wall time
-at least WAIT_RATIO times its CPU time (a process that waits for a core also shows more wall than
-CPU time, hence the generous ratio; fissure.control.thread_level.verdict detects waiting operators
-the same way). A node declared `waits="gil-free"` computes (native code, on a core).
+at least WAIT_RATIO times its CPU time times the stretch of the operators that compute beside it
+(fissure.control.thread_level.verdict detects waiting operators with the same ratio). The stretch
+is the smallest wall-over-CPU ratio among the window's undeclared operators: a machine short of
+cores stretches every operator's wall time alike (on a 2-core machine whose load was 4, parsing
+showed 2.5 times more wall than CPU time), a sleep stretches only its own operator. So a program
+whose every operator waits must declare it. A node declared `waits="gil-free"` computes (native
+code, on a core).
 
 `forecast_trial` then compares the bound with the band the run's noise could give over a trial
 (fissure.control.noise): no trial when the bound is within the band, since even the best case
@@ -31,7 +35,7 @@ half the bound, so that a cut delivering half its bound still shows.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from fissure.control.noise import NoiseEstimate, noise_band
@@ -45,12 +49,13 @@ class NodeTiming:
     cpu_s: float
     wall_s: float
     waits: str | None = None  # "io" or "gil-free" as declared with `waits=`, None: nothing declared
+    stretch: float = 1.0  # wall over CPU time of the operators that compute beside it (the module docstring)
 
     @property
     def waiting(self) -> bool:
         if self.waits is not None:
             return self.waits == "io"
-        return self.wall_s > 0 and self.wall_s >= WAIT_RATIO * max(self.cpu_s, 0.0)
+        return self.wall_s > 0 and self.wall_s >= WAIT_RATIO * max(self.stretch, 1.0) * max(self.cpu_s, 0.0)
 
     @property
     def compute_s(self) -> float:
@@ -61,6 +66,19 @@ class NodeTiming:
     def occupied_s(self) -> float:
         """Seconds its process can do nothing else (the optimizer's mu): wall time when it waits, else CPU."""
         return max(self.wall_s, self.cpu_s, 0.0) if self.waiting else max(self.cpu_s, 0.0)
+
+
+# An operator below this share of its call's wall time has too little CPU time to tell the stretch.
+STRETCH_MIN_SHARE = 0.02
+
+
+def compute_stretch(nodes: Iterable[tuple[float, float, str | None, float]]) -> float:
+    """The smallest wall-over-CPU ratio among undeclared operators (cpu_s, wall_s, waits, the wall
+    seconds of the calls they ran in) with at least STRETCH_MIN_SHARE of their calls' time in CPU;
+    1.0 without any (or below 1)."""
+    ratios = [wall_s / cpu_s for cpu_s, wall_s, waits, call_wall_s in nodes
+              if waits is None and cpu_s > 0 and cpu_s >= STRETCH_MIN_SHARE * call_wall_s]
+    return max(1.0, min(ratios, default=1.0))
 
 
 @dataclass(frozen=True)

@@ -5,8 +5,8 @@ id is `prefix/stage/cut/pN` (fissure.compile.pieces.build_pieces). From the summ
 a window of micro-batches:
 - mu(t) = the seconds the piece was occupied / the wall seconds of the mapInArrow calls it ran in:
   its thread-CPU seconds, plus the waiting of every node that waits (fissure.control.cut_forecast:
-  declared `waits="io"`, or wall time >= 2 x CPU time), since a process blocked in a node can do
-  nothing else;
+  declared `waits="io"`, or wall time >= 2 x CPU time beyond the stretch of the operators that
+  compute beside it), since a process blocked in a node can do nothing else;
 - mu(o, t) = the occupied seconds of operator o and of every node downstream of o inside the
   piece, over the same wall seconds (the paper's "o and everything downstream of it", within t).
 On CPU-bound operators both are the CPU shares the paper profiles. `task_timings` gives the same
@@ -21,7 +21,7 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from fissure.control.cut_forecast import NodeTiming, PieceTiming, TaskTiming
+from fissure.control.cut_forecast import NodeTiming, PieceTiming, TaskTiming, compute_stretch
 from fissure.plan.autopipeline import AutopipelineProfile, ThreadProfile
 from fissure.program.graph import StreamGraph
 
@@ -42,11 +42,23 @@ class PieceMeasurement:
     def thread_name(self) -> str:
         return self.piece_id.split("/", 1)[1] if "/" in self.piece_id else self.piece_id
 
-    def node_timing(self, graph: StreamGraph, node: str) -> NodeTiming:
-        operator = graph.node(node).operator if node in graph.names else None
-        waits = operator.hints.waits if operator is not None else None
+    def node_timing(self, graph: StreamGraph, node: str, stretch: float = 1.0) -> NodeTiming:
         cpu_s = self.node_cpu_s[node]
-        return NodeTiming(cpu_s, self.node_wall_s.get(node, cpu_s), waits.value if waits is not None else None)
+        return NodeTiming(cpu_s, self.node_wall_s.get(node, cpu_s), declared_waits(graph, node), stretch)
+
+
+def declared_waits(graph: StreamGraph, node: str) -> str | None:
+    operator = graph.node(node).operator if node in graph.names else None
+    waits = operator.hints.waits if operator is not None else None
+    return waits.value if waits is not None else None
+
+
+def window_stretch(graph: StreamGraph, measurements: Iterable[PieceMeasurement]) -> float:
+    """How much a machine short of cores stretched the window's computing operators (wall over CPU
+    time; fissure.control.cut_forecast.compute_stretch), so that only what waits beyond it counts as waiting."""
+    return compute_stretch((piece.node_cpu_s[node], piece.node_wall_s.get(node, piece.node_cpu_s[node]),
+                            declared_waits(graph, node), piece.wall_s)
+                           for piece in measurements if piece.wall_s > 0 for node in piece.node_cpu_s)
 
 
 def piece_measurements(pieces: Mapping[str, list]) -> list[PieceMeasurement]:
@@ -80,12 +92,14 @@ def autopipeline_profile(graph: StreamGraph, measurements: Iterable[PieceMeasure
     """The optimizer's profile of the measured pieces (those with wall time). `stage_first_nodes`:
     the first node of every pe stage (no port: see the module docstring)."""
     no_port = set(stage_first_nodes)
+    measurements = list(measurements)
+    stretch = window_stretch(graph, measurements)
     threads = []
     for piece in measurements:
         if piece.wall_s <= 0:
             continue
         members = set(piece.node_cpu_s)
-        timings = {node: piece.node_timing(graph, node) for node in members}
+        timings = {node: piece.node_timing(graph, node, stretch) for node in members}
         waiting_s = sum(timing.occupied_s - max(timing.cpu_s, 0.0) for timing in timings.values())
         utilization = _fraction((piece.cpu_s + waiting_s) / piece.wall_s)
         ports = {}
@@ -121,6 +135,8 @@ def task_timings(graph: StreamGraph, measurements: Iterable[PieceMeasurement], *
     stage and cut (`pe0/<cut>`), each piece's nodes timed, and the ports a cut could open in it
     (not a stage's first node: see the module docstring). `batches`: the micro-batches of the window."""
     no_port = set(stage_first_nodes)
+    measurements = list(measurements)
+    stretch = window_stretch(graph, measurements)
     groups: dict[str, list[PieceMeasurement]] = {}
     for piece in measurements:
         if piece.wall_s > 0:
@@ -132,7 +148,8 @@ def task_timings(graph: StreamGraph, measurements: Iterable[PieceMeasurement], *
             members = set(piece.node_cpu_s)
             below = {node: frozenset(_downstream_in_piece(graph, node, members)) for node in sorted(members - no_port)}
             timed.append(PieceTiming(piece.thread_name, piece.thread_name.endswith("/p0"), piece.cpu_s,
-                                     {node: piece.node_timing(graph, node) for node in sorted(members)}, below))
+                                     {node: piece.node_timing(graph, node, stretch) for node in sorted(members)},
+                                     below))
         first = next((piece for piece in pieces if piece.thread_name.endswith("/p0")), pieces[0])
         tasks.append(TaskTiming(tuple(timed), first.wall_s, first.calls / max(1, batches), cores))
     return tuple(tasks)
