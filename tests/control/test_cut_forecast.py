@@ -187,3 +187,19 @@ def test_a_machine_short_of_cores_stretches_every_operator_and_only_what_waits_b
     assert not NodeTiming(0.30, 0.75, stretch=stretch).waiting and NodeTiming(0.01, 0.40, stretch=stretch).waiting
     assert NodeTiming(0.30, 0.75).waiting  # without the stretch, parsing would be taken for waiting
     assert compute_stretch([]) == 1.0 and compute_stretch([(0.3, 0.2, None, 1.0)]) == 1.0
+
+
+def test_cores_the_machine_did_not_leave_idle_are_not_free_for_a_cut():
+    # one task a batch on two cores, but Spark's JVM computed for the same task beside it: 0.1 core idle
+    busy_machine = TaskTiming((piece(COMPUTING),), 1.0, 1.0, 2, idle_cores=0.1)
+    assert busy_machine.core_share == pytest.approx(1.1)  # the task's own 1.0 core and the idle 0.1
+    gain = predict_cut_gain(busy_machine, THREAD, "lookup")
+    assert gain.gain == pytest.approx(0.1)
+    assert gain.reason.endswith("has 1.1 (1 task(s) a batch on 2 core(s), 0.10 idle while they ran)")
+    assert forecast(gain).trial_batches == 0  # within the +13.7 % band: no trial
+    quiet_machine = TaskTiming((piece(COMPUTING),), 1.0, 1.0, 2, idle_cores=1.0)
+    assert quiet_machine.core_share == 2.0
+    # a sleeping lookup frees its own core while it sleeps: the idle time says so
+    waiting = TaskTiming((piece(WAITING),), 1.0, 1.0, 2, idle_cores=0.4)
+    assert waiting.core_share == pytest.approx(0.61 + 0.4)
+    assert predict_cut_gain(waiting, THREAD, "lookup").gain == pytest.approx(1.01 / 0.61 - 1)

@@ -12,8 +12,13 @@ gain at most, from the window's timings of the task it would cut:
 - the processes of a task overlap, so after the cut a task's call takes at least the longest
   busy time of its processes (the two halves of t, every other piece unchanged), and at least
   the CPU the task needs over the cores it has: cores / the tasks that share them (a batch's
-  tasks, at most one per core at a time). Work that computes does not shrink by being split,
-  it only moves; work that waits (sleep, I/O) overlaps with the other side's;
+  tasks, at most one per core at a time), and, where the worker measured the machine's idle
+  time during the calls (Linux), no more than the cores its processes computed on plus its
+  share of the idle ones. Spark's JVM works for the same task beside the Python worker (it
+  reads the input, converts it to Arrow and back, writes the exchange): on the LogWatch graph,
+  one task a batch on 2 cores, cuts placed by hand ran at 0.86 of none, the second core
+  evidently not free for them. Work that computes does not shrink by
+  being split, it only moves; work that waits (sleep, I/O) overlaps with the other side's;
 - the predicted gain is the call's measured wall time over that bound, minus 1. It is an upper
   bound: moving records between two processes costs too (a cut cost the LogWatch graph about
   7 %), and the Spark worker's I/O is counted as computing.
@@ -114,11 +119,22 @@ class TaskTiming:
     wall_s: float
     tasks_per_batch: float
     cores: int
+    idle_cores: float | None = None  # cores the machine left idle while the tasks ran, on average (None: unknown)
+
+    @property
+    def running_tasks(self) -> float:
+        """Tasks of the stage that run at once: a batch's, up to one per core."""
+        return min(float(self.cores), max(1.0, self.tasks_per_batch))
 
     @property
     def core_share(self) -> float:
-        """Cores per running task: every task of a batch runs at once up to one per core."""
-        return self.cores / min(float(self.cores), max(1.0, self.tasks_per_batch))
+        """Cores a task could compute on: its share of the cores; when the machine's idle time was
+        measured, no more than what the task's processes computed on plus its share of the idle cores
+        (the rest went to what the processes do not see: Spark's JVM, other programs)."""
+        share = self.cores / self.running_tasks
+        if self.idle_cores is None or self.wall_s <= 0:
+            return share
+        return max(min(share, self.compute_s / self.wall_s + max(self.idle_cores, 0.0) / self.running_tasks), 1e-9)
 
     def busy_s(self, piece: PieceTiming) -> float:
         """A process's busy time; the first piece's includes the Spark worker's I/O (the rest of the call)."""
@@ -163,7 +179,8 @@ def predict_cut_gain(task: TaskTiming, thread: str, port: str) -> CutGain:
               f" time (waiting {share(above_waiting_s):.2f}), below it {share(below_busy_s):.2f} (waiting"
               f" {share(waiting_s(below_nodes)):.2f}); the task computes for {share(task.compute_s):.2f} of its time"
               f" on one core and has {task.core_share:.2g} ({task.tasks_per_batch:.3g} task(s) a batch on"
-              f" {task.cores} core(s))")
+              f" {task.cores} core(s)" + (f", {task.idle_cores:.2f} idle while they ran" if task.idle_cores is not None
+                                          else "") + ")")
     return CutGain(port, thread, gain, reason)
 
 

@@ -16,6 +16,8 @@ time waits, and counts with its wall time. The calls a piece ran in say how many
 
 from __future__ import annotations
 
+import math
+import os
 import time
 from collections.abc import Callable, Iterator
 
@@ -47,7 +49,7 @@ class PieceProfile:
         self.values[self.piece_base] += 1
         self.values[self.piece_base + 1] += cpu_s
 
-    def report(self, tally: ProfileTally, wall_s: float) -> None:
+    def report(self, tally: ProfileTally, wall_s: float, idle_core_s: float = math.nan) -> None:
         now = self.counters.snapshot()
         delta = [current - before for current, before in zip(now, self.counters.reported)]
         self.counters.reported = now
@@ -55,7 +57,25 @@ class PieceProfile:
             return
         width = len(NODE_FIELDS)
         nodes = {name: delta[index * width:(index + 1) * width] for index, name in enumerate(self.nodes)}
-        tally.add_piece(self.profile_id, delta[self.piece_base + 1], wall_s, nodes)
+        tally.add_piece(self.profile_id, delta[self.piece_base + 1], wall_s, nodes, 1, idle_core_s)
+
+
+def idle_core_s() -> float | None:
+    """The machine's idle CPU seconds so far, summed over its cores (Linux /proc/stat: idle and
+    iowait); None where unreadable. Its change over a call says how many cores stood free while
+    the task ran, whatever took the others (this run's JVM, its Python workers, other programs)."""
+    try:
+        with open("/proc/stat", encoding="ascii") as handle:
+            fields = handle.readline().split()
+        return (int(fields[4]) + int(fields[5])) / IDLE_TICKS_PER_S
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+try:
+    IDLE_TICKS_PER_S = os.sysconf("SC_CLK_TCK")
+except (AttributeError, ValueError, OSError):
+    IDLE_TICKS_PER_S = 100
 
 
 class ProfiledGraphRegion:
@@ -80,16 +100,18 @@ class ProfiledGraphRegion:
         # A function that emits a report row (GraphRegionFunction) leaves it to this wrapper,
         # which knows the call's counts only once the function is done.
         report_batch = getattr(self.function, "report_batch", None)
-        started_s = time.perf_counter()
+        started_s, idle_before_s = time.perf_counter(), idle_core_s() if piece_profiles else None
         yield from (self.function(batches, pieces) if report_batch is None
                     else self.function(batches, pieces, report=False))
         report = None
         try:
             wall_s = time.perf_counter() - started_s
+            idle_after_s = idle_core_s() if idle_before_s is not None else None
+            idle_s = idle_after_s - idle_before_s if idle_after_s is not None else math.nan  # NaN: unknown
             tally = attach_tally(self.accumulator)
             for profile in piece_profiles:
                 if profile is not None:
-                    profile.report(tally, wall_s)
+                    profile.report(tally, wall_s, idle_s)
             operators = None
             if self.operators:
                 tally.add_region_call(self.region_id, wall_s)
