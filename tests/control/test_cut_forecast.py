@@ -11,6 +11,7 @@ from fissure.control.autopipeline_control import (
     AutopipelinePolicy,
     AutopipelineWindow,
     ControlAction,
+    decide_screen,
     decide_trials,
 )
 from fissure.control.cut_forecast import (
@@ -157,17 +158,37 @@ def test_insert_what_can_pay_for_a_short_trial():
         insert=("lookup",), trial_batches=1)
 
 
-def test_the_policy_with_timings_halts_on_a_computing_graph_without_touching_the_cut():
-    windows = [AutopipelineWindow(1, 2.0, {"lookup": 1000.0}, {"lookup": (990.0, 1010.0)}, batches=2)]
+def test_the_screen_halts_a_computing_graph_and_profiles_a_waiting_one():
+    computing = decide_screen((task(COMPUTING),), frozenset(), batches=2, noise=NoiseEstimate())
+    assert computing == AutopipelineControlDecision(
+        ControlAction.HALT,
+        "no cut can pay beyond the noise: pe0/parse,lookup,failures: any cut gains at most +0%: the task computes for"
+        " 1.00 of its time on one core and has 1 (2 task(s) a batch on 2 core(s)); within the +13.7% band a trial of"
+        " 2 batch(es) must pass at 90% confidence (batch spread 10.0% assumed, none measured yet)", frozenset())
+    waiting = decide_screen((task(WAITING),), frozenset(), batches=2, noise=NoiseEstimate())
+    assert waiting.action is ControlAction.PROFILE and waiting.reason.startswith(
+        "a cut may pay, profiling node by node: pe0/parse,lookup,failures: any cut gains at most +64%")
+    assert decide_screen((), frozenset(), batches=2, noise=NoiseEstimate()) == AutopipelineControlDecision(
+        ControlAction.PROFILE, "no task timed: profiling node by node", frozenset())
+
+
+def test_the_policy_screens_profiles_tries_and_screens_again():
+    timings = iter([(task(WAITING),), (task(WAITING),), (task(COMPUTING),)])
+    windows = [
+        AutopipelineWindow(1, 2.0, {"lookup": 1000.0}, {"lookup": (990.0, 1010.0)}, batches=2),  # screened
+        AutopipelineWindow(3, 4.0, {"lookup": 1000.0}, {"lookup": (995.0, 1005.0)}, batches=2),  # node by node
+        AutopipelineWindow(4, 5.0, {"lookup": 1600.0}, {"lookup": (1600.0,)}, batches=1),  # the one-batch trial
+        AutopipelineWindow(6, 7.0, {"lookup": 1600.0}, {"lookup": (1590.0, 1610.0)}, batches=2),  # screened again
+    ]
     policy = AutopipelinePolicy(3, lambda window, blacklist: PROFILE, AutopipelineControlConfig(settle_s=0.0),
-                                timings_of=lambda window: (task(COMPUTING),))
+                                timings_of=lambda window: next(timings))
     realizer = RecordingRealizer(cost_s=lambda decision: 0.0)
     timeline = run_loop(windows, policy, realizer, clock=lambda: 0.0)
-    (decision,) = timeline.decisions()
-    assert decision.action is ControlAction.HALT and decision.insert == () and decision.blacklist == frozenset()
-    assert decision.not_tried == ("lookup", "failures")
-    assert "batch spread 1.4% over 1 degrees of freedom" in decision.reason  # the window's own noise weighed in
-    assert realizer.applied == [decision] and policy.phase == "halted"
+    assert [decision.summary() for decision in timeline.decisions()] == [
+        "profile", "insert lookup", "continue: keep lookup", "halt"]
+    assert timeline.decisions()[1].trial_batches == 1
+    assert timeline.decisions()[3].reason.startswith("no cut can pay beyond the noise")
+    assert realizer.applied == timeline.decisions() and policy.phase == "halted"
 
 
 def test_the_paper_rule_tries_what_the_optimizer_proposes():

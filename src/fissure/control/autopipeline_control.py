@@ -28,8 +28,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import Enum
 
-from fissure.control.cut_forecast import TaskTiming, TrialForecast, best_cut_gain, forecast_trial
-from fissure.control.noise import NoiseEstimate, judge_gain
+from fissure.control.cut_forecast import TaskTiming, TrialForecast, best_cut_gain, forecast_trial, task_gain
+from fissure.control.noise import NoiseEstimate, judge_gain, noise_band
 from fissure.plan.autopipeline import AutopipelinePlan, AutopipelineProfile, plan_autopipelining
 
 log = logging.getLogger(__name__)
@@ -74,6 +74,7 @@ class AutopipelineControlConfig:
 
 
 class ControlAction(str, Enum):
+    PROFILE = "profile"  # count node by node for the next window: the screening found a cut may pay
     INSERT = "insert"  # apply the optimizer's insertions
     WAIT = "wait"  # change nothing yet: settling, or measurements missing
     CONTINUE = "continue"  # keep `keep`, remove `revert`, then optimize again
@@ -141,6 +142,27 @@ def decide_after_optimization(
         blacklist,
         insert=operators,
     )
+
+
+def decide_screen(tasks: tuple[TaskTiming, ...], blacklist: frozenset[str], *, batches: int, noise: NoiseEstimate,
+                  config: AutopipelineControlConfig = AutopipelineControlConfig()) -> AutopipelineControlDecision:
+    """The cheap first look, on a window whose graph PEs ran fused: PROFILE (node by node, the
+    optimizer's input) when some task's cores bound (fissure.control.cut_forecast.task_gain) beats
+    the band a trial of `batches` after `batches` must pass; HALT when none does."""
+    confidence = config.keep_confidence if config.keep_confidence is not None else 0.5
+    band = max(noise_band(noise.spread(config.assumed_noise), max(1, batches), max(1, batches), confidence),
+               config.min_gain)
+    if not tasks:
+        return AutopipelineControlDecision(ControlAction.PROFILE, "no task timed: profiling node by node", blacklist)
+    best = max((task_gain(task) for task in tasks), key=lambda gain: gain.gain)
+    noise_text = (f"the {band:+.1%} band a trial of {batches} batch(es) must pass at {confidence:.0%} confidence"
+                  f" ({noise.describe(config.assumed_noise)})")
+    if best.gain > band:
+        return AutopipelineControlDecision(
+            ControlAction.PROFILE, f"a cut may pay, profiling node by node: {best.reason}; beyond {noise_text}",
+            blacklist)
+    return AutopipelineControlDecision.halt(f"no cut can pay beyond the noise: {best.reason}; within {noise_text}",
+                                            blacklist)
 
 
 def decide_trials(profile: AutopipelineProfile, tasks: tuple[TaskTiming, ...], blacklist: frozenset[str], *,
@@ -309,7 +331,9 @@ class AutopipelinePolicy:
     non-source input ports, what the blacklisted share is taken of. `timings_of(window)`: the
     window's task timings (on Spark: fissure.profile.graph_profile.task_timings); given, and with
     `config.forecast_trials`, a proposed cut is tried only when it can pay (`decide_trials`), for
-    as few batches as its bound allows. Phases: "profiling", "evaluating", "halted". Every window
+    as few batches as its bound allows, and every round starts with a window whose graph PEs run
+    fused (`decide_screen`): node-by-node counting, which unfuses them, only once some cut may pay.
+    Phases: "screening", "profiling", "evaluating", "halted". Every window
     ran under unchanged cuts, so its per-batch rates feed the noise estimate (before the
     decision: a forecast weighs the noise of the window it was made on).
     """
@@ -319,7 +343,8 @@ class AutopipelinePolicy:
                  timings_of: TimingsOf | None = None) -> None:
         self.input_port_count, self.profile_of, self.config = input_port_count, profile_of, config
         self.timings_of = timings_of
-        self.phase = "profiling"
+        self.screens = timings_of is not None and config.forecast_trials
+        self.phase = "screening" if self.screens else "profiling"
         self.blacklist: frozenset[str] = frozenset()
         self.noise = NoiseEstimate()  # the spread of a port's rate per batch under unchanged cuts
         self.last_profile: AutopipelineProfile | None = None
@@ -328,6 +353,12 @@ class AutopipelinePolicy:
     def decide(self, window: AutopipelineWindow) -> AutopipelineControlDecision:
         if self.phase == "halted":
             return AutopipelineControlDecision.wait("halted: autopipelining has stopped", self.blacklist)
+        if self.phase == "screening":
+            self._add_noise(window)
+            decision = decide_screen(self.timings_of(window), self.blacklist, batches=window.batch_count,
+                                     noise=self.noise, config=self.config)
+            self.phase = "profiling" if decision.action is ControlAction.PROFILE else "halted"
+            return decision
         if self.phase == "profiling":
             self._add_noise(window)
             return self._optimize(window)
@@ -364,5 +395,6 @@ class AutopipelinePolicy:
                                   noise=self.noise)
         if decision.action is not ControlAction.WAIT:
             self.blacklist = decision.blacklist
-            self.phase = "halted" if decision.action is ControlAction.HALT else "profiling"
+            self.phase = ("halted" if decision.action is ControlAction.HALT
+                          else "screening" if self.screens else "profiling")
         return decision

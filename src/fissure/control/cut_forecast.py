@@ -40,6 +40,7 @@ half the bound, so that a cut delivering half its bound still shows.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
@@ -177,11 +178,25 @@ def predict_cut_gain(task: TaskTiming, thread: str, port: str) -> CutGain:
     share = (lambda seconds: seconds / before_s) if before_s > 0 else (lambda seconds: 0.0)
     reason = (f"a cut at {port} gains at most {gain:+.0%}: above it busy {share(above_busy_s):.2f} of the task's"
               f" time (waiting {share(above_waiting_s):.2f}), below it {share(below_busy_s):.2f} (waiting"
-              f" {share(waiting_s(below_nodes)):.2f}); the task computes for {share(task.compute_s):.2f} of its time"
-              f" on one core and has {task.core_share:.2g} ({task.tasks_per_batch:.3g} task(s) a batch on"
-              f" {task.cores} core(s)" + (f", {task.idle_cores:.2f} idle while they ran" if task.idle_cores is not None
-                                          else "") + ")")
+              f" {share(waiting_s(below_nodes)):.2f}); {_cores_text(task, share)}")
     return CutGain(port, thread, gain, reason)
+
+
+def _cores_text(task: TaskTiming, share) -> str:
+    idle = f", {task.idle_cores:.2f} idle while they ran" if task.idle_cores is not None else ""
+    return (f"the task computes for {share(task.compute_s):.2f} of its time on one core and has {task.core_share:.2g}"
+            f" ({task.tasks_per_batch:.3g} task(s) a batch on {task.cores} core(s){idle})")
+
+
+def task_gain(task: TaskTiming) -> CutGain:
+    """The most any cut of the task can gain: the cores bound alone (the screening's question;
+    totals suffice, so the pieces may be counted per fused run)."""
+    name = task.pieces[0].thread.rsplit("/", 1)[0] if task.pieces else "?"
+    before_s = max([task.wall_s, *(task.busy_s(piece) for piece in task.pieces)])
+    after_s = task.compute_s / task.core_share
+    gain = max(before_s / after_s - 1.0, 0.0) if after_s > 0 else math.inf
+    share = (lambda seconds: seconds / before_s) if before_s > 0 else (lambda seconds: 0.0)
+    return CutGain("*", name, gain, f"{name}: any cut gains at most {gain:+.0%}: {_cores_text(task, share)}")
 
 
 def best_cut_gain(tasks: tuple[TaskTiming, ...], port: str, threads: tuple[str, ...]) -> CutGain | None:

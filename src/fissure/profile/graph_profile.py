@@ -26,6 +26,11 @@ from fissure.plan.autopipeline import AutopipelineProfile, ThreadProfile
 from fissure.program.graph import StreamGraph
 
 
+# Ends the profile prefix of pieces counted per fused run rather than node by node (the loop's
+# screening): their counts name a run by its last operator, so the optimizer must not read them.
+RUNS_MARK = "~runs"
+
+
 @dataclass(frozen=True)
 class PieceMeasurement:
     """One piece's counts over a window (from a ProfileTally's `pieces` entry)."""
@@ -42,6 +47,11 @@ class PieceMeasurement:
     @property
     def thread_name(self) -> str:
         return self.piece_id.split("/", 1)[1] if "/" in self.piece_id else self.piece_id
+
+    @property
+    def by_runs(self) -> bool:
+        """Counted per fused run (the screening), not node by node."""
+        return self.piece_id.split("/", 1)[0].endswith(RUNS_MARK)
 
     def node_timing(self, graph: StreamGraph, node: str, stretch: float = 1.0) -> NodeTiming:
         cpu_s = self.node_cpu_s[node]

@@ -126,7 +126,8 @@ class Runner(SourcePreparation, BatchWriting, QueryWatching):
         self.state_partitions = config.state_partitions or state_partitions_of(
             self.graph, self.plan, max(1, config.default_state_partitions))
         self.profile_pieces = config.replanning == "autopipeline"  # count node by node for the autopipelining loop
-        self.counting_pieces = self.profile_pieces  # still counting (the loop stops it when it halts)
+        # how the graph PEs count (fissure.spark.query.stages.PIECE_COUNTING_PROPERTY): the loop sets it
+        self.piece_counting = "nodes" if self.profile_pieces else "off"
         self.accumulator = None  # the run's profile accumulator (a ProfileTally), when anything is counted
         self.listeners = BatchListeners()
         self.batch_log: list[GraphBatch] = []
@@ -425,10 +426,13 @@ class Runner(SourcePreparation, BatchWriting, QueryWatching):
         with self._lock:
             self.boundaries = chosen
 
-    def stop_counting_pieces(self) -> None:
-        """The micro-batches that start from now on run their graph PEs fused, uncounted node by node."""
+    def count_pieces(self, counting: str) -> None:
+        """How the graph PEs of the micro-batches that start from now on count: "nodes" (node by
+        node, each operator unfused), "runs" (per fused run, fused as unprofiled) or "off"."""
+        if counting not in ("nodes", "runs", "off"):
+            raise ValueError(f"piece counting must be 'nodes', 'runs' or 'off', got {counting!r}")
         with self._lock:
-            self.counting_pieces = False
+            self.piece_counting = counting if self.profile_pieces else "off"
 
     @property
     def cores(self) -> int:
