@@ -110,8 +110,8 @@ def main(argv=None) -> int:
     parser.add_argument("--beta", type=float, default=0.5)
     parser.add_argument("--master", default="local[2]")
     parser.add_argument("--graphs", default="logwatch,waiting", help="the graphs to measure: logwatch, waiting")
-    parser.add_argument("--waiting-lines", type=int, default=200_000)
-    parser.add_argument("--waiting-files", type=int, default=32,
+    parser.add_argument("--waiting-lines", type=int, default=300_000)
+    parser.add_argument("--waiting-files", type=int, default=64,
                         help="files of the waiting graph's input, a micro-batch each: more batches than LogWatch's, "
                              "so that what autopipelining spends finding the cut (a window unpipelined, a window "
                              "profiled node by node) is a small part of the run")
