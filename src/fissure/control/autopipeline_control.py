@@ -11,12 +11,18 @@ must rise beyond the band that the spread of its per-batch rates could give with
 `keep_confidence`. The paper keeps any increase (`keep_confidence=None`, `min_gain=0`); on this
 project's 2-core machine that kept a cut for a 2.6 % rise and ran the graph at 0.77 of no cut.
 
+Before a trial, the model is asked what the cut can gain at most (fissure.control.cut_forecast):
+a cut between operators that compute, on a task with no free core, cannot gain, and trying it
+cost the LogWatch graph 11 % of its throughput (0.89 of no cut). `decide_screen` halts on a
+window run fused when no task could gain beyond the noise, `decide_trials` tries only the
+proposed cuts whose bound beats the noise band, for as few batches as the bound allows.
+
 Every decision is a frozen value with its reason; the clock and the measurements come in as
 arguments. A missing or NaN measurement means "no change yet" and a log line.
 
 `AutopipelinePolicy` is the whole stage as a policy of the loop contract (fissure.control.loop):
-one `AutopipelineWindow` of micro-batches in, one decision out; profile -> optimize -> insert ->
-evaluate -> keep or revert and blacklist -> halt. Its realizer on Spark sets a graph runner's
+one `AutopipelineWindow` of micro-batches in, one decision out; screen -> profile -> optimize ->
+insert -> evaluate -> keep or revert and blacklist -> screen again ... -> halt. Its realizer on Spark sets a graph runner's
 pipeline boundaries (fissure.spark.adaptive.autopipelining).
 """
 
