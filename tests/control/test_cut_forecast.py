@@ -21,6 +21,7 @@ from fissure.control.cut_forecast import (
     TrialForecast,
     best_cut_gain,
     compute_stretch,
+    delivered,
     forecast_trial,
     predict_cut_gain,
 )
@@ -189,6 +190,7 @@ def test_the_policy_screens_profiles_tries_and_screens_again():
     assert timeline.decisions()[1].trial_batches == 1
     assert timeline.decisions()[3].reason.startswith("no cut can pay beyond the noise")
     assert realizer.applied == timeline.decisions() and policy.phase == "halted"
+    assert policy.delivered_share == pytest.approx(1.6 * 0.61)  # 1,000 -> 1,600/s against a bound of 1 / 0.61
 
 
 def test_the_paper_rule_tries_what_the_optimizer_proposes():
@@ -224,3 +226,12 @@ def test_cores_the_machine_did_not_leave_idle_are_not_free_for_a_cut():
     waiting = TaskTiming((piece(WAITING),), 1.0, 1.0, 2, idle_cores=0.4)
     assert waiting.core_share == pytest.approx(0.61 + 0.4)
     assert predict_cut_gain(waiting, THREAD, "lookup").gain == pytest.approx(1.01 / 0.61 - 1)
+
+
+def test_a_trial_that_fell_short_scales_the_bounds_that_follow():
+    gain = predict_cut_gain(task(WAITING), THREAD, "lookup")  # +64 %
+    assert delivered(gain, 1.0) is gain and delivered(None, 0.5) is None
+    halved = delivered(gain, 0.7)
+    assert halved.gain == pytest.approx(0.7 / 0.61 - 1)  # +15 %
+    assert halved.reason == f"{gain.reason}; 0.70 of that as this run's trials delivered: +15%"
+    assert delivered(gain, 0.5).gain == 0.0  # never below no gain

@@ -512,12 +512,12 @@ def test_loop_reverts_and_blacklists_a_port_that_does_not_gain():
     assert second.revert == ("big",) and second.blacklist == frozenset({"big"})
     assert second.action is ControlAction.CONTINUE  # 1 of 4 ports blacklisted: below alpha 0.5
     assert runner.applied == [("big",), ()]
-    # screening, then profiling again: big is blacklisted, so the optimizer offers small instead
+    # the trial delivered 0.8 against a bound of 1 / 0.55: every later bound of the run is scaled by that
+    assert loop.policy.delivered_share == pytest.approx(0.8 * 0.55)
     runner.run_batch(3, 1.0, {ONE_PIECE: piece_counts(0.9, 1.0, BUSY, {"small": 100})})
-    assert loop.decisions[3].decision.action is ControlAction.PROFILE
-    runner.run_batch(4, 1.0, {ONE_PIECE: piece_counts(0.9, 1.0, BUSY, {"small": 100})})
-    fourth = loop.decisions[4].decision
-    assert (fourth.action, fourth.insert) == (ControlAction.INSERT, ("small",))
+    third = loop.decisions[3].decision  # the screen's +100 % is +0 % at that share: no second trial
+    assert third.action is ControlAction.HALT and "0.44 of that as this run's trials delivered: +0%" in third.reason
+    assert runner.applied == [("big",), (), ()] and runner.counting[-1] == "off"
 
 
 def test_loop_tries_no_cut_on_a_task_with_no_free_core_and_a_short_trial_where_one_pays():

@@ -34,7 +34,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import Enum
 
-from fissure.control.cut_forecast import TaskTiming, TrialForecast, best_cut_gain, forecast_trial, task_gain
+from fissure.control.cut_forecast import (
+    TaskTiming, TrialForecast, best_cut_gain, delivered, forecast_trial, task_gain,
+)
 from fissure.control.noise import NoiseEstimate, judge_gain, noise_band
 from fissure.plan.autopipeline import AutopipelinePlan, AutopipelineProfile, plan_autopipelining
 
@@ -151,16 +153,18 @@ def decide_after_optimization(
 
 
 def decide_screen(tasks: tuple[TaskTiming, ...], blacklist: frozenset[str], *, batches: int, noise: NoiseEstimate,
-                  config: AutopipelineControlConfig = AutopipelineControlConfig()) -> AutopipelineControlDecision:
+                  config: AutopipelineControlConfig = AutopipelineControlConfig(),
+                  delivered_share: float = 1.0) -> AutopipelineControlDecision:
     """The cheap first look, on a window whose graph PEs ran fused: PROFILE (node by node, the
     optimizer's input) when some task's cores bound (fissure.control.cut_forecast.task_gain) beats
-    the band a trial of `batches` after `batches` must pass; HALT when none does."""
+    the band a trial of `batches` after `batches` must pass; HALT when none does.
+    `delivered_share`: what this run's trials delivered of their bounds (`delivered`)."""
     confidence = config.keep_confidence if config.keep_confidence is not None else 0.5
     band = max(noise_band(noise.spread(config.assumed_noise), max(1, batches), max(1, batches), confidence),
                config.min_gain)
     if not tasks:
         return AutopipelineControlDecision(ControlAction.PROFILE, "no task timed: profiling node by node", blacklist)
-    best = max((task_gain(task) for task in tasks), key=lambda gain: gain.gain)
+    best = max((delivered(task_gain(task), delivered_share) for task in tasks), key=lambda gain: gain.gain)
     noise_text = (f"the {band:+.1%} band a trial of {batches} batch(es) must pass at {confidence:.0%} confidence"
                   f" ({noise.describe(config.assumed_noise)})")
     if best.gain > band:
@@ -173,19 +177,22 @@ def decide_screen(tasks: tuple[TaskTiming, ...], blacklist: frozenset[str], *, b
 
 def decide_trials(profile: AutopipelineProfile, tasks: tuple[TaskTiming, ...], blacklist: frozenset[str], *,
                   batches_before: Mapping[str, int], max_trial_batches: int, noise: NoiseEstimate,
-                  config: AutopipelineControlConfig = AutopipelineControlConfig()) -> AutopipelineControlDecision:
+                  config: AutopipelineControlConfig = AutopipelineControlConfig(),
+                  delivered_share: float = 1.0) -> AutopipelineControlDecision:
     """Insert only the proposed cuts whose predicted gain beats the noise (fissure.control.cut_forecast).
 
     The optimizer's plan for `profile`; each insertion's bound from `tasks` (the largest over the
     threads it relieves) against the band of a trial of `max_trial_batches` after
-    `batches_before[port]` batches. Cuts that cannot pay are set aside for this round (not
+    `batches_before[port]` batches, scaled by `delivered_share`. Cuts that cannot pay are set aside for this round (not
     blacklisted: a later profile may change them) and the optimizer asked again without them;
     HALT when nothing is left that could pay, or when the optimizer found nothing."""
     confidence = config.keep_confidence if config.keep_confidence is not None else 0.5
     set_aside: list[TrialForecast] = []
     plan = plan_autopipelining(profile)
     while plan.insertions:
-        forecasts = [forecast_trial(insertion.operator, best_cut_gain(tasks, insertion.operator, insertion.threads),
+        forecasts = [forecast_trial(insertion.operator,
+                                    delivered(best_cut_gain(tasks, insertion.operator, insertion.threads),
+                                              delivered_share),
                                     batches_before=max(1, batches_before.get(insertion.operator, 1)),
                                     max_trial_batches=max_trial_batches, noise=noise, confidence=confidence,
                                     assumed_sd=config.assumed_noise, min_gain=config.min_gain)
@@ -355,6 +362,9 @@ class AutopipelinePolicy:
         self.noise = NoiseEstimate()  # the spread of a port's rate per batch under unchanged cuts
         self.last_profile: AutopipelineProfile | None = None
         self._round: InsertionRound | None = None
+        self._bounds: dict[str, float] = {}  # the tried cuts' bounds, 1 + gain
+        # the lowest share of its bound a trial delivered (measured 1 + gain over the bound's), at most 1
+        self.delivered_share = 1.0
 
     def decide(self, window: AutopipelineWindow) -> AutopipelineControlDecision:
         if self.phase == "halted":
@@ -362,7 +372,7 @@ class AutopipelinePolicy:
         if self.phase == "screening":
             self._add_noise(window)
             decision = decide_screen(self.timings_of(window), self.blacklist, batches=window.batch_count,
-                                     noise=self.noise, config=self.config)
+                                     noise=self.noise, config=self.config, delivered_share=self.delivered_share)
             self.phase = "profiling" if decision.action is ControlAction.PROFILE else "halted"
             return decision
         if self.phase == "profiling":
@@ -380,9 +390,19 @@ class AutopipelinePolicy:
         profile = self.profile_of(window, self.blacklist)
         self.last_profile = profile
         if self.timings_of is not None and self.config.forecast_trials:
-            decision = decide_trials(profile, self.timings_of(window), self.blacklist,
+            tasks = self.timings_of(window)
+            decision = decide_trials(profile, tasks, self.blacklist,
                                      batches_before={port: len(rates) for port, rates in window.samples.items()},
-                                     max_trial_batches=window.batch_count, noise=self.noise, config=self.config)
+                                     max_trial_batches=window.batch_count, noise=self.noise, config=self.config,
+                                     delivered_share=self.delivered_share)
+            self._bounds = {}
+            for port in decision.insert:
+                insertion = next(item for item in plan_autopipelining(replace(
+                    profile, blacklisted_ports=profile.blacklisted_ports | set(decision.not_tried))).insertions
+                    if item.operator == port)
+                bound = best_cut_gain(tasks, port, insertion.threads)
+                if bound is not None:
+                    self._bounds[port] = 1.0 + bound.gain
         else:
             decision = decide_after_optimization(plan_autopipelining(profile), self.blacklist)
         if decision.action is ControlAction.INSERT:
@@ -400,6 +420,11 @@ class AutopipelinePolicy:
                                   self.input_port_count, self.config, samples_after=window.samples,
                                   noise=self.noise)
         if decision.action is not ControlAction.WAIT:
+            for port, bound in self._bounds.items():
+                before, after = self._round.throughput_before_per_s.get(port), window.throughput_per_s.get(port)
+                if _usable(before) and _usable(after) and before > 0:
+                    self.delivered_share = min(self.delivered_share, (after / before) / bound)
+            self._bounds = {}
             self.blacklist = decision.blacklist
             self.phase = ("halted" if decision.action is ControlAction.HALT
                           else "screening" if self.screens else "profiling")

@@ -32,7 +32,9 @@ showed 2.5 times more wall than CPU time), a sleep stretches only its own operat
 whose every operator waits must declare it. A node declared `waits="gil-free"` computes (native
 code, on a core).
 
-`forecast_trial` then compares the bound with the band the run's noise could give over a trial
+A trial that delivers less than its bound scales every later bound of the run (`delivered`): the
+costs the bound leaves out weigh the same on the next cut. `forecast_trial` then compares the
+bound with the band the run's noise could give over a trial
 (fissure.control.noise): no trial when the bound is within the band, since even the best case
 could not be told from noise; otherwise the trial lasts the fewest batches whose band is at most
 half the bound, so that a cut delivering half its bound still shows.
@@ -197,6 +199,17 @@ def task_gain(task: TaskTiming) -> CutGain:
     gain = max(before_s / after_s - 1.0, 0.0) if after_s > 0 else math.inf
     share = (lambda seconds: seconds / before_s) if before_s > 0 else (lambda seconds: 0.0)
     return CutGain("*", name, gain, f"{name}: any cut gains at most {gain:+.0%}: {_cores_text(task, share)}")
+
+
+def delivered(gain: CutGain | None, share: float) -> CutGain | None:
+    """The bound scaled to what this run's trials delivered: `share` is the lowest ratio of a
+    trial's measured (1 + gain) to its bound's, at most 1. The bound leaves out a cut's own costs;
+    a trial that fell short says how much they weigh on this run."""
+    if gain is None or share >= 1.0:
+        return gain
+    scaled = max((1.0 + gain.gain) * share - 1.0, 0.0)
+    return CutGain(gain.port, gain.thread, scaled,
+                   f"{gain.reason}; {share:.2f} of that as this run's trials delivered: {scaled:+.0%}")
 
 
 def best_cut_gain(tasks: tuple[TaskTiming, ...], port: str, threads: tuple[str, ...]) -> CutGain | None:
