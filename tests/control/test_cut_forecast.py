@@ -156,7 +156,7 @@ def test_insert_what_can_pay_for_a_short_trial():
     assert decision == AutopipelineControlDecision(
         ControlAction.INSERT, "insert threads at lookup: 1 new thread(s) for 1 of 1 bottleneck thread(s); the most"
         f" loaded thread is predicted at 0.45, at port lookup; {lookup.reason}", frozenset({"x"}),
-        insert=("lookup",), trial_batches=1)
+        insert=("lookup",), trial_batches=1, bounds=(lookup.gain,))
 
 
 def test_the_screen_halts_a_computing_graph_and_profiles_a_waiting_one():

@@ -111,6 +111,7 @@ class AutopipelineControlDecision:
     revert: tuple[str, ...] = ()
     trial_batches: int = 0  # INSERT: the micro-batches the trial lasts (0: a whole window)
     not_tried: tuple[str, ...] = ()  # ports the optimizer proposed that could not pay beyond the noise
+    bounds: tuple[float | None, ...] = ()  # INSERT: each port's bound on its gain (None: not timed), as `insert`
 
     def summary(self) -> str:
         """One line for a loop's timeline: `insert big`, `continue: keep big, revert small`."""
@@ -190,13 +191,13 @@ def decide_trials(profile: AutopipelineProfile, tasks: tuple[TaskTiming, ...], b
     set_aside: list[TrialForecast] = []
     plan = plan_autopipelining(profile)
     while plan.insertions:
-        forecasts = [forecast_trial(insertion.operator,
-                                    delivered(best_cut_gain(tasks, insertion.operator, insertion.threads),
-                                              delivered_share),
-                                    batches_before=max(1, batches_before.get(insertion.operator, 1)),
-                                    max_trial_batches=max_trial_batches, noise=noise, confidence=confidence,
-                                    assumed_sd=config.assumed_noise, min_gain=config.min_gain)
-                     for insertion in plan.insertions]
+        bounds = [best_cut_gain(tasks, insertion.operator, insertion.threads) for insertion in plan.insertions]
+        forecasts = [replace(forecast_trial(insertion.operator, delivered(bound, delivered_share),
+                                            batches_before=max(1, batches_before.get(insertion.operator, 1)),
+                                            max_trial_batches=max_trial_batches, noise=noise, confidence=confidence,
+                                            assumed_sd=config.assumed_noise, min_gain=config.min_gain),
+                             unscaled=bound.gain if bound is not None else None)
+                     for insertion, bound in zip(plan.insertions, bounds)]
         worth = [forecast for forecast in forecasts if forecast.trial_batches]
         set_aside += [forecast for forecast in forecasts if not forecast.trial_batches]
         if worth:
@@ -206,7 +207,8 @@ def decide_trials(profile: AutopipelineProfile, tasks: tuple[TaskTiming, ...], b
                 f"insert threads at {', '.join(ports)}: {plan.reason}; "
                 + "; ".join(forecast.reason for forecast in (*set_aside, *worth)),
                 blacklist, insert=ports, trial_batches=max(forecast.trial_batches for forecast in worth),
-                not_tried=tuple(forecast.port for forecast in set_aside))
+                not_tried=tuple(forecast.port for forecast in set_aside),
+                bounds=tuple(forecast.unscaled for forecast in worth))
         plan = plan_autopipelining(replace(profile, blacklisted_ports=profile.blacklisted_ports
                                            | {forecast.port for forecast in set_aside}))
     if not set_aside:
@@ -390,19 +392,12 @@ class AutopipelinePolicy:
         profile = self.profile_of(window, self.blacklist)
         self.last_profile = profile
         if self.timings_of is not None and self.config.forecast_trials:
-            tasks = self.timings_of(window)
-            decision = decide_trials(profile, tasks, self.blacklist,
+            decision = decide_trials(profile, self.timings_of(window), self.blacklist,
                                      batches_before={port: len(rates) for port, rates in window.samples.items()},
                                      max_trial_batches=window.batch_count, noise=self.noise, config=self.config,
                                      delivered_share=self.delivered_share)
-            self._bounds = {}
-            for port in decision.insert:
-                insertion = next(item for item in plan_autopipelining(replace(
-                    profile, blacklisted_ports=profile.blacklisted_ports | set(decision.not_tried))).insertions
-                    if item.operator == port)
-                bound = best_cut_gain(tasks, port, insertion.threads)
-                if bound is not None:
-                    self._bounds[port] = 1.0 + bound.gain
+            self._bounds = {port: 1.0 + bound for port, bound in zip(decision.insert, decision.bounds)
+                            if bound is not None}
         else:
             decision = decide_after_optimization(plan_autopipelining(profile), self.blacklist)
         if decision.action is ControlAction.INSERT:

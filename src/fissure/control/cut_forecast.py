@@ -228,6 +228,7 @@ class TrialForecast:
     band: float  # the gain noise could give over the longest trial, at the confidence
     trial_batches: int
     reason: str
+    unscaled: float | None = None  # the model's bound before `delivered` scaled it (set by the caller)
 
 
 def forecast_trial(port: str, gain: CutGain | None, *, batches_before: int, max_trial_batches: int,
