@@ -221,8 +221,10 @@ def measure_waiting(args, spark, work: str, log) -> tuple[dict, list[str]]:
     lines = ["\n## A graph where a cut pays: LogWatch with a waiting lookup\n",
              f"`located` after `events` waits {args.wait_us:g} us per record (a sleep of {LOOKUP_GROUP} records' worth"
              f" every {LOOKUP_GROUP} records); {args.waiting_lines:,} lines in {args.waiting_files} files, a"
-             f" micro-batch each (at most {args.waiting_batch_kb} KiB); medians of {args.repeats} repeat(s) in rotated order\n",
-             "| variant | boundaries at the end (last run) | lines/s | ratio to unpipelined | ratio to the best hand-placed |",
+             f" micro-batch each (at most {args.waiting_batch_kb} KiB); medians of {args.repeats} repeat(s) in"
+             " rotated order\n",
+             "| variant | boundaries at the end (last run) | lines/s | ratio to unpipelined"
+             " | ratio to the best hand-placed |",
              "| --- | --- | --- | --- | --- |"]
     for name, rate in medians.items():
         ratio = document["ratio_to_unpipelined"].get(name)

@@ -12,7 +12,6 @@ from dataclasses import dataclass
 import pyarrow as pa
 
 from fissure.compile.stages import GraphStage, consumers_after, fusion_runs, pieces_for
-from fissure.profile.graph_profile import RUNS_MARK
 from fissure.runtime.elastic.stage import WaitingOperator
 from fissure.runtime.operators.fused import FusedStage, Step
 from fissure.runtime.pe.graph_piece import GraphPiece, StatelessNode

@@ -22,8 +22,8 @@ arguments. A missing or NaN measurement means "no change yet" and a log line.
 
 `AutopipelinePolicy` is the whole stage as a policy of the loop contract (fissure.control.loop):
 one `AutopipelineWindow` of micro-batches in, one decision out; screen -> profile -> optimize ->
-insert -> evaluate -> keep or revert and blacklist -> screen again ... -> halt. Its realizer on Spark sets a graph runner's
-pipeline boundaries (fissure.spark.adaptive.autopipelining).
+insert -> evaluate -> keep or revert and blacklist -> screen again ... -> halt. Its realizer on
+Spark sets a graph runner's pipeline boundaries (fissure.spark.adaptive.autopipelining).
 """
 
 from __future__ import annotations
