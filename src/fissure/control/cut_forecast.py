@@ -13,8 +13,8 @@ gain at most, from the window's timings of the task it would cut:
   busy time of its processes (the two halves of t, every other piece unchanged), and at least
   the CPU the task needs over the cores it has: cores / the tasks that share them (a batch's
   tasks, at most one per core at a time), and, where the worker measured the machine's idle
-  time during the calls (Linux), no more than the cores its processes computed on plus its
-  share of the idle ones. Spark's JVM works for the same task beside the Python worker (it
+  time during the calls (Linux), no more than the one core its process holds (computing or
+  waiting on it) plus its share of the idle ones. Spark's JVM works for the same task beside the Python worker (it
   reads the input, converts it to Arrow and back, writes the exchange): on the LogWatch graph,
   one task a batch on 2 cores, cuts placed by hand ran at 0.86 of none, the second core
   evidently not free for them. Work that computes does not shrink by
@@ -132,22 +132,32 @@ class TaskTiming:
     @property
     def core_share(self) -> float:
         """Cores a task could compute on: its share of the cores; when the machine's idle time was
-        measured, no more than what the task's processes computed on plus its share of the idle cores
-        (the rest went to what the processes do not see: Spark's JVM, other programs)."""
+        measured, no more than the one core its process holds (computing or waiting on it) plus its
+        share of the idle cores (the rest went to what the processes do not see: Spark's JVM,
+        other programs)."""
         share = self.cores / self.running_tasks
-        if self.idle_cores is None or self.wall_s <= 0:
+        if self.idle_cores is None:
             return share
-        return max(min(share, self.compute_s / self.wall_s + max(self.idle_cores, 0.0) / self.running_tasks), 1e-9)
+        return min(share, 1.0 + max(self.idle_cores, 0.0) / self.running_tasks)
 
     def busy_s(self, piece: PieceTiming) -> float:
         """A process's busy time; the first piece's includes the Spark worker's I/O (the rest of the call)."""
         return max(self.wall_s, piece.work_s) if piece.first else piece.work_s
 
     @property
+    def worker_io_s(self) -> float:
+        """The Spark worker's own part of the calls (Arrow in and out), counted as computing."""
+        return sum(max(0.0, self.wall_s - piece.work_s) for piece in self.pieces if piece.first)
+
+    @property
     def compute_s(self) -> float:
-        worker_io_s = sum(max(0.0, self.wall_s - piece.work_s) for piece in self.pieces if piece.first)
-        return worker_io_s + sum(sum(node.compute_s for node in piece.nodes.values()) + piece.routing_s
-                                 for piece in self.pieces)
+        return self.worker_io_s + sum(sum(node.compute_s for node in piece.nodes.values()) + piece.routing_s
+                                      for piece in self.pieces)
+
+    @property
+    def cpu_s(self) -> float:
+        """As `compute_s`, with every operator's CPU time only (the screening's view)."""
+        return self.worker_io_s + sum(piece.cpu_s for piece in self.pieces)
 
 
 @dataclass(frozen=True)
@@ -184,21 +194,24 @@ def predict_cut_gain(task: TaskTiming, thread: str, port: str) -> CutGain:
     return CutGain(port, thread, gain, reason)
 
 
-def _cores_text(task: TaskTiming, share) -> str:
+def _cores_text(task: TaskTiming, share, cpu_only: bool = False) -> str:
     idle = f", {task.idle_cores:.2f} idle while they ran" if task.idle_cores is not None else ""
-    return (f"the task computes for {share(task.compute_s):.2f} of its time on one core and has {task.core_share:.2g}"
-            f" ({task.tasks_per_batch:.3g} task(s) a batch on {task.cores} core(s){idle})")
+    return (f"the task computes for {share(task.cpu_s if cpu_only else task.compute_s):.2f} of its time on one core"
+            f" and has {task.core_share:.2g} ({task.tasks_per_batch:.3g} task(s) a batch on {task.cores}"
+            f" core(s){idle})")
 
 
 def task_gain(task: TaskTiming) -> CutGain:
     """The most any cut of the task can gain: the cores bound alone (the screening's question;
-    totals suffice, so the pieces may be counted per fused run)."""
+    totals suffice, so the pieces may be counted per fused run). It counts the pieces' CPU time
+    only: inside a fused run it cannot tell an operator that waits from one a busy machine
+    stretched, and a window profiled node by node, which can, costs less than a trial."""
     name = task.pieces[0].thread.rsplit("/", 1)[0] if task.pieces else "?"
     before_s = max([task.wall_s, *(task.busy_s(piece) for piece in task.pieces)])
-    after_s = task.compute_s / task.core_share
+    after_s = task.cpu_s / task.core_share
     gain = max(before_s / after_s - 1.0, 0.0) if after_s > 0 else math.inf
     share = (lambda seconds: seconds / before_s) if before_s > 0 else (lambda seconds: 0.0)
-    return CutGain("*", name, gain, f"{name}: any cut gains at most {gain:+.0%}: {_cores_text(task, share)}")
+    return CutGain("*", name, gain, f"{name}: any cut gains at most {gain:+.0%}: {_cores_text(task, share, True)}")
 
 
 def delivered(gain: CutGain | None, share: float) -> CutGain | None:
