@@ -236,3 +236,13 @@ def test_a_trial_that_fell_short_scales_the_bounds_that_follow():
     assert halved.gain == pytest.approx(0.7 / 0.61 - 1)  # +15 %
     assert halved.reason == f"{gain.reason}; 0.70 of that as this run's trials delivered: +15%"
     assert delivered(gain, 0.5).gain == 0.0  # never below no gain
+
+
+def test_two_processes_overlap_only_across_a_calls_arrow_batches():
+    def with_batches(count):
+        return TaskTiming((piece(WAITING),), 1.0, 2.0, 2, arrow_batches_per_call=count)
+
+    assert predict_cut_gain(with_batches(1), THREAD, "lookup").gain == 0.0  # one batch a call: nothing to overlap
+    # four: the longer side (0.55) and a quarter of the shorter (0.45) one
+    assert predict_cut_gain(with_batches(4), THREAD, "lookup").gain == pytest.approx(1 / (0.55 + 0.45 / 4) - 1)
+    assert predict_cut_gain(with_batches(None), THREAD, "lookup").gain == pytest.approx(1 / 0.61 - 1)

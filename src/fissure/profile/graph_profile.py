@@ -43,6 +43,7 @@ class PieceMeasurement:
     node_wall_s: Mapping[str, float] = field(default_factory=dict)  # absent: as its CPU seconds
     calls: float = 0.0  # the mapInArrow calls (tasks) it ran in
     idle_core_s: float = math.nan  # the machine's idle CPU seconds during those calls (NaN: unknown)
+    arrow_batches: float = 0.0  # the Arrow batches it ran (0: unknown)
 
     @property
     def thread_name(self) -> str:
@@ -74,13 +75,14 @@ def window_stretch(graph: StreamGraph, measurements: Iterable[PieceMeasurement])
 
 def piece_measurements(pieces: Mapping[str, list]) -> list[PieceMeasurement]:
     """A tally's `pieces` mapping (id -> [cpu_s, wall_s, {node: [records_in, records_out, cpu_s, wall_s]},
-    calls, idle_core_s])."""
+    calls, idle_core_s, arrow_batches])."""
     return [PieceMeasurement(piece_id, float(values[0]), float(values[1]),
                              {node: float(counts[2]) for node, counts in values[2].items()},
                              {node: float(counts[0]) for node, counts in values[2].items()},
                              {node: float(counts[3]) for node, counts in values[2].items() if len(counts) > 3},
                              float(values[3]) if len(values) > 3 else 0.0,
-                             float(values[4]) if len(values) > 4 else math.nan)
+                             float(values[4]) if len(values) > 4 else math.nan,
+                             float(values[5]) if len(values) > 5 else 0.0)
             for piece_id, values in sorted(pieces.items())]
 
 
@@ -164,5 +166,6 @@ def task_timings(graph: StreamGraph, measurements: Iterable[PieceMeasurement], *
                                      below))
         first = next((piece for piece in pieces if piece.thread_name.endswith("/p0")), pieces[0])
         idle_cores = first.idle_core_s / first.wall_s if math.isfinite(first.idle_core_s) else None
-        tasks.append(TaskTiming(tuple(timed), first.wall_s, first.calls / max(1, batches), cores, idle_cores))
+        tasks.append(TaskTiming(tuple(timed), first.wall_s, first.calls / max(1, batches), cores, idle_cores,
+                                first.arrow_batches / first.calls if first.calls and first.arrow_batches else None))
     return tuple(tasks)

@@ -57,7 +57,8 @@ class PieceProfile:
             return
         width = len(NODE_FIELDS)
         nodes = {name: delta[index * width:(index + 1) * width] for index, name in enumerate(self.nodes)}
-        tally.add_piece(self.profile_id, delta[self.piece_base + 1], wall_s, nodes, 1, idle_core_s)
+        tally.add_piece(self.profile_id, delta[self.piece_base + 1], wall_s, nodes, 1, idle_core_s,
+                        delta[self.piece_base])
 
 
 def idle_core_s() -> float | None:
