@@ -240,7 +240,7 @@ def test_a_trial_that_fell_short_scales_the_bounds_that_follow():
 
 def test_two_processes_overlap_only_across_a_calls_arrow_batches():
     def with_batches(count):
-        return TaskTiming((piece(WAITING),), 1.0, 2.0, 2, arrow_batches_per_call=count)
+        return TaskTiming((piece(WAITING),), 1.0, 2.0, 2, chunks_per_call=count)
 
     assert predict_cut_gain(with_batches(1), THREAD, "lookup").gain == 0.0  # one batch a call: nothing to overlap
     # four: the longer side (0.55) and a quarter of the shorter (0.45) one

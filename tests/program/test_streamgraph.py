@@ -417,7 +417,12 @@ def test_a_waiting_node_occupies_its_thread_for_its_wall_time_and_the_forecast_s
     assert (task.wall_s, task.tasks_per_batch, task.core_share, task.idle_cores) == (1.0, 2.0, 1.0, None)
     idle = task_timings(g, piece_measurements({ONE_PIECE: [0.45, 1.0, nodes, 4, 0.5, 12]}), batches=2, cores=2)
     assert idle[0].idle_cores == 0.5  # the machine's idle CPU seconds over the calls' wall seconds
-    assert idle[0].arrow_batches_per_call == 3.0
+    assert idle[0].chunks_per_call == 3.0  # 12 Arrow batches in 4 calls, no chunking given
+    from fissure.runtime.pe.element import pipelining_chunk_count
+    chunked = task_timings(g, piece_measurements({ONE_PIECE: [0.45, 1.0, {**nodes, "parsed": [30000, 0, 0.1, 0.1]},
+                                                              4, 0.5, 12]}), batches=2, cores=2,
+                           chunk_count=pipelining_chunk_count)
+    assert chunked[0].chunks_per_call == 3.0 * 8  # 2,500-row batches cut into 8 for two processes
     (piece,) = task.pieces
     assert piece.first and piece.below == {"big": {"big", "both"}, "small": {"small", "both"}, "both": {"both"}}
     assert piece.nodes["small"].waiting and not piece.nodes["big"].waiting

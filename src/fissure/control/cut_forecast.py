@@ -19,8 +19,9 @@ gain at most, from the window's timings of the task it would cut:
   one task a batch on 2 cores, cuts placed by hand ran at 0.86 of none, the second core
   evidently not free for them. Work that computes does not shrink by
   being split, it only moves; work that waits (sleep, I/O) overlaps with the other side's;
-- the two processes overlap only across the Arrow batches of a call: the longer side's time plus
-  the shorter side's share of one batch, at least (with one batch a call, a cut gains nothing);
+- the two processes overlap only across the chunks a call's rows cross the cut in (the processing
+  element cuts each Arrow batch into a few per process): the longer side's time plus the shorter
+  side's share of one chunk, at least (with one chunk a call, a cut gains nothing);
 - the predicted gain is the call's measured wall time over that bound, minus 1. It is an upper
   bound: moving records between two processes costs too (a cut cost the LogWatch graph about
   7 %), and the Spark worker's I/O is counted as computing.
@@ -125,7 +126,7 @@ class TaskTiming:
     tasks_per_batch: float
     cores: int
     idle_cores: float | None = None  # cores the machine left idle while the tasks ran, on average (None: unknown)
-    arrow_batches_per_call: float | None = None  # what a call can pipeline (None: unknown)
+    chunks_per_call: float | None = None  # the chunks a call's rows cross a cut in (None: unknown)
 
     @property
     def running_tasks(self) -> float:
@@ -183,9 +184,9 @@ def predict_cut_gain(task: TaskTiming, thread: str, port: str) -> CutGain:
     others = [task.busy_s(other) for other in task.pieces if other is not piece]
     cores_bound_s = task.compute_s / task.core_share
     before_s = max([task.wall_s, task.busy_s(piece), *others])
-    # two processes overlap only across a call's Arrow batches: the shorter side's share of one
-    # batch is never hidden (with one batch a call, nothing is)
-    fill_s = min(above_busy_s, below_busy_s) / task.arrow_batches_per_call if task.arrow_batches_per_call else 0.0
+    # two processes overlap only across the chunks a call's rows cross the cut in: the shorter
+    # side's share of one chunk is never hidden (with one chunk a call, nothing is)
+    fill_s = min(above_busy_s, below_busy_s) / task.chunks_per_call if task.chunks_per_call else 0.0
     after_s = max([max(above_busy_s, below_busy_s) + fill_s, cores_bound_s, *others])
     gain = max(before_s / after_s - 1.0, 0.0) if after_s > 0 else 0.0
 

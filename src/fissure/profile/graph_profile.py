@@ -18,7 +18,7 @@ first process would be left with no node; fissure.compile.stages.pieces_for).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from fissure.control.cut_forecast import NodeTiming, PieceTiming, TaskTiming, compute_stretch
@@ -144,10 +144,13 @@ def port_throughput_per_s(measurements: Iterable[PieceMeasurement], wall_s: floa
 
 
 def task_timings(graph: StreamGraph, measurements: Iterable[PieceMeasurement], *, batches: int, cores: int,
-                 stage_first_nodes: Iterable[str] = ()) -> tuple[TaskTiming, ...]:
+                 stage_first_nodes: Iterable[str] = (),
+                 chunk_count: Callable[[int, int], int] | None = None) -> tuple[TaskTiming, ...]:
     """The cut forecast's input (fissure.control.cut_forecast): the measured pieces grouped by
     stage and cut (`pe0/<cut>`), each piece's nodes timed, and the ports a cut could open in it
-    (not a stage's first node: see the module docstring). `batches`: the micro-batches of the window."""
+    (not a stage's first node: see the module docstring). `batches`: the micro-batches of the window;
+    `chunk_count(rows, pipelines)`: the chunks the processing element cuts an Arrow batch of `rows`
+    into for that many processes (None: none, a call's Arrow batches are its chunks)."""
     no_port = set(stage_first_nodes)
     measurements = list(measurements)
     stretch = window_stretch(graph, measurements)
@@ -166,6 +169,10 @@ def task_timings(graph: StreamGraph, measurements: Iterable[PieceMeasurement], *
                                      below))
         first = next((piece for piece in pieces if piece.thread_name.endswith("/p0")), pieces[0])
         idle_cores = first.idle_core_s / first.wall_s if math.isfinite(first.idle_core_s) else None
-        tasks.append(TaskTiming(tuple(timed), first.wall_s, first.calls / max(1, batches), cores, idle_cores,
-                                first.arrow_batches / first.calls if first.calls and first.arrow_batches else None))
+        chunks = None
+        if first.calls and first.arrow_batches:
+            rows = max(first.node_records_in.values(), default=0.0) / first.arrow_batches
+            per_batch = chunk_count(max(1, round(rows)), len(pieces) + 1) if chunk_count is not None else 1
+            chunks = first.arrow_batches / first.calls * per_batch
+        tasks.append(TaskTiming(tuple(timed), first.wall_s, first.calls / max(1, batches), cores, idle_cores, chunks))
     return tuple(tasks)

@@ -41,6 +41,7 @@ from fissure.profile.graph_profile import (
     autopipeline_profile, piece_measurements, port_throughput_per_s, task_timings,
 )
 from fissure.program.nodes import NodeKind
+from fissure.runtime.pe.element import pipelining_chunk_count
 from fissure.runtime.profiling.profiler import ProfileTally
 
 
@@ -150,7 +151,7 @@ class GraphAutopipeliner:
 
     def _timings_of(self, window: AutopipelineWindow):
         return task_timings(self.runner.graph, window.measurements, batches=window.batch_count, cores=self.cores,
-                            stage_first_nodes=window.stage_first_nodes)
+                            stage_first_nodes=window.stage_first_nodes, chunk_count=pipelining_chunk_count)
 
     def on_batch(self, batch) -> None:
         """The collector: count the batch into the window; step the loop when the window is full."""
