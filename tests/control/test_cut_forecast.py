@@ -246,3 +246,13 @@ def test_two_processes_overlap_only_across_a_calls_arrow_batches():
     # four: the longer side (0.55) and a quarter of the shorter (0.45) one
     assert predict_cut_gain(with_batches(4), THREAD, "lookup").gain == pytest.approx(1 / (0.55 + 0.45 / 4) - 1)
     assert predict_cut_gain(with_batches(None), THREAD, "lookup").gain == pytest.approx(1 / 0.61 - 1)
+
+
+def test_a_stage_that_takes_part_of_a_batch_gains_the_batch_less():
+    # the stage's calls take 0.4 of the batches' time: halving them saves 0.2 of a batch, +25 %
+    half_of_the_batch = TaskTiming((piece(WAITING),), 1.0, 2.0, 2, batch_share=0.4)
+    assert half_of_the_batch.in_batches(1.0) == pytest.approx(1 / 0.8 - 1)
+    gain = predict_cut_gain(half_of_the_batch, THREAD, "lookup")
+    assert gain.gain == pytest.approx(1 / (0.6 + 0.4 * 0.61) - 1)
+    assert gain.reason.endswith("; the stage takes 0.40 of the batches' time")
+    assert TaskTiming((piece(WAITING),), 1.0, 2.0, 2).in_batches(1.0) == 1.0  # unknown: the calls' gain

@@ -323,6 +323,7 @@ class AutopipelineWindow:
     measurements: tuple = ()
     stage_first_nodes: tuple[str, ...] = ()
     batches: int = 0  # micro-batches in the window (0: the longest of `samples`)
+    wall_s: float = 0.0  # the window's micro-batches' summed wall time (0: unknown)
 
     @property
     def batch_count(self) -> int:

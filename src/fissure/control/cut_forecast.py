@@ -22,7 +22,9 @@ gain at most, from the window's timings of the task it would cut:
 - the two processes overlap only across the chunks a call's rows cross the cut in (the processing
   element cuts each Arrow batch into a few per process): the longer side's time plus the shorter
   side's share of one chunk, at least (with one chunk a call, a cut gains nothing);
-- the predicted gain is the call's measured wall time over that bound, minus 1. It is an upper
+- the predicted gain is the call's measured wall time over that bound, minus 1, diluted by the
+  stage's share of the micro-batches' wall time (the port's throughput is records per second of
+  batch time, and the batch's other stages do not shrink). It is an upper
   bound: moving records between two processes costs too (a cut cost the LogWatch graph about
   7 %), and the Spark worker's I/O is counted as computing.
 
@@ -127,6 +129,17 @@ class TaskTiming:
     cores: int
     idle_cores: float | None = None  # cores the machine left idle while the tasks ran, on average (None: unknown)
     chunks_per_call: float | None = None  # the chunks a call's rows cross a cut in (None: unknown)
+    batch_share: float | None = None  # the stage's share of the micro-batches' wall time (None: unknown)
+
+    def in_batches(self, gain: float) -> float:
+        """A gain of the stage's calls as a gain of the micro-batches: the rest of a batch (its
+        other stages, Spark's own work) does not shrink."""
+        if self.batch_share is None or not 0 < self.batch_share < 1:
+            return gain
+        return 1.0 / (1.0 - self.batch_share + self.batch_share / (1.0 + gain)) - 1.0
+
+    def batch_text(self) -> str:
+        return f"; the stage takes {self.batch_share:.2f} of the batches' time" if self.batch_share is not None else ""
 
     @property
     def running_tasks(self) -> float:
@@ -188,7 +201,7 @@ def predict_cut_gain(task: TaskTiming, thread: str, port: str) -> CutGain:
     # side's share of one chunk is never hidden (with one chunk a call, nothing is)
     fill_s = min(above_busy_s, below_busy_s) / task.chunks_per_call if task.chunks_per_call else 0.0
     after_s = max([max(above_busy_s, below_busy_s) + fill_s, cores_bound_s, *others])
-    gain = max(before_s / after_s - 1.0, 0.0) if after_s > 0 else 0.0
+    gain = task.in_batches(max(before_s / after_s - 1.0, 0.0) if after_s > 0 else 0.0)
 
     def waiting_s(nodes) -> float:
         return sum(node.wall_s - node.compute_s for node in nodes if node.waiting)
@@ -197,7 +210,7 @@ def predict_cut_gain(task: TaskTiming, thread: str, port: str) -> CutGain:
     share = (lambda seconds: seconds / before_s) if before_s > 0 else (lambda seconds: 0.0)
     reason = (f"a cut at {port} gains at most {gain:+.0%}: above it busy {share(above_busy_s):.2f} of the task's"
               f" time (waiting {share(above_waiting_s):.2f}), below it {share(below_busy_s):.2f} (waiting"
-              f" {share(waiting_s(below_nodes)):.2f}); {_cores_text(task, share)}")
+              f" {share(waiting_s(below_nodes)):.2f}); {_cores_text(task, share)}{task.batch_text()}")
     return CutGain(port, thread, gain, reason)
 
 
@@ -216,9 +229,10 @@ def task_gain(task: TaskTiming) -> CutGain:
     name = task.pieces[0].thread.rsplit("/", 1)[0] if task.pieces else "?"
     before_s = max([task.wall_s, *(task.busy_s(piece) for piece in task.pieces)])
     after_s = task.cpu_s / task.core_share
-    gain = max(before_s / after_s - 1.0, 0.0) if after_s > 0 else math.inf
+    gain = task.in_batches(max(before_s / after_s - 1.0, 0.0) if after_s > 0 else math.inf)
     share = (lambda seconds: seconds / before_s) if before_s > 0 else (lambda seconds: 0.0)
-    return CutGain("*", name, gain, f"{name}: any cut gains at most {gain:+.0%}: {_cores_text(task, share, True)}")
+    return CutGain("*", name, gain, f"{name}: any cut gains at most {gain:+.0%}: {_cores_text(task, share, True)}"
+                                    f"{task.batch_text()}")
 
 
 def delivered(gain: CutGain | None, share: float) -> CutGain | None:

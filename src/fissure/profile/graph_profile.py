@@ -145,12 +145,14 @@ def port_throughput_per_s(measurements: Iterable[PieceMeasurement], wall_s: floa
 
 def task_timings(graph: StreamGraph, measurements: Iterable[PieceMeasurement], *, batches: int, cores: int,
                  stage_first_nodes: Iterable[str] = (),
-                 chunk_count: Callable[[int, int], int] | None = None) -> tuple[TaskTiming, ...]:
+                 chunk_count: Callable[[int, int], int] | None = None,
+                 batch_wall_s: float | None = None) -> tuple[TaskTiming, ...]:
     """The cut forecast's input (fissure.control.cut_forecast): the measured pieces grouped by
     stage and cut (`pe0/<cut>`), each piece's nodes timed, and the ports a cut could open in it
     (not a stage's first node: see the module docstring). `batches`: the micro-batches of the window;
     `chunk_count(rows, pipelines)`: the chunks the processing element cuts an Arrow batch of `rows`
-    into for that many processes (None: none, a call's Arrow batches are its chunks)."""
+    into for that many processes (None: none, a call's Arrow batches are its chunks); `batch_wall_s`:
+    the window's micro-batches' summed wall time, of which a stage's calls take their share."""
     no_port = set(stage_first_nodes)
     measurements = list(measurements)
     stretch = window_stretch(graph, measurements)
@@ -174,5 +176,8 @@ def task_timings(graph: StreamGraph, measurements: Iterable[PieceMeasurement], *
             rows = max(first.node_records_in.values(), default=0.0) / first.arrow_batches
             per_batch = chunk_count(max(1, round(rows)), len(pieces) + 1) if chunk_count is not None else 1
             chunks = first.arrow_batches / first.calls * per_batch
-        tasks.append(TaskTiming(tuple(timed), first.wall_s, first.calls / max(1, batches), cores, idle_cores, chunks))
+        running = min(float(cores), max(1.0, first.calls / max(1, batches)))
+        batch_share = min(1.0, first.wall_s / running / batch_wall_s) if batch_wall_s else None
+        tasks.append(TaskTiming(tuple(timed), first.wall_s, first.calls / max(1, batches), cores, idle_cores, chunks,
+                                batch_share))
     return tuple(tasks)

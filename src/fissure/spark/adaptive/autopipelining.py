@@ -151,7 +151,8 @@ class GraphAutopipeliner:
 
     def _timings_of(self, window: AutopipelineWindow):
         return task_timings(self.runner.graph, window.measurements, batches=window.batch_count, cores=self.cores,
-                            stage_first_nodes=window.stage_first_nodes, chunk_count=pipelining_chunk_count)
+                            stage_first_nodes=window.stage_first_nodes, chunk_count=pipelining_chunk_count,
+                            batch_wall_s=window.wall_s or None)
 
     def on_batch(self, batch) -> None:
         """The collector: count the batch into the window; step the loop when the window is full."""
@@ -174,7 +175,7 @@ class GraphAutopipeliner:
         if not measurements:
             return
         self.loop.step(AutopipelineWindow(batch.batch_id, self.clock(), port_throughput_per_s(measurements, wall_s),
-                                          samples, tuple(measurements), self._first_nodes(), batches))
+                                          samples, tuple(measurements), self._first_nodes(), batches, wall_s))
 
     def _record(self, step: LoopStep[AutopipelineWindow, AutopipelineControlDecision]) -> None:
         self.decisions.append(LoopDecision(step.observation.batch_id, tuple(self.runner.boundaries), step.decision))
