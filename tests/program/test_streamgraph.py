@@ -401,6 +401,38 @@ def test_profile_is_mu_of_threads_and_ports_downstream_within_the_piece():
     assert later.minus(later).pieces == {}  # nothing new: no piece
 
 
+def test_a_waiting_node_occupies_its_thread_for_its_wall_time_and_the_forecast_sees_the_task():
+    from fissure.profile.graph_profile import task_timings
+
+    g = example_graph()
+    # small sleeps: 0.4 s of wall time for 0.01 s of CPU; the others compute (wall = CPU)
+    nodes = {name: [0, 0, cpu_s, wall_s] for name, cpu_s, wall_s in
+             (("parsed", 0.1, 0.1), ("big", 0.2, 0.2), ("small", 0.01, 0.4), ("both", 0.1, 0.1))}
+    pieces = {ONE_PIECE: [0.45, 1.0, nodes, 4]}
+    measurements = piece_measurements(pieces)
+    (thread,) = autopipeline_profile(g, measurements, stage_first_nodes=["parsed"]).threads
+    assert thread.utilization == pytest.approx(0.45 + 0.39)  # its CPU and the waiting of small
+    assert thread.port_utilization == pytest.approx({"big": 0.3, "small": 0.5, "both": 0.1})
+    (task,) = task_timings(g, measurements, batches=2, cores=2, stage_first_nodes=["parsed"])
+    assert (task.wall_s, task.tasks_per_batch, task.core_share, task.idle_cores) == (1.0, 2.0, 1.0, None)
+    idle = task_timings(g, piece_measurements({ONE_PIECE: [0.45, 1.0, nodes, 4, 0.5, 12]}), batches=2, cores=2)
+    assert idle[0].idle_cores == 0.5  # the machine's idle CPU seconds over the calls' wall seconds
+    assert idle[0].chunks_per_call == 3.0  # 12 Arrow batches in 4 calls, no chunking given
+    from fissure.runtime.pe.element import pipelining_chunk_count
+    chunked = task_timings(g, piece_measurements({ONE_PIECE: [0.45, 1.0, {**nodes, "parsed": [30000, 0, 0.1, 0.1]},
+                                                              4, 0.5, 12]}), batches=2, cores=2,
+                           chunk_count=pipelining_chunk_count)
+    assert chunked[0].chunks_per_call == 3.0 * 8  # 2,500-row batches cut into 8 for two processes
+    (piece,) = task.pieces
+    assert piece.first and piece.below == {"big": {"big", "both"}, "small": {"small", "both"}, "both": {"both"}}
+    assert piece.nodes["small"].waiting and not piece.nodes["big"].waiting
+    # on a machine short of cores every operator shows 2.5 x its CPU time: only small waits beyond that
+    stretched = {name: [0, 0, cpu_s, wall_s * (2.5 if name != "small" else 1.0)]
+                 for name, (_, _, cpu_s, wall_s) in nodes.items()}
+    (piece,) = task_timings(g, piece_measurements({ONE_PIECE: [0.45, 2.0, stretched, 4]}), batches=2, cores=2)[0].pieces
+    assert [name for name, timing in piece.nodes.items() if timing.waiting] == ["small"]
+
+
 class RecordingRunner:
     """What GraphAutopipeliner needs of a Runner; records every boundary change."""
 
@@ -409,6 +441,8 @@ class RecordingRunner:
 
         self.graph = graph
         self.profile_pieces = True
+        self.cores = 2  # one task a batch on two cores: a cut has a core of its own
+        self.counting: list[str] = []  # every counting mode the loop set
         self.compiled = SimpleNamespace(stages=plan_graph_stages(graph))
         self.boundaries = ()
         self.listeners = SimpleNamespace(on_batch=[])
@@ -421,6 +455,9 @@ class RecordingRunner:
 
     def profile_tally(self):
         return self.tally.copy()
+
+    def count_pieces(self, counting):
+        self.counting.append(counting)
 
     def run_batch(self, batch_id, wall_s, pieces):
         from fissure.spark.query.runner import GraphBatch
@@ -435,42 +472,86 @@ BUSY = {"parsed": 0.1, "big": 0.45, "small": 0.1, "both": 0.1}  # big: U 0.55, s
 CUT = "example/pe0/parsed,small|big,both"
 
 
+def screened(runner, loop, batch_id=0):
+    """The loop's first window only screens (fused, counted per run): this one says a cut may pay."""
+    runner.run_batch(batch_id, 1.0, {ONE_PIECE: piece_counts(0.9, 1.0, BUSY, {"big": 100})})
+    decision = loop.decisions[-1].decision
+    assert decision.action is ControlAction.PROFILE and decision.reason.startswith(
+        "a cut may pay, profiling node by node: pe0/parsed,big,small,both: any cut gains at most +100%")
+    assert runner.counting == ["runs", "nodes"] and runner.applied == []
+
+
 def test_loop_inserts_keeps_a_port_that_gains_then_halts():
     runner = RecordingRunner(example_graph())
     loop = GraphAutopipeliner(runner, GraphAutopipelineConfig(profile_batches=1, beta=0.8), clock=lambda: 0.0).attach()
-    runner.run_batch(0, 1.0, {ONE_PIECE: piece_counts(0.9, 1.0, BUSY, {"big": 100})})
-    first = loop.decisions[0].decision
-    assert (first.action, first.insert) == (ControlAction.INSERT, ("big",))
+    screened(runner, loop)
+    runner.run_batch(1, 1.0, {ONE_PIECE: piece_counts(0.9, 1.0, BUSY, {"big": 100})})
+    first = loop.decisions[1].decision
+    assert (first.action, first.insert, first.trial_batches) == (ControlAction.INSERT, ("big",), 1)
     assert runner.applied == [("big",)]
     # the next window ran under the new cut, twice as fast: big's throughput 100/s -> 200/s
-    runner.run_batch(1, 0.5, {f"{CUT}/p0": piece_counts(0.3, 0.5, {"parsed": 0.1, "small": 0.1}, {}),
-                              f"{CUT}/p1": piece_counts(0.3, 0.5, {"big": 0.2, "both": 0.1}, {"big": 100})})
-    second = loop.decisions[1].decision
+    after_cut = {f"{CUT}/p0": piece_counts(0.3, 0.5, {"parsed": 0.1, "small": 0.1}, {}),
+                 f"{CUT}/p1": piece_counts(0.3, 0.5, {"big": 0.2, "both": 0.1}, {"big": 100})}
+    runner.run_batch(2, 0.5, after_cut)
+    second = loop.decisions[2].decision
     assert (second.action, second.keep, second.revert) == (ControlAction.CONTINUE, ("big",), ())
-    assert runner.applied[-1] == ("big",)
-    runner.run_batch(2, 0.5, {f"{CUT}/p0": piece_counts(0.3, 0.5, {"parsed": 0.1, "small": 0.1}, {}),
-                              f"{CUT}/p1": piece_counts(0.3, 0.5, {"big": 0.2, "both": 0.1}, {"big": 100})})
-    third = loop.decisions[2].decision
-    assert third.action is ControlAction.HALT and "no thread is at or above beta 0.8" in third.reason
-    assert loop.phase == "halted"
-    runner.run_batch(3, 0.5, {})
-    assert len(loop.decisions) == 3
+    assert runner.applied[-1] == ("big",) and runner.counting[-1] == "runs"  # the next round screens first
+    runner.run_batch(3, 0.5, after_cut)
+    third = loop.decisions[3].decision  # the task computes for 1.6 of its time, on two cores: a cut may gain +25 %
+    assert third.action is ControlAction.PROFILE
+    runner.run_batch(4, 0.5, after_cut)
+    fourth = loop.decisions[4].decision
+    assert fourth.action is ControlAction.HALT and "no thread is at or above beta 0.8" in fourth.reason
+    assert loop.phase == "halted" and runner.counting[-1] == "off"  # halted: the pieces fuse again, uncounted
+    runner.run_batch(5, 0.5, {})
+    assert len(loop.decisions) == 5
 
 
 def test_loop_reverts_and_blacklists_a_port_that_does_not_gain():
     runner = RecordingRunner(example_graph())
     loop = GraphAutopipeliner(runner, GraphAutopipelineConfig(profile_batches=1, beta=0.8), clock=lambda: 0.0).attach()
-    runner.run_batch(0, 1.0, {ONE_PIECE: piece_counts(0.9, 1.0, BUSY, {"big": 100})})
-    runner.run_batch(1, 1.25, {f"{CUT}/p0": piece_counts(0.3, 1.25, {"parsed": 0.1, "small": 0.1}, {}),
+    screened(runner, loop)
+    runner.run_batch(1, 1.0, {ONE_PIECE: piece_counts(0.9, 1.0, BUSY, {"big": 100})})
+    runner.run_batch(2, 1.25, {f"{CUT}/p0": piece_counts(0.3, 1.25, {"parsed": 0.1, "small": 0.1}, {}),
                                f"{CUT}/p1": piece_counts(0.3, 1.25, {"big": 0.2, "both": 0.1}, {"big": 100})})
-    second = loop.decisions[1].decision
+    second = loop.decisions[2].decision
     assert second.revert == ("big",) and second.blacklist == frozenset({"big"})
     assert second.action is ControlAction.CONTINUE  # 1 of 4 ports blacklisted: below alpha 0.5
     assert runner.applied == [("big",), ()]
-    # profiling again: big is blacklisted, so the optimizer offers small instead
-    runner.run_batch(2, 1.0, {ONE_PIECE: piece_counts(0.9, 1.0, BUSY, {"small": 100})})
-    third = loop.decisions[2].decision
-    assert (third.action, third.insert) == (ControlAction.INSERT, ("small",))
+    # the trial delivered 0.8 against a bound of 1 / 0.55: every later bound of the run is scaled by that
+    assert loop.policy.delivered_share == pytest.approx(0.8 * 0.55)
+    runner.run_batch(3, 1.0, {ONE_PIECE: piece_counts(0.9, 1.0, BUSY, {"small": 100})})
+    third = loop.decisions[3].decision  # the screen's +100 % is +0 % at that share: no second trial
+    assert third.action is ControlAction.HALT and "0.44 of that as this run's trials delivered: +0%" in third.reason
+    assert runner.applied == [("big",), (), ()] and runner.counting[-1] == "off"
+
+
+def test_loop_tries_no_cut_on_a_task_with_no_free_core_and_a_short_trial_where_one_pays():
+    computing = {name: [100, 100, cpu_s, cpu_s] for name, cpu_s in BUSY.items()}  # wall = CPU: every node computes
+    runner = RecordingRunner(example_graph())
+    runner.cores = 1
+    loop = GraphAutopipeliner(runner, GraphAutopipelineConfig(profile_batches=3, beta=0.8), clock=lambda: 0.0).attach()
+    for batch_id in range(3):
+        runner.run_batch(batch_id, 1.0, {ONE_PIECE: [0.9, 1.0, computing]})
+    (only,) = [item.decision for item in loop.decisions]
+    assert only.action is ControlAction.HALT and only.reason.startswith(
+        "no cut can pay beyond the noise: pe0/parsed,big,small,both: any cut gains at most +0%")
+    assert runner.applied == [()] and runner.counting == ["runs", "off"]  # screened fused, never unfused, no trial
+
+    waiting = {**computing, "small": [100, 100, 0.01, 0.6]}  # small sleeps: 0.6 s of wall time, 0.01 s of CPU
+    runner = RecordingRunner(example_graph())
+    runner.cores = 1
+    loop = GraphAutopipeliner(runner, GraphAutopipelineConfig(profile_batches=3, beta=0.8), clock=lambda: 0.0).attach()
+    for batch_id in range(6):  # a window screened, a window profiled node by node
+        runner.run_batch(batch_id, 1.5, {ONE_PIECE: [0.91, 1.5, waiting]})
+    screen, first = (item.decision for item in loop.decisions)
+    assert screen.action is ControlAction.PROFILE
+    assert (first.action, first.insert, first.trial_batches) == (ControlAction.INSERT, ("small",), 1)
+    cut = "example/pe0/parsed,big|small,both"
+    runner.run_batch(6, 1.0, {f"{cut}/p0": [0.35, 1.0, {name: computing[name] for name in ("parsed", "big")}],
+                              f"{cut}/p1": [0.2, 1.0, {name: waiting[name] for name in ("small", "both")}]})
+    second = loop.decisions[2].decision  # judged after the one batch of the trial
+    assert (second.action, second.keep) == (ControlAction.CONTINUE, ("small",))
 
 
 # --- one program model: a chain is a graph -------------------------------------------------------

@@ -258,7 +258,7 @@ def test_the_profile_counts_the_same_records_in_and_out_on_both_paths():
         piece.bind_profile().report(tally, 0.0)
         operators = {counts.operator: (counts.calls, counts.records_in, counts.records_out, counts.dead_letters)
                      for counts in tally.operator_counts()}
-        ((_, (_, _, nodes)),) = tally.pieces.items()
+        ((_, (_, _, nodes, *_)),) = tally.pieces.items()
         return operators, {name: (values[0], values[1]) for name, values in nodes.items()}
 
     by_arrow, by_dicts = counted(False), counted(True)

@@ -514,3 +514,12 @@ def test_forking_while_another_thread_uses_arrow_does_not_hang_the_children():
     finally:
         stop.set()
         thread.join()
+
+
+def test_the_chunk_count_is_what_the_chunking_makes():
+    from fissure.runtime.pe.element import pipelining_chunk_count, pipelining_chunks
+
+    for rows in (1, 127, 128, 129, 1000, 2500, 10_000):
+        batch = pa.RecordBatch.from_pydict({"x": list(range(rows))})
+        for pipelines in (1, 2, 3):
+            assert pipelining_chunk_count(rows, pipelines) == len(pipelining_chunks(batch, pipelines))

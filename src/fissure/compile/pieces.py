@@ -54,11 +54,12 @@ def build_pieces(graph: StreamGraph, schemas: Mapping[str, pa.Schema], layout: E
                  stages: Sequence[GraphStage], stage: GraphStage, boundaries: Iterable[str],
                  profile_prefix: str | None = None,
                  waiting: Mapping[str, WaitingOperator] | None = None,
-                 stage_profiling: StageProfiling | None = None) -> list[GraphPiece]:
+                 stage_profiling: StageProfiling | None = None, by_node: bool = True) -> list[GraphPiece]:
     """The pieces of pe `stage` under `boundaries`, each with the streams it must forward;
     `waiting`: the elastic threads of the stage's waiting operators, by name. Unprofiled, a
     piece fuses its runs of operators (`fusion_runs`); profiled, it runs node by node, so that
-    each node's CPU time is its own (the autopipelining optimizer reads it per input port).
+    each node's CPU time is its own (the autopipelining optimizer reads it per input port), or,
+    with `by_node` False, fused, counting each run under its last operator's name.
     `stage_profiling`: the operators count and time themselves as a chain's do (per fused run)."""
     waiting = waiting or {}
     done = {name for earlier in stages[:stage.position] for name in earlier.nodes}
@@ -71,7 +72,7 @@ def build_pieces(graph: StreamGraph, schemas: Mapping[str, pa.Schema], layout: E
         forward = {stream for stream in readable if consumers_after(graph, stream, done)}
         profile_id = f"{profile_prefix}/{stage.label}/{'|'.join(','.join(p) for p in names)}/p{number}" \
             if profile_prefix else None
-        runs = fusion_runs(graph, piece) if profile_id is None else [[name] for name in piece]
+        runs = fusion_runs(graph, piece) if profile_id is None or not by_node else [[name] for name in piece]
         cut = "|".join(",".join(p) for p in names)
         units = []
         for unit, run in enumerate(runs, start=1):

@@ -11,13 +11,19 @@ must rise beyond the band that the spread of its per-batch rates could give with
 `keep_confidence`. The paper keeps any increase (`keep_confidence=None`, `min_gain=0`); on this
 project's 2-core machine that kept a cut for a 2.6 % rise and ran the graph at 0.77 of no cut.
 
+Before a trial, the model is asked what the cut can gain at most (fissure.control.cut_forecast):
+a cut between operators that compute, on a task with no free core, cannot gain, and trying it
+cost the LogWatch graph 11 % of its throughput (0.89 of no cut). `decide_screen` halts on a
+window run fused when no task could gain beyond the noise, `decide_trials` tries only the
+proposed cuts whose bound beats the noise band, for as few batches as the bound allows.
+
 Every decision is a frozen value with its reason; the clock and the measurements come in as
 arguments. A missing or NaN measurement means "no change yet" and a log line.
 
 `AutopipelinePolicy` is the whole stage as a policy of the loop contract (fissure.control.loop):
-one `AutopipelineWindow` of micro-batches in, one decision out; profile -> optimize -> insert ->
-evaluate -> keep or revert and blacklist -> halt. Its realizer on Spark sets a graph runner's
-pipeline boundaries (fissure.spark.adaptive.autopipelining).
+one `AutopipelineWindow` of micro-batches in, one decision out; screen -> profile -> optimize ->
+insert -> evaluate -> keep or revert and blacklist -> screen again ... -> halt. Its realizer on
+Spark sets a graph runner's pipeline boundaries (fissure.spark.adaptive.autopipelining).
 """
 
 from __future__ import annotations
@@ -25,10 +31,13 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 
-from fissure.control.noise import NoiseEstimate, judge_gain
+from fissure.control.cut_forecast import (
+    TaskTiming, TrialForecast, best_cut_gain, delivered, forecast_trial, task_gain,
+)
+from fissure.control.noise import NoiseEstimate, judge_gain, noise_band
 from fissure.plan.autopipeline import AutopipelinePlan, AutopipelineProfile, plan_autopipelining
 
 log = logging.getLogger(__name__)
@@ -52,6 +61,10 @@ class AutopipelineControlConfig:
     keep_confidence: float | None = 0.9
     # The relative spread of one batch's rate assumed until the run has measured its own.
     assumed_noise: float = 0.10
+    # Try a cut only when the model's bound on its gain beats the noise band a trial must pass
+    # (fissure.control.cut_forecast), with a trial as short as the bound allows; False: try every
+    # cut the optimizer proposes for a whole window, as the paper does. Needs the policy's timings.
+    forecast_trials: bool = True
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.alpha <= 1.0:
@@ -69,6 +82,7 @@ class AutopipelineControlConfig:
 
 
 class ControlAction(str, Enum):
+    PROFILE = "profile"  # count node by node for the next window: the screening found a cut may pay
     INSERT = "insert"  # apply the optimizer's insertions
     WAIT = "wait"  # change nothing yet: settling, or measurements missing
     CONTINUE = "continue"  # keep `keep`, remove `revert`, then optimize again
@@ -95,6 +109,9 @@ class AutopipelineControlDecision:
     insert: tuple[str, ...] = ()
     keep: tuple[str, ...] = ()
     revert: tuple[str, ...] = ()
+    trial_batches: int = 0  # INSERT: the micro-batches the trial lasts (0: a whole window)
+    not_tried: tuple[str, ...] = ()  # ports the optimizer proposed that could not pay beyond the noise
+    bounds: tuple[float | None, ...] = ()  # INSERT: each port's bound on its gain (None: not timed), as `insert`
 
     def summary(self) -> str:
         """One line for a loop's timeline: `insert big`, `continue: keep big, revert small`."""
@@ -134,6 +151,71 @@ def decide_after_optimization(
         blacklist,
         insert=operators,
     )
+
+
+def decide_screen(tasks: tuple[TaskTiming, ...], blacklist: frozenset[str], *, batches: int, noise: NoiseEstimate,
+                  config: AutopipelineControlConfig = AutopipelineControlConfig(),
+                  delivered_share: float = 1.0) -> AutopipelineControlDecision:
+    """The cheap first look, on a window whose graph PEs ran fused: PROFILE (node by node, the
+    optimizer's input) when some task's cores bound (fissure.control.cut_forecast.task_gain) beats
+    the band a trial of `batches` after `batches` must pass; HALT when none does.
+    `delivered_share`: what this run's trials delivered of their bounds (`delivered`)."""
+    confidence = config.keep_confidence if config.keep_confidence is not None else 0.5
+    band = max(noise_band(noise.spread(config.assumed_noise), max(1, batches), max(1, batches), confidence),
+               config.min_gain)
+    if not tasks:
+        return AutopipelineControlDecision(ControlAction.PROFILE, "no task timed: profiling node by node", blacklist)
+    best = max((delivered(task_gain(task), delivered_share) for task in tasks), key=lambda gain: gain.gain)
+    noise_text = (f"the {band:+.1%} band a trial of {batches} batch(es) must pass at {confidence:.0%} confidence"
+                  f" ({noise.describe(config.assumed_noise)})")
+    if best.gain > band:
+        return AutopipelineControlDecision(
+            ControlAction.PROFILE, f"a cut may pay, profiling node by node: {best.reason}; beyond {noise_text}",
+            blacklist)
+    return AutopipelineControlDecision.halt(f"no cut can pay beyond the noise: {best.reason}; within {noise_text}",
+                                            blacklist)
+
+
+def decide_trials(profile: AutopipelineProfile, tasks: tuple[TaskTiming, ...], blacklist: frozenset[str], *,
+                  batches_before: Mapping[str, int], max_trial_batches: int, noise: NoiseEstimate,
+                  config: AutopipelineControlConfig = AutopipelineControlConfig(),
+                  delivered_share: float = 1.0) -> AutopipelineControlDecision:
+    """Insert only the proposed cuts whose predicted gain beats the noise (fissure.control.cut_forecast).
+
+    The optimizer's plan for `profile`; each insertion's bound from `tasks` (the largest over the
+    threads it relieves) against the band of a trial of `max_trial_batches` after
+    `batches_before[port]` batches, scaled by `delivered_share`. Cuts that cannot pay are set aside for this round (not
+    blacklisted: a later profile may change them) and the optimizer asked again without them;
+    HALT when nothing is left that could pay, or when the optimizer found nothing."""
+    confidence = config.keep_confidence if config.keep_confidence is not None else 0.5
+    set_aside: list[TrialForecast] = []
+    plan = plan_autopipelining(profile)
+    while plan.insertions:
+        bounds = [best_cut_gain(tasks, insertion.operator, insertion.threads) for insertion in plan.insertions]
+        forecasts = [replace(forecast_trial(insertion.operator, delivered(bound, delivered_share),
+                                            batches_before=max(1, batches_before.get(insertion.operator, 1)),
+                                            max_trial_batches=max_trial_batches, noise=noise, confidence=confidence,
+                                            assumed_sd=config.assumed_noise, min_gain=config.min_gain),
+                             unscaled=bound.gain if bound is not None else None)
+                     for insertion, bound in zip(plan.insertions, bounds)]
+        worth = [forecast for forecast in forecasts if forecast.trial_batches]
+        set_aside += [forecast for forecast in forecasts if not forecast.trial_batches]
+        if worth:
+            ports = tuple(forecast.port for forecast in worth)
+            return AutopipelineControlDecision(
+                ControlAction.INSERT,
+                f"insert threads at {', '.join(ports)}: {plan.reason}; "
+                + "; ".join(forecast.reason for forecast in (*set_aside, *worth)),
+                blacklist, insert=ports, trial_batches=max(forecast.trial_batches for forecast in worth),
+                not_tried=tuple(forecast.port for forecast in set_aside),
+                bounds=tuple(forecast.unscaled for forecast in worth))
+        plan = plan_autopipelining(replace(profile, blacklisted_ports=profile.blacklisted_ports
+                                           | {forecast.port for forecast in set_aside}))
+    if not set_aside:
+        return decide_after_optimization(plan, blacklist)
+    return AutopipelineControlDecision(
+        ControlAction.HALT, "no cut can pay beyond the noise: " + "; ".join(forecast.reason for forecast in set_aside),
+        blacklist, not_tried=tuple(forecast.port for forecast in set_aside))
 
 
 def _usable(value: float | None) -> bool:
@@ -240,6 +322,12 @@ class AutopipelineWindow:
     samples: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
     measurements: tuple = ()
     stage_first_nodes: tuple[str, ...] = ()
+    batches: int = 0  # micro-batches in the window (0: the longest of `samples`)
+    wall_s: float = 0.0  # the window's micro-batches' summed wall time (0: unknown)
+
+    @property
+    def batch_count(self) -> int:
+        return self.batches or max((len(rates) for rates in self.samples.values()), default=1)
 
     def summary(self) -> str:
         """One line for a loop's timeline: `batch 5: big 200/s, small 100/s`."""
@@ -248,6 +336,7 @@ class AutopipelineWindow:
 
 
 ProfileOf = Callable[[AutopipelineWindow, frozenset[str]], AutopipelineProfile]
+TimingsOf = Callable[[AutopipelineWindow], tuple[TaskTiming, ...]]
 
 
 class AutopipelinePolicy:
@@ -255,35 +344,63 @@ class AutopipelinePolicy:
 
     `profile_of(window, blacklist)` builds the optimizer's profile of a window (on Spark:
     fissure.profile.graph_profile.autopipeline_profile); `input_port_count`: the graph's
-    non-source input ports, what the blacklisted share is taken of. Phases: "profiling",
-    "evaluating", "halted". Every window ran under unchanged cuts, so its per-batch rates feed
-    the noise estimate after the decision.
+    non-source input ports, what the blacklisted share is taken of. `timings_of(window)`: the
+    window's task timings (on Spark: fissure.profile.graph_profile.task_timings); given, and with
+    `config.forecast_trials`, a proposed cut is tried only when it can pay (`decide_trials`), for
+    as few batches as its bound allows, and every round starts with a window whose graph PEs run
+    fused (`decide_screen`): node-by-node counting, which unfuses them, only once some cut may pay.
+    Phases: "screening", "profiling", "evaluating", "halted". Every window
+    ran under unchanged cuts, so its per-batch rates feed the noise estimate (before the
+    decision: a forecast weighs the noise of the window it was made on).
     """
 
     def __init__(self, input_port_count: int, profile_of: ProfileOf,
-                 config: AutopipelineControlConfig = AutopipelineControlConfig()) -> None:
+                 config: AutopipelineControlConfig = AutopipelineControlConfig(),
+                 timings_of: TimingsOf | None = None) -> None:
         self.input_port_count, self.profile_of, self.config = input_port_count, profile_of, config
-        self.phase = "profiling"
+        self.timings_of = timings_of
+        self.screens = timings_of is not None and config.forecast_trials
+        self.phase = "screening" if self.screens else "profiling"
         self.blacklist: frozenset[str] = frozenset()
         self.noise = NoiseEstimate()  # the spread of a port's rate per batch under unchanged cuts
         self.last_profile: AutopipelineProfile | None = None
         self._round: InsertionRound | None = None
+        self._bounds: dict[str, float] = {}  # the tried cuts' bounds, 1 + gain
+        # the lowest share of its bound a trial delivered (measured 1 + gain over the bound's), at most 1
+        self.delivered_share = 1.0
 
     def decide(self, window: AutopipelineWindow) -> AutopipelineControlDecision:
         if self.phase == "halted":
             return AutopipelineControlDecision.wait("halted: autopipelining has stopped", self.blacklist)
+        if self.phase == "screening":
+            self._add_noise(window)
+            decision = decide_screen(self.timings_of(window), self.blacklist, batches=window.batch_count,
+                                     noise=self.noise, config=self.config, delivered_share=self.delivered_share)
+            self.phase = "profiling" if decision.action is ControlAction.PROFILE else "halted"
+            return decision
         if self.phase == "profiling":
-            decision = self._optimize(window)
-        else:
-            decision = self._evaluate(window)
+            self._add_noise(window)
+            return self._optimize(window)
+        decision = self._evaluate(window)  # judged against the noise measured before this window
+        self._add_noise(window)
+        return decision
+
+    def _add_noise(self, window: AutopipelineWindow) -> None:
         for rates in window.samples.values():
             self.noise = self.noise.with_window(rates)
-        return decision
 
     def _optimize(self, window: AutopipelineWindow) -> AutopipelineControlDecision:
         profile = self.profile_of(window, self.blacklist)
         self.last_profile = profile
-        decision = decide_after_optimization(plan_autopipelining(profile), self.blacklist)
+        if self.timings_of is not None and self.config.forecast_trials:
+            decision = decide_trials(profile, self.timings_of(window), self.blacklist,
+                                     batches_before={port: len(rates) for port, rates in window.samples.items()},
+                                     max_trial_batches=window.batch_count, noise=self.noise, config=self.config,
+                                     delivered_share=self.delivered_share)
+            self._bounds = {port: 1.0 + bound for port, bound in zip(decision.insert, decision.bounds)
+                            if bound is not None}
+        else:
+            decision = decide_after_optimization(plan_autopipelining(profile), self.blacklist)
         if decision.action is ControlAction.INSERT:
             self._round = InsertionRound(
                 decision.insert, window.now_s,
@@ -299,6 +416,12 @@ class AutopipelinePolicy:
                                   self.input_port_count, self.config, samples_after=window.samples,
                                   noise=self.noise)
         if decision.action is not ControlAction.WAIT:
+            for port, bound in self._bounds.items():
+                before, after = self._round.throughput_before_per_s.get(port), window.throughput_per_s.get(port)
+                if _usable(before) and _usable(after) and before > 0:
+                    self.delivered_share = min(self.delivered_share, (after / before) / bound)
+            self._bounds = {}
             self.blacklist = decision.blacklist
-            self.phase = "halted" if decision.action is ControlAction.HALT else "profiling"
+            self.phase = ("halted" if decision.action is ControlAction.HALT
+                          else "screening" if self.screens else "profiling")
         return decision

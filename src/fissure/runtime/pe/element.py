@@ -429,6 +429,12 @@ CHUNKS_PER_PIPELINE = 4
 MIN_CHUNK_ROWS = 128
 
 
+def pipelining_chunk_count(rows: int, pipeline_count: int) -> int:
+    """How many chunks `pipelining_chunks` cuts a batch of `rows` rows into."""
+    size = max(MIN_CHUNK_ROWS, -(-rows // (CHUNKS_PER_PIPELINE * pipeline_count)))
+    return 1 if rows <= size else -(-rows // size)
+
+
 def pipelining_chunks(batch: pa.RecordBatch, pipeline_count: int) -> list[pa.RecordBatch]:
     """`batch` cut into consecutive zero-copy slices that let `pipeline_count` pipelines overlap."""
     chunks = CHUNKS_PER_PIPELINE * pipeline_count

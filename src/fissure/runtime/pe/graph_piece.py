@@ -51,7 +51,7 @@ class GraphPiece:
 
     Runs `nodes` (topological order) on the rows routed to them, emits the rows of the streams
     in `forward` (needed after this piece) and passes every row of other streams through. With
-    `profile_id`, adds each node's thread-CPU time and records into shared counters
+    `profile_id`, adds each node's thread-CPU and wall time and records into shared counters
     (fissure.runtime.profiling.pieces) that the driver turns into mu(t) and mu(o, t).
     """
 
@@ -101,7 +101,7 @@ class GraphPiece:
             records_in = sum(batch.num_rows for batch in inputs if batch is not None)
             if not records_in:
                 continue
-            node_started_s = time.thread_time()
+            node_started_s, node_started_wall_s = time.thread_time(), time.perf_counter()
             folding = fold is not None and node.name == fold.stream
             folded_before = fold.folded if folding else 0
             output = node.run(inputs, fold) if folding else node.run(inputs)
@@ -109,7 +109,8 @@ class GraphPiece:
             available[node.name] = live_output
             if profile is not None:
                 records_out = live_output.num_rows + (fold.folded - folded_before if folding else 0)
-                profile.node(index, records_in, records_out, time.thread_time() - node_started_s)
+                profile.node(index, records_in, records_out, time.thread_time() - node_started_s,
+                             time.perf_counter() - node_started_wall_s)
             if new_dead is not None:
                 parts.append(self.layout.wrap_dead(new_dead, node.name))
             if node.name in self.forward and live_output.num_rows:

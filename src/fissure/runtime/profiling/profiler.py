@@ -27,6 +27,7 @@ No pyspark import here: the accumulator is duck-typed (`add`).
 from __future__ import annotations
 
 import mmap
+import math
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -55,7 +56,8 @@ cpu_clock = time.thread_time  # this thread only: Spark's worker may run a reade
 class ProfileTally:
     """The accumulator's value: per operator, pipeline and region, additive tallies; and per
     piece of a graph PE (fissure.runtime.profiling.pieces), what autopipelining reads:
-    `pieces[id] = [cpu_s, wall_s, {node: [records_in, records_out, cpu_s]}]`.
+    `pieces[id] = [cpu_s, wall_s, {node: [records_in, records_out, cpu_s, wall_s]}, calls, idle_core_s,
+    arrow_batches]` (idle_core_s: the machine's idle CPU seconds during the calls).
 
     `adopt` marks a task's fresh live tally: `ProfileTallyParam.addInPlace` then makes it the
     accumulator's value (merging whatever was there into it), so the hot path's later mutations
@@ -93,10 +95,14 @@ class ProfileTally:
         target[0] += 1
         target[1] += wall_s
 
-    def add_piece(self, piece: str, cpu_s: float, wall_s: float, nodes: dict[str, Sequence[float]]) -> None:
-        target = self.pieces.setdefault(piece, [0.0, 0.0, {}])
+    def add_piece(self, piece: str, cpu_s: float, wall_s: float, nodes: dict[str, Sequence[float]],
+                  calls: int = 1, idle_core_s: float = math.nan, arrow_batches: int = 0) -> None:
+        target = self.pieces.setdefault(piece, [0.0, 0.0, {}, 0, 0.0, 0])
         target[0] += cpu_s
         target[1] += wall_s
+        target[3] += calls
+        target[4] += idle_core_s
+        target[5] += arrow_batches
         for name, values in nodes.items():
             counts = target[2].setdefault(name, [0.0] * len(values))
             for index, value in enumerate(values):
@@ -112,8 +118,8 @@ class ProfileTally:
             target = self.regions.setdefault(name, [0, 0.0])
             target[0] += calls
             target[1] += wall_s
-        for piece, (cpu_s, wall_s, nodes) in other.pieces.items():
-            self.add_piece(piece, cpu_s, wall_s, nodes)
+        for piece, (cpu_s, wall_s, nodes, *counts) in other.pieces.items():
+            self.add_piece(piece, cpu_s, wall_s, nodes, *counts)
 
     def copy(self) -> ProfileTally:
         copied = ProfileTally()
@@ -132,12 +138,12 @@ class ProfileTally:
         for name, (calls, wall_s) in self.regions.items():
             then_calls, then_wall_s = earlier.regions.get(name, (0, 0.0))
             delta.regions[name] = [calls - then_calls, wall_s - then_wall_s]
-        for piece, (cpu_s, wall_s, nodes) in self.pieces.items():
-            then = earlier.pieces.get(piece, [0.0, 0.0, {}])
+        for piece, (cpu_s, wall_s, nodes, *counts) in self.pieces.items():
+            then = earlier.pieces.get(piece, [0.0, 0.0, {}, 0, 0.0, 0])
             if cpu_s - then[0] > 0 or wall_s - then[1] > 0:
                 delta.add_piece(piece, cpu_s - then[0], wall_s - then[1], {
                     name: [now - before for now, before in zip(values, then[2].get(name, [0.0] * len(values)))]
-                    for name, values in nodes.items()})
+                    for name, values in nodes.items()}, *(now - before for now, before in zip(counts, then[3:])))
         return delta
 
     @property

@@ -18,7 +18,7 @@ from fissure.spark.query.compile_graph import sink_frame
 from fissure.spark.io.file_staging import batch_files, missing_files
 from fissure.spark.query.report import GraphBatch
 from fissure.spark.io.sinks import write_dead_letters
-from fissure.spark.query.stages import BOUNDARIES_PROPERTY, PUBLISHED_PROPERTY
+from fissure.spark.query.stages import BOUNDARIES_PROPERTY, PUBLISHED_PROPERTY, PIECE_COUNTING_PROPERTY
 from fissure.spark.query.time_log import BATCH_CLOCK_PROPERTY
 from fissure.runtime.records.columns import DEAD_ERROR, DEAD_OPERATOR, DEAD_RECORD, SEQ
 from fissure.runtime.records.envelopes import ROUTE
@@ -38,9 +38,10 @@ class BatchWriting:
         persisted once, its dead letters and every sink written from it."""
         batch_id = int(batch_id)
         with self._lock:
-            boundaries, publication = self.boundaries, self.publication
+            boundaries, publication, counting = self.boundaries, self.publication, self.piece_counting
         context = self.spark.sparkContext
         context.setLocalProperty(BOUNDARIES_PROPERTY, json.dumps({self.graph.name: list(boundaries)}))
+        context.setLocalProperty(PIECE_COUNTING_PROPERTY, json.dumps({self.graph.name: counting}))
         context.setLocalProperty(PUBLISHED_PROPERTY, publication.text())
         clock = self._batch_clock(batch_id)
         if clock is not None:

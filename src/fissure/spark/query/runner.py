@@ -126,6 +126,8 @@ class Runner(SourcePreparation, BatchWriting, QueryWatching):
         self.state_partitions = config.state_partitions or state_partitions_of(
             self.graph, self.plan, max(1, config.default_state_partitions))
         self.profile_pieces = config.replanning == "autopipeline"  # count node by node for the autopipelining loop
+        # how the graph PEs count (fissure.spark.query.stages.PIECE_COUNTING_PROPERTY): the loop sets it
+        self.piece_counting = "nodes" if self.profile_pieces else "off"
         self.accumulator = None  # the run's profile accumulator (a ProfileTally), when anything is counted
         self.listeners = BatchListeners()
         self.batch_log: list[GraphBatch] = []
@@ -423,6 +425,19 @@ class Runner(SourcePreparation, BatchWriting, QueryWatching):
                                 f"{self.graph.name!r}")
         with self._lock:
             self.boundaries = chosen
+
+    def count_pieces(self, counting: str) -> None:
+        """How the graph PEs of the micro-batches that start from now on count: "nodes" (node by
+        node, each operator unfused), "runs" (per fused run, fused as unprofiled) or "off"."""
+        if counting not in ("nodes", "runs", "off"):
+            raise ValueError(f"piece counting must be 'nodes', 'runs' or 'off', got {counting!r}")
+        with self._lock:
+            self.piece_counting = counting if self.profile_pieces else "off"
+
+    @property
+    def cores(self) -> int:
+        """The task slots the query's tasks share (the autopipelining forecast's cores)."""
+        return default_parallelism(self.spark)
 
     def publish(self, publication: Publication) -> None:
         """What the micro-batches that start from now on publish as their plan and latest decision

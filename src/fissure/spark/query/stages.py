@@ -25,6 +25,7 @@ from fissure.runtime.records.carried import assemble, dead_letter_batch
 from fissure.runtime.records.envelopes import EnvelopeLayout
 from fissure.compile.stages import GraphStage
 from fissure.compile.pieces import StageProfiling, build_pieces
+from fissure.profile.graph_profile import RUNS_MARK
 from fissure.runtime.operators.combine import PARTIAL_KEY, CombinePlan, Combiner
 from fissure.runtime.operators.dict_fold import RecordFold
 from fissure.runtime.operators.packing import PACKED_KEY, PackSpec, empty_groups, pack, pack_partials, unpacked
@@ -38,6 +39,9 @@ KEY = PACKED_KEY  # the grouping column of every keyed stage, packed or not
 SPREAD_PREFIX = "~"
 KEY_MARK = "="
 BOUNDARIES_PROPERTY = "fissure.graph.boundaries"  # JSON {graph name: [operator, ...]}, per micro-batch
+# JSON {graph name: how its pieces count}: "nodes" (node by node, unfused: the autopipelining
+# optimizer's input), "runs" (per fused run: the loop's cheap screening), "off"; unset: "nodes".
+PIECE_COUNTING_PROPERTY = "fissure.graph.piece_counting"
 # JSON {plan, decision, ...} the driver publishes for a micro-batch (fissure.spark.query.observed_metrics).
 PUBLISHED_PROPERTY = "fissure.published"
 
@@ -103,6 +107,16 @@ def task_boundaries(graph_name: str) -> list[str] | None:
         return None
 
 
+def task_piece_counting(graph_name: str) -> str:
+    """How this task's graph pieces count themselves (PIECE_COUNTING_PROPERTY; "nodes" when unset)."""
+    try:
+        text = task_property(PIECE_COUNTING_PROPERTY)
+        counting = json.loads(text).get(graph_name, "nodes") if text else "nodes"
+    except Exception:  # noqa: BLE001 - unreadable: as the query was compiled
+        return "nodes"
+    return counting if counting in ("nodes", "runs", "off") else "nodes"
+
+
 def task_combiner(plan: CombinePlan) -> Combiner | None:
     """A combiner of `plan`'s records for this task (fissure.runtime.operators.combine). A window's
     needs its batch's watermarks: read from the batch's clock when the clock is this batch's;
@@ -165,11 +179,13 @@ class GraphRegionFunction:
     def pieces_for_call(self) -> list:
         requested = task_boundaries(self.graph.name)
         boundaries = self.boundaries if requested is None else tuple(sorted(set(requested) & set(self.stage.nodes)))
-        pieces = self._pieces.get(boundaries)
+        counting = task_piece_counting(self.graph.name) if self.profile_prefix is not None else "off"
+        pieces = self._pieces.get((boundaries, counting))
         if pieces is None:
-            pieces = self._pieces[boundaries] = build_pieces(self.graph, self.schemas, self.layout, self.stages,
-                                                             self.stage, boundaries, self.profile_prefix, self.waiting,
-                                                             self.stage_profiling)
+            prefix = {"off": None, "runs": f"{self.profile_prefix}{RUNS_MARK}"}.get(counting, self.profile_prefix)
+            pieces = self._pieces[boundaries, counting] = build_pieces(
+                self.graph, self.schemas, self.layout, self.stages, self.stage, boundaries, prefix, self.waiting,
+                self.stage_profiling, by_node=counting == "nodes")
         return pieces
 
     def __call__(self, batches: Iterator[pa.RecordBatch], pieces=None, report: bool = True) -> Iterator[pa.RecordBatch]:
