@@ -48,7 +48,9 @@ import time as clock
 import typing
 from collections.abc import Sequence
 from dataclasses import dataclass
+from operator import itemgetter
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -56,7 +58,7 @@ from fissure.program.aggregates import Count
 from fissure.program.eventtime import AggregateRole, WindowRole, event_seconds, no_event_time
 from fissure.runtime.records.arrow_rows import batch_records, column_values
 from fissure.runtime.records.columns import SEQ
-from fissure.runtime.operators.keyed import BatchTime, KeyEmitted, group_by_key, null_key_error
+from fissure.runtime.operators.keyed import BatchTime, KeyEmitted, group_by_key, key_values_text, null_key_error
 from fissure.runtime.operators.column_fold import add_counts, counts_by_columns
 from fissure.runtime.records.fate import DeadLetter, OperatorFailedError, operator_stopped, record_failed, record_text
 from fissure.runtime.state.codec import StateCodec, StateCodecError
@@ -83,6 +85,10 @@ PARTIAL_SCHEMA = pa.schema([
     pa.field(WINDOW_END, pa.float64()), pa.field(LARGEST, pa.float64()), pa.field(RECORDS, pa.int64()),
     pa.field(DEAD, pa.int64()), pa.field(FOLD_CPU_S, pa.float64()),
 ])
+
+
+# A plain key value's Python type and the Arrow type `Combiner._count_plain_keys` counts it as.
+_PLAIN_KEY_TYPES = {str: pa.string(), int: pa.int64()}
 
 
 def is_partial_schema(schema: pa.Schema) -> bool:
@@ -140,6 +146,7 @@ class Combiner:
         # key text -> [key values, first seq, {window start or None: [acc, last seq, last time, end]},
         #              records, dead letters, fold CPU seconds]
         self.entries: dict[str, list] = {}
+        self._key_texts: dict[pa.DataType, dict] = {}  # a plain key value's text, per type (_count_plain_keys)
         self.largest: float | None = None
         self.records_in = 0
 
@@ -157,16 +164,79 @@ class Combiner:
         seqs = column_values(ordered.column(ordered.schema.get_field_index(SEQ)))
         return self._add_ordered(records, seqs)
 
-    def add_records(self, records: list[dict], seqs: list[int]) -> list[DeadLetter]:
+    def add_records(self, records: list[dict], seqs: list[int],
+                    key_column: tuple[list, set] | None = None) -> list[DeadLetter]:
         """`add` of records a fused run emitted, as the dicts themselves: each a dict of exactly
         the input schema's fields whose values are what Arrow would give back for them
-        (fissure.runtime.operators.dict_fold judges that). No Arrow row is made of them."""
+        (fissure.runtime.operators.dict_fold judges that). No Arrow row is made of them.
+        `key_column`: the one key field's values in the records' order and their Python types,
+        when the caller has them already."""
         if not records:
             return []
-        order = sorted(range(len(seqs)), key=seqs.__getitem__)  # stable, as the batch's sort by SEQ
-        if order != list(range(len(seqs))):
+        if seqs != sorted(seqs):  # a run emits in sequence order: the check is one C-level pass
+            order = sorted(range(len(seqs)), key=seqs.__getitem__)  # stable, as the batch's sort by SEQ
             records, seqs = [records[position] for position in order], [seqs[position] for position in order]
-        return self._add_ordered(records, seqs, counting=type(self.plan.aggregate) is Count)
+            key_column = None
+        counting = type(self.plan.aggregate) is Count
+        if counting and self.plan.window is None and self._count_plain_keys(records, seqs, key_column):
+            return []
+        return self._add_ordered(records, seqs, counting=counting)
+
+    def _count_plain_keys(self, records: list[dict], seqs: list[int], key_column: tuple[list, set] | None) -> bool:
+        """A running `Count` on one key field whose values are all `str` or all `int` (no null, no
+        bool, no float: nothing `group_by_key` tells apart by type or sends to the dead letters),
+        counted on an Arrow column of the values: Arrow's dictionary encoding numbers the distinct
+        values in order of first appearance (the order of group_by_key's groups), NumPy counts
+        them and finds each one's first and last sequence number (`seqs` ascending), and a key's
+        text is made once per distinct value and task. The same entries as `_add_ordered`, with
+        no Python step per record: on the word count (120,000 words a batch) about 1.5 us a line
+        against 6.5 for Counter and dicts over the values and 10 for `_add_ordered`. False: not
+        such a batch (or a value Arrow refuses), nothing done."""
+        plan = self.plan
+        if len(plan.key) != 1:
+            return False
+        values, kinds = key_column if key_column is not None else (None, None)
+        if values is None:
+            values = list(map(itemgetter(plan.key[0]), records))
+            kinds = set(map(type, values))
+        arrow_type = _PLAIN_KEY_TYPES.get(next(iter(kinds))) if len(kinds) == 1 else None
+        if arrow_type is None:
+            return False
+        try:
+            column = pa.array(values, arrow_type)
+        except (pa.ArrowException, OverflowError, UnicodeEncodeError, TypeError, ValueError):
+            return False
+        started_s = clock.thread_time()
+        encoded = column.dictionary_encode()
+        codes = encoded.indices.to_numpy(zero_copy_only=False)
+        distinct = encoded.dictionary.to_pylist()
+        sequence = pa.array(seqs, pa.int64()).to_numpy()
+        counts = np.bincount(codes, minlength=len(distinct)).tolist()
+        first_seqs = np.full(len(distinct), np.iinfo(np.int64).max)
+        np.minimum.at(first_seqs, codes, sequence)
+        last_seqs = np.full(len(distinct), np.iinfo(np.int64).min)
+        np.maximum.at(last_seqs, codes, sequence)
+        texts = self._key_texts.setdefault(arrow_type, {})
+        entries, touched = self.entries, []
+        for value, count, first_seq, last_seq in zip(distinct, counts, first_seqs.tolist(), last_seqs.tolist()):
+            text = texts.get(value)
+            if text is None:
+                text = texts[value] = key_values_text((value,))
+            entry = entries.get(text)
+            if entry is None:
+                entry = entries[text] = [[value], first_seq, {None: [count, last_seq, None, None]}, count, 0, 0.0]
+            else:
+                entry[1] = min(entry[1], first_seq)
+                slot = entry[2].get(None)
+                entry[2][None] = [count, last_seq, None, None] if slot is None else \
+                    [slot[0] + count, max(slot[1], last_seq), None, None]
+                entry[3] += count
+            touched.append((entry, count))
+        per_record_s = (clock.thread_time() - started_s) / len(records)
+        for entry, count in touched:
+            entry[5] += per_record_s * count
+        self.records_in += len(records)
+        return True
 
     def _add_ordered(self, records: list[dict], seqs: list[int], counting: bool = False) -> list[DeadLetter]:
         """`counting`: a running `Count` adds each key's number of records at once (its `add` is
