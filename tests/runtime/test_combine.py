@@ -14,6 +14,8 @@ from fissure import Aggregate, Count, Max, Mean, Min, Pipeline, Sliding, Sum, Tu
 from fissure.program.eventtime import WindowRole
 from fissure.program.windows import Session
 from fissure.program.combine_policy import combinable_aggregate, combine_decision
+from fissure.runtime.operators import combine
+from fissure.runtime.operators.count_fold import count_plain_keys
 from fissure.runtime.operators.combine import PARTIAL_SCHEMA, CombinePlan, Combiner, combined_key_function, partial_inputs
 from fissure.runtime.records.carried import live_batch
 from fissure.runtime.operators.keyed import group_by_key
@@ -341,16 +343,22 @@ def _plain_chunks(seed: int, key: str) -> list[tuple[list[dict], list[int]]]:
     return chunks
 
 
+def _folded(plan: CombinePlan, chunks) -> tuple[Combiner, list]:
+    combiner, dead = Combiner(plan), []
+    for records, seqs in chunks:
+        dead.append([(d.operator, d.error[:7], d.seq) for d in combiner.add_records(records, seqs)])
+    return combiner, dead
+
+
 @pytest.mark.parametrize("key", ["word", "n"])
 def test_a_count_of_plain_keys_from_dicts_makes_the_entries_of_the_per_record_fold(key, monkeypatch):
     plan = _count_plan((key,), COUNTED)
     for seed in range(3):
-        fast, reference = Combiner(plan), Combiner(plan)
-        monkeypatch.setattr(reference, "_count_plain_keys", lambda *args: False)
-        dead = []
-        for records, seqs in _plain_chunks(seed, key):
-            dead.append([(d.operator, d.error[:7], d.seq) for d in fast.add_records(records, seqs)])
-            assert dead[-1] == [(d.operator, d.error[:7], d.seq) for d in reference.add_records(records, seqs)]
+        with monkeypatch.context() as patch:
+            patch.setattr(combine, "count_plain_keys", lambda *args: False)
+            reference, reference_dead = _folded(plan, _plain_chunks(seed, key))
+        fast, dead = _folded(plan, _plain_chunks(seed, key))
+        assert dead == reference_dead
         assert [len(letters) for letters in dead] == [0, 0, 0, 1, 0] and dead[3][0][1] == "NullKey"
         assert fast.records_in == reference.records_in
         fold_time = PARTIAL_SCHEMA.get_field_index("_fissure_fold_cpu_s")
@@ -364,6 +372,6 @@ def test_a_count_of_keys_of_mixed_types_goes_the_per_record_way():
     combiner = Combiner(plan)
     # True == 1 in Python but not as a key; 1 << 70 does not fit int64
     for records in ([{"n": 1}, {"n": True}], [{"n": 1 << 70}, {"n": 1}]):
-        assert not combiner._count_plain_keys(records, [0, 1], None)
-    assert combiner._count_plain_keys([{"n": 1}, {"n": 2}, {"n": 1}], [0, 1, 2], None)
+        assert not count_plain_keys(combiner, records, [0, 1], None)
+    assert count_plain_keys(combiner, [{"n": 1}, {"n": 2}, {"n": 1}], [0, 1, 2], None)
     assert {text: entry[3] for text, entry in combiner.entries.items()} == {"[1]": 2, "[2]": 1}

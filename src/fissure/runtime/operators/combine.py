@@ -48,9 +48,7 @@ import time as clock
 import typing
 from collections.abc import Sequence
 from dataclasses import dataclass
-from operator import itemgetter
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -58,7 +56,8 @@ from fissure.program.aggregates import Count
 from fissure.program.eventtime import AggregateRole, WindowRole, event_seconds, no_event_time
 from fissure.runtime.records.arrow_rows import batch_records, column_values
 from fissure.runtime.records.columns import SEQ
-from fissure.runtime.operators.keyed import BatchTime, KeyEmitted, group_by_key, key_values_text, null_key_error
+from fissure.runtime.operators.count_fold import count_plain_keys, flush_counts
+from fissure.runtime.operators.keyed import BatchTime, KeyEmitted, group_by_key, null_key_error
 from fissure.runtime.operators.column_fold import add_counts, counts_by_columns
 from fissure.runtime.records.fate import DeadLetter, OperatorFailedError, operator_stopped, record_failed, record_text
 from fissure.runtime.state.codec import StateCodec, StateCodecError
@@ -85,23 +84,6 @@ PARTIAL_SCHEMA = pa.schema([
     pa.field(WINDOW_END, pa.float64()), pa.field(LARGEST, pa.float64()), pa.field(RECORDS, pa.int64()),
     pa.field(DEAD, pa.int64()), pa.field(FOLD_CPU_S, pa.float64()),
 ])
-
-
-# A plain key value's Python type and the Arrow type `Combiner._count_plain_keys` counts it as.
-_PLAIN_KEY_TYPES = {str: pa.string(), int: pa.int64()}
-
-
-def _per_code(codes: np.ndarray, distinct: int, records: np.ndarray, first_seqs: np.ndarray,
-              last_seqs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per code 0..distinct-1: the records summed, the smallest first and the largest last
-    sequence number."""
-    counts = np.zeros(distinct, np.int64)
-    np.add.at(counts, codes, records)
-    first = np.full(distinct, np.iinfo(np.int64).max)
-    np.minimum.at(first, codes, first_seqs)
-    last = np.full(distinct, np.iinfo(np.int64).min)
-    np.maximum.at(last, codes, last_seqs)
-    return counts, first, last
 
 
 def is_partial_schema(schema: pa.Schema) -> bool:
@@ -157,7 +139,7 @@ class Combiner:
         self.records_as_dicts = 0  # the records `add` turned into dicts (on the columns: its dead letters only)
         self.codec = StateCodec(plan.name)
         self._entries: dict[str, list] = {}  # `entries`
-        # a running Count's batches counted on the columns, not in the entries yet (_count_plain_keys):
+        # a running Count's batches counted on the columns, not in the entries yet (count_fold):
         # (distinct key values, records, first seq, last seq per value, fold seconds per record)
         self._pending: list[tuple] = []
         self.largest: float | None = None
@@ -191,92 +173,15 @@ class Combiner:
             records, seqs = [records[position] for position in order], [seqs[position] for position in order]
             key_column = None
         counting = type(self.plan.aggregate) is Count
-        if counting and self.plan.window is None and self._count_plain_keys(records, seqs, key_column):
+        if counting and self.plan.window is None and count_plain_keys(self, records, seqs, key_column):
             return []
         return self._add_ordered(records, seqs, counting=counting)
-
-    def _count_plain_keys(self, records: list[dict], seqs: list[int], key_column: tuple[list, set] | None) -> bool:
-        """A running `Count` on one key field whose values are all `str` or all `int` (no null, no
-        bool, no float: nothing `group_by_key` tells apart by type or sends to the dead letters),
-        counted on an Arrow column of the values: Arrow's dictionary encoding numbers the distinct
-        values in order of first appearance (the order of group_by_key's groups), NumPy counts
-        them and finds each one's first and last sequence number (`seqs` ascending). The counts
-        wait, as arrays, until the entries are read (`_flush_counts`), so the Python work per
-        distinct key is done once per task, not once per Arrow batch (the word count's batches of
-        10,000 lines each hold about 9,000 of its 10,000 words). The same entries as
-        `_add_ordered`, with no Python step per record: on the word count (120,000 words a batch)
-        about 1.5 us a line against 6.5 for Counter and dicts over the values and 10 for
-        `_add_ordered`. False: not such a batch (or a value Arrow refuses), nothing done."""
-        plan = self.plan
-        if len(plan.key) != 1:
-            return False
-        values, kinds = key_column if key_column is not None else (None, None)
-        if values is None:
-            values = list(map(itemgetter(plan.key[0]), records))
-            kinds = set(map(type, values))
-        arrow_type = _PLAIN_KEY_TYPES.get(next(iter(kinds))) if len(kinds) == 1 else None
-        if arrow_type is None:
-            return False
-        try:
-            column = pa.array(values, arrow_type)
-        except (pa.ArrowException, OverflowError, UnicodeEncodeError, TypeError, ValueError):
-            return False
-        started_s = clock.thread_time()
-        encoded = column.dictionary_encode()
-        codes = encoded.indices.to_numpy(zero_copy_only=False)
-        sequence = pa.array(seqs, pa.int64()).to_numpy()
-        counts, first_seqs, last_seqs = _per_code(codes, len(encoded.dictionary), np.ones(len(codes), np.int64),
-                                                  sequence, sequence)
-        if self._pending and not self._pending[0][0].type.equals(arrow_type):
-            self._flush_counts()
-        self._pending.append((encoded.dictionary, counts, first_seqs, last_seqs,
-                              (clock.thread_time() - started_s) / len(records)))
-        self.records_in += len(records)
-        return True
-
-    def _flush_counts(self) -> None:
-        """The counts `_count_plain_keys` keeps as arrays, into the entries (keys in order of first
-        appearance across the batches); each key's fold time is its share of every batch's, by
-        its records, and of this merge's."""
-        if not self._pending:
-            return
-        pending, self._pending = self._pending, []
-        started_s = clock.thread_time()
-        if len(pending) == 1:
-            distinct, counts, first_seqs, last_seqs, per_record_s = pending[0]
-            fold_s = counts * per_record_s
-        else:
-            encoded = pa.concat_arrays([part[0] for part in pending]).dictionary_encode()
-            distinct = encoded.dictionary
-            codes = encoded.indices.to_numpy(zero_copy_only=False)
-            counts, first_seqs, last_seqs = _per_code(
-                codes, len(distinct), *(np.concatenate([part[index] for part in pending]) for index in (1, 2, 3)))
-            fold_s = np.zeros(len(distinct))
-            np.add.at(fold_s, codes, np.concatenate([part[1] * part[4] for part in pending]))
-        entries, touched = self._entries, []
-        for value, count, first_seq, last_seq, fold in zip(distinct.to_pylist(), counts.tolist(), first_seqs.tolist(),
-                                                           last_seqs.tolist(), fold_s.tolist()):
-            text = key_values_text((value,))
-            entry = entries.get(text)
-            if entry is None:
-                entry = entries[text] = [[value], first_seq, {None: [count, last_seq, None, None]}, count, 0, fold]
-            else:
-                entry[1] = min(entry[1], first_seq)
-                slot = entry[2].get(None)
-                entry[2][None] = [count, last_seq, None, None] if slot is None else \
-                    [slot[0] + count, max(slot[1], last_seq), None, None]
-                entry[3] += count
-                entry[5] += fold
-            touched.append((entry, count))
-        per_record_s = (clock.thread_time() - started_s) / max(1, int(counts.sum()))
-        for entry, count in touched:
-            entry[5] += per_record_s * count
 
     @property
     def entries(self) -> dict[str, list]:
         """key text -> [key values, first seq, {window start or None: [acc, last seq, last time,
         end]}, records, dead letters, fold CPU seconds]"""
-        self._flush_counts()
+        flush_counts(self)
         return self._entries
 
     def _add_ordered(self, records: list[dict], seqs: list[int], counting: bool = False) -> list[DeadLetter]:
