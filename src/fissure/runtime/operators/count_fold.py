@@ -75,6 +75,7 @@ def count_plain_keys(combiner, records: list[dict], seqs: list[int], key_column:
     combiner.records_in += len(records)
     return True
 
+
 def flush_counts(combiner) -> None:
     """The counts `count_plain_keys` keeps as arrays, into the entries (keys in order of first
     appearance across the batches); each key's fold time is its share of every batch's, by
