@@ -4,6 +4,7 @@ functions; and which operators combine."""
 
 from __future__ import annotations
 
+import gc
 import math
 import random
 
@@ -375,3 +376,12 @@ def test_a_count_of_keys_of_mixed_types_goes_the_per_record_way():
         assert not count_plain_keys(combiner, records, [0, 1], None)
     assert count_plain_keys(combiner, [{"n": 1}, {"n": 2}, {"n": 1}], [0, 1, 2], None)
     assert {text: entry[3] for text, entry in combiner.entries.items()} == {"[1]": 2, "[2]": 1}
+
+
+def test_the_cyclic_collector_waits_while_a_task_makes_its_partials(monkeypatch):
+    combiner = Combiner(_count_plan(("word",), COUNTED))
+    combiner.add_records([{"word": "a", "n": 1, "x": 0.5}, {"word": "b", "n": 2, "x": 0.5}], [0, 1])
+    seen, dumps = [], StateCodec.dumps
+    monkeypatch.setattr(StateCodec, "dumps", lambda *args: seen.append(gc.isenabled()) or dumps(*args))
+    assert combiner.partials().num_rows == 2
+    assert seen == [False, False] and gc.isenabled()

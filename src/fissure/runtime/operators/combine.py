@@ -59,6 +59,7 @@ from fissure.runtime.records.columns import SEQ
 from fissure.runtime.operators.count_fold import count_plain_keys, flush_counts
 from fissure.runtime.operators.keyed import BatchTime, KeyEmitted, group_by_key, null_key_error
 from fissure.runtime.operators.column_fold import add_counts, counts_by_columns
+from fissure.runtime.records.gc_pause import collector_paused
 from fissure.runtime.records.fate import DeadLetter, OperatorFailedError, operator_stopped, record_failed, record_text
 from fissure.runtime.state.codec import StateCodec, StateCodecError
 from fissure.runtime.operators.timed import TimedKeyFunction, emit_window, open_windows
@@ -279,7 +280,13 @@ class Combiner:
 
     def partials(self) -> pa.RecordBatch:
         """The task's partials: a row per key (and window); a row without key when the task saw an
-        event time but made no partial (its records all failed), so the watermark still learns it."""
+        event time but made no partial (its records all failed), so the watermark still learns it.
+        The cyclic collector waits while they are made (a list or more per key, all alive until
+        they are Arrow: fissure.runtime.records.gc_pause)."""
+        with collector_paused():
+            return self._partials()
+
+    def _partials(self) -> pa.RecordBatch:
         columns: list[list] = [[] for _ in PARTIAL_SCHEMA]
         for text, (values, first_seq, windows, records, dead, fold_s) in self.entries.items():
             if not windows:  # every record of the key failed: its counts still reach the profile
