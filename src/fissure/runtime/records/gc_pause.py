@@ -5,7 +5,7 @@ more (the word count: 120,000 word dicts from 10,000 lines), all alive until the
 Arrow again. The collector runs whenever allocations outnumber deallocations by 700, and those
 records survive every collection that finds them, so they climb into the oldest generation and
 trigger full collections, each a walk over every object of the worker (pandas, pyarrow, pyspark
-and the records): on the word count's pe stage, measured in process (thread CPU time, 100,000
+and the records): on the word count's pe stage, measured in process (process CPU time, 100,000
 lines), 36 full collections in six batches took 1.8 s, and the stage took 20.2 us a line with
 the collector on against 12.8 with it off. Records are plain data, freed by reference counting
 when the batch is done; only reference cycles a user's function makes wait for the collector,
