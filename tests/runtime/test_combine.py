@@ -4,6 +4,7 @@ functions; and which operators combine."""
 
 from __future__ import annotations
 
+import gc
 import math
 import random
 
@@ -14,6 +15,8 @@ from fissure import Aggregate, Count, Max, Mean, Min, Pipeline, Sliding, Sum, Tu
 from fissure.program.eventtime import WindowRole
 from fissure.program.windows import Session
 from fissure.program.combine_policy import combinable_aggregate, combine_decision
+from fissure.runtime.operators import combine
+from fissure.runtime.operators.count_fold import count_plain_keys
 from fissure.runtime.operators.combine import PARTIAL_SCHEMA, CombinePlan, Combiner, combined_key_function, partial_inputs
 from fissure.runtime.records.carried import live_batch
 from fissure.runtime.operators.keyed import group_by_key
@@ -318,3 +321,67 @@ def test_a_tumbling_count_folded_from_columns_makes_the_partials_and_dead_letter
             assert columns.remove_column(fold_time).equals(records.remove_column(fold_time))
             assert by_columns.largest == by_records.largest and by_columns.records_in == by_records.records_in
             assert by_columns.records_as_dicts < by_records.records_as_dicts == len(rows)
+
+
+def _plain_chunks(seed: int, key: str) -> list[tuple[list[dict], list[int]]]:
+    """Records as a flat_map emits them (a run of records per sequence number), each chunk in
+    sequence order but one, whose keys are all text or all integers; one chunk has a null key."""
+    rng = random.Random(seed)
+    chunks = []
+    for number in range(5):
+        records, seqs = [], []
+        for seq in range(number * 100, number * 100 + 100):
+            for _ in range(rng.randrange(0, 5)):
+                records.append({"word": rng.choice(["a", "b", "é", "c\"d", "a b", "1"]),
+                                "n": rng.choice([-3, 0, 1, 7, 1 << 40]), "x": rng.random()})
+                seqs.append(seq)
+        chunks.append((records, seqs))
+    records, seqs = chunks[2]
+    order = list(range(len(seqs)))
+    rng.shuffle(order)  # out of sequence order: sorted first
+    chunks[2] = ([records[place] for place in order], [seqs[place] for place in order])
+    chunks[3][0][5][key] = None  # a null key: that chunk goes the per-record way, with its dead letter
+    return chunks
+
+
+def _folded(plan: CombinePlan, chunks) -> tuple[Combiner, list]:
+    combiner, dead = Combiner(plan), []
+    for records, seqs in chunks:
+        dead.append([(d.operator, d.error[:7], d.seq) for d in combiner.add_records(records, seqs)])
+    return combiner, dead
+
+
+@pytest.mark.parametrize("key", ["word", "n"])
+def test_a_count_of_plain_keys_from_dicts_makes_the_entries_of_the_per_record_fold(key, monkeypatch):
+    plan = _count_plan((key,), COUNTED)
+    for seed in range(3):
+        with monkeypatch.context() as patch:
+            patch.setattr(combine, "count_plain_keys", lambda *args: False)
+            reference, reference_dead = _folded(plan, _plain_chunks(seed, key))
+        fast, dead = _folded(plan, _plain_chunks(seed, key))
+        assert dead == reference_dead
+        assert [len(letters) for letters in dead] == [0, 0, 0, 1, 0] and dead[3][0][1] == "NullKey"
+        assert fast.records_in == reference.records_in
+        fold_time = PARTIAL_SCHEMA.get_field_index("_fissure_fold_cpu_s")
+        ours, theirs = fast.partials(), reference.partials()
+        assert ours.remove_column(fold_time).equals(theirs.remove_column(fold_time))
+        assert ours.num_rows >= 5
+
+
+def test_a_count_of_keys_of_mixed_types_goes_the_per_record_way():
+    plan = _count_plan(("n",), pa.schema([("n", pa.int64())]))
+    combiner = Combiner(plan)
+    # True == 1 in Python but not as a key; 1 << 70 does not fit int64
+    for records in ([{"n": 1}, {"n": True}], [{"n": 1 << 70}, {"n": 1}]):
+        assert not count_plain_keys(combiner, records, [0, 1], None)
+    assert count_plain_keys(combiner, [{"n": 1}, {"n": 2}, {"n": 1}], [0, 1, 2], None)
+    assert {text: entry[3] for text, entry in combiner.entries.items()} == {"[1]": 2, "[2]": 1}
+
+
+def test_the_cyclic_collector_waits_while_a_task_makes_its_partials(monkeypatch):
+    combiner = Combiner(_count_plan(("word",), COUNTED))
+    combiner.add_records([{"word": "a", "n": 1, "x": 0.5}, {"word": "b", "n": 2, "x": 0.5}], [0, 1])
+    seen, dumps = [], StateCodec.dumps
+    monkeypatch.setattr(StateCodec, "dumps", lambda *args: seen.append(gc.isenabled()) or dumps(*args))
+    assert combiner.partials().num_rows == 2
+    assert seen == [False, False] and gc.isenabled()

@@ -11,7 +11,7 @@ from fissure import StreamGraph, Sum
 from fissure.program.aggregates import Aggregate, Count
 from fissure.compile.pieces import build_pieces
 from fissure.compile.stages import plan_graph_stages
-from fissure.runtime.operators import fused
+from fissure.runtime.operators import dict_fold, fused
 from fissure.runtime.operators.combine import FOLD_CPU_S, CombinePlan, Combiner
 from fissure.runtime.operators.dict_fold import RecordFold
 from fissure.runtime.records.carried import live_batch
@@ -143,6 +143,18 @@ def test_a_batch_with_a_record_only_arrow_judges_goes_through_arrow(word):
     (arrow_rows, arrow_partials), (dict_rows, dict_partials), fold = both_paths(Count(), lines)
     assert dict_partials == arrow_partials and dict_rows == arrow_rows
     assert fold.batches_refused == 1 and fold.batches_taken == 1
+
+
+@pytest.mark.parametrize("aggregate", [Count(), Sum("n"), Longest()], ids=["count", "sum", "own"])
+def test_plain_records_are_judged_and_folded_from_their_columns_alike(aggregate, monkeypatch):
+    judged = []
+    fitting = dict_fold.fitting_records
+    monkeypatch.setattr(dict_fold, "fitting_records", lambda *args: judged.append(1) or fitting(*args))
+    lines = [[("a b a", 3), ("é c", 1), ("", 2)], [(" ".join(["many"] * 30), 9), ("b", 8)]]
+    (arrow_rows, arrow_partials), (dict_rows, dict_partials), fold = both_paths(aggregate, lines)
+    assert dict_partials == arrow_partials and dict_rows == arrow_rows == []
+    assert fold.batches_taken == 2 and fold.folded == 36
+    assert judged == []  # every record a plain dict of its fields: no record judged one by one
 
 
 def test_a_run_of_several_per_record_operators_folds_from_its_last_ones_dicts():

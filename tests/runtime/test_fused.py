@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import pickle
 
@@ -37,6 +38,33 @@ def test_record_steps_fuse_map_filter_flat_map_and_keep_seq():
     assert out.select(["word", "n", SEQ]).to_pylist() == [
         {"word": "x", "n": 25, SEQ: 0}, {"word": "xx", "n": 25, SEQ: 0},
         {"word": "x", "n": 5, SEQ: 2}, {"word": "xx", "n": 5, SEQ: 2}]
+
+
+def test_the_cyclic_collector_waits_while_a_batch_runs_and_comes_back_after_it():
+    seen = []
+
+    def noting(record):
+        seen.append(gc.isenabled())
+        if record["n"] == 0:
+            raise ValueError("zero")
+        return record
+
+    stage = FusedStage([Step("noting", "map", noting, NUMBERS)], NUMBERS)
+    assert gc.isenabled()
+    out = stage(carried([{"n": 1}, {"n": 0}, {"n": 2}]))
+    assert seen == [False, False, False] and gc.isenabled()
+    assert out.column(DEAD_OPERATOR).to_pylist() == [None, None, "noting"]  # the raising record's dead letter
+    gc.disable()  # a program that turned it off itself keeps it off
+    try:
+        stage(carried([{"n": 3}]))
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+    stage = FusedStage([Step("stop", "map", lambda record: (_ for _ in ()).throw(KeyboardInterrupt()), NUMBERS)],
+                       NUMBERS)
+    with pytest.raises(Exception):
+        stage(carried([{"n": 1}]))
+    assert gc.isenabled()
 
 
 def test_raising_record_becomes_dead_letter_and_the_rest_goes_on():

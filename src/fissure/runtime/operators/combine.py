@@ -56,8 +56,10 @@ from fissure.program.aggregates import Count
 from fissure.program.eventtime import AggregateRole, WindowRole, event_seconds, no_event_time
 from fissure.runtime.records.arrow_rows import batch_records, column_values
 from fissure.runtime.records.columns import SEQ
+from fissure.runtime.operators.count_fold import count_plain_keys, flush_counts
 from fissure.runtime.operators.keyed import BatchTime, KeyEmitted, group_by_key, null_key_error
 from fissure.runtime.operators.column_fold import add_counts, counts_by_columns
+from fissure.runtime.records.gc_pause import collector_paused
 from fissure.runtime.records.fate import DeadLetter, OperatorFailedError, operator_stopped, record_failed, record_text
 from fissure.runtime.state.codec import StateCodec, StateCodecError
 from fissure.runtime.operators.timed import TimedKeyFunction, emit_window, open_windows
@@ -137,9 +139,10 @@ class Combiner:
         self.columnar = columnar and plan.counts_by_columns
         self.records_as_dicts = 0  # the records `add` turned into dicts (on the columns: its dead letters only)
         self.codec = StateCodec(plan.name)
-        # key text -> [key values, first seq, {window start or None: [acc, last seq, last time, end]},
-        #              records, dead letters, fold CPU seconds]
-        self.entries: dict[str, list] = {}
+        self._entries: dict[str, list] = {}  # `entries`
+        # a running Count's batches counted on the columns, not in the entries yet (count_fold):
+        # (distinct key values, records, first seq, last seq per value, fold seconds per record)
+        self._pending: list[tuple] = []
         self.largest: float | None = None
         self.records_in = 0
 
@@ -157,16 +160,30 @@ class Combiner:
         seqs = column_values(ordered.column(ordered.schema.get_field_index(SEQ)))
         return self._add_ordered(records, seqs)
 
-    def add_records(self, records: list[dict], seqs: list[int]) -> list[DeadLetter]:
+    def add_records(self, records: list[dict], seqs: list[int],
+                    key_column: tuple[list, set] | None = None) -> list[DeadLetter]:
         """`add` of records a fused run emitted, as the dicts themselves: each a dict of exactly
         the input schema's fields whose values are what Arrow would give back for them
-        (fissure.runtime.operators.dict_fold judges that). No Arrow row is made of them."""
+        (fissure.runtime.operators.dict_fold judges that). No Arrow row is made of them.
+        `key_column`: the one key field's values in the records' order and their Python types,
+        when the caller has them already."""
         if not records:
             return []
-        order = sorted(range(len(seqs)), key=seqs.__getitem__)  # stable, as the batch's sort by SEQ
-        if order != list(range(len(seqs))):
+        if seqs != sorted(seqs):  # a run emits in sequence order: the check is one C-level pass
+            order = sorted(range(len(seqs)), key=seqs.__getitem__)  # stable, as the batch's sort by SEQ
             records, seqs = [records[position] for position in order], [seqs[position] for position in order]
-        return self._add_ordered(records, seqs, counting=type(self.plan.aggregate) is Count)
+            key_column = None
+        counting = type(self.plan.aggregate) is Count
+        if counting and self.plan.window is None and count_plain_keys(self, records, seqs, key_column):
+            return []
+        return self._add_ordered(records, seqs, counting=counting)
+
+    @property
+    def entries(self) -> dict[str, list]:
+        """key text -> [key values, first seq, {window start or None: [acc, last seq, last time,
+        end]}, records, dead letters, fold CPU seconds]"""
+        flush_counts(self)
+        return self._entries
 
     def _add_ordered(self, records: list[dict], seqs: list[int], counting: bool = False) -> list[DeadLetter]:
         """`counting`: a running `Count` adds each key's number of records at once (its `add` is
@@ -263,7 +280,13 @@ class Combiner:
 
     def partials(self) -> pa.RecordBatch:
         """The task's partials: a row per key (and window); a row without key when the task saw an
-        event time but made no partial (its records all failed), so the watermark still learns it."""
+        event time but made no partial (its records all failed), so the watermark still learns it.
+        The cyclic collector waits while they are made (a list or more per key, all alive until
+        they are Arrow: fissure.runtime.records.gc_pause)."""
+        with collector_paused():
+            return self._partials()
+
+    def _partials(self) -> pa.RecordBatch:
         columns: list[list] = [[] for _ in PARTIAL_SCHEMA]
         for text, (values, first_seq, windows, records, dead, fold_s) in self.entries.items():
             if not windows:  # every record of the key failed: its counts still reach the profile

@@ -27,6 +27,7 @@ from fissure.runtime.records.arrow_rows import batch_records, column_values
 from fissure.runtime.records.carried import (assemble, conform, dead_letter_batch, live_batch, records_to_batch,
                                              reshape_dead, split_dead)
 from fissure.runtime.records.columns import SEQ, carried_schema
+from fissure.runtime.records.gc_pause import collector_paused
 from fissure.runtime.records.fate import (DeadLetter, flat_map_emitted, mark_idle, mark_running, record_failed,
                                           operator_stopped)
 
@@ -295,7 +296,12 @@ class FusedStage:
 
     def __call__(self, batch: pa.RecordBatch, fold=None) -> pa.RecordBatch:
         """`fold` (a fissure.runtime.operators.dict_fold.RecordFold): offered the last run of
-        per-record operators' output as dicts; what it takes is folded, not made Arrow rows."""
+        per-record operators' output as dicts; what it takes is folded, not made Arrow rows.
+        The cyclic collector waits while the batch's records are dicts (fissure.runtime.records.gc_pause)."""
+        with collector_paused():
+            return self._run(batch, fold)
+
+    def _run(self, batch: pa.RecordBatch, fold) -> pa.RecordBatch:
         profile = self._profile if self._profile is not None else self.bind_profile()
         live, upstream_dead = split_dead(batch)
         data = live.select(self.input_schema.names)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime
 import functools
 import numbers
+from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import chain
@@ -173,7 +174,33 @@ def fitting_records(records: list, seqs: list[int], schema: pa.Schema, operator:
     `schema`'s fields with values of their fields' types; the others become dead letters of
     `operator`. A value Arrow still cannot convert (an integer out of its field's range, text that
     is not UTF-8) is only found by building the batch."""
-    expected = set(schema.names)
+    if _plain_dicts_of(records, schema.names):
+        fitting, fitting_seqs = records, seqs
+    else:
+        fitting, fitting_seqs = _mappings_of(records, seqs, set(schema.names), operator, dead)
+    checks = type_checks(schema)
+    if checks and fitting:
+        fitting, fitting_seqs = _exact_types(fitting, fitting_seqs, checks, operator, dead)
+    return fitting, fitting_seqs
+
+
+def _plain_dicts_of(records: list, names: Sequence[str]) -> bool:
+    """Whether every record is a plain dict of exactly the fields `names` (the good path): a few
+    C-level passes over the records instead of an ABC isinstance and a keys comparison each
+    (about 0.3 us a record; these passes take about 0.05 per field)."""
+    if set(map(type, records)) != {dict} or set(map(len, records)) != {len(names)}:
+        return False
+    try:
+        for name in names:
+            deque(map(itemgetter(name), records), maxlen=0)  # KeyError: a field missing somewhere
+    except KeyError:
+        return False
+    return True
+
+
+def _mappings_of(records: list, seqs: list[int], expected: set[str], operator: str,
+                 dead: list[DeadLetter]) -> tuple[list, list[int]]:
+    """The records that are mappings of exactly the `expected` fields; the others dead letters."""
     fitting, fitting_seqs = [], []
     for record, seq in zip(records, seqs):
         # a dict first: the ABC's isinstance costs about as much as the rest of the loop per record
@@ -189,9 +216,6 @@ def fitting_records(records: list, seqs: list[int], schema: pa.Schema, operator:
         else:
             fitting.append(record)
             fitting_seqs.append(seq)
-    checks = type_checks(schema)
-    if checks and fitting:
-        fitting, fitting_seqs = _exact_types(fitting, fitting_seqs, checks, operator, dead)
     return fitting, fitting_seqs
 
 

@@ -26,6 +26,7 @@ from fissure.runtime.records.columns import DEAD_COLUMNS, DEAD_OPERATOR, SEQ, ca
 from fissure.runtime.records.carried import assemble, dead_letter_batch, reshape_dead, split_dead
 from fissure.runtime.operators.join import LEFT, RIGHT, JoinStep, arrivals_of, joined_batch, run_join_group
 from fissure.runtime.records.envelopes import EnvelopeLayout
+from fissure.runtime.records.gc_pause import collector_paused
 from fissure.runtime.state.key_buckets import SubBucketStore
 from fissure.runtime.operators.keyed import StatefulStep, run_group, run_grouped_keys, run_keys
 from fissure.runtime.state.codec import StateAccess, StateCodec
@@ -248,7 +249,12 @@ class GraphStateProcessor(StatefulProcessor):
 
     def _run_operator(self, carried: pa.RecordBatch, partials: Sequence[pa.RecordBatch] = ()) -> pa.RecordBatch:
         """A stateful operator over a group's carried input rows (and a combined operator's
-        partials): a bucket's keys or the one state."""
+        partials): a bucket's keys or the one state. The cyclic collector waits while the
+        group's records and states are dicts (fissure.runtime.records.gc_pause)."""
+        with collector_paused():
+            return self._run_state(carried, partials)
+
+    def _run_state(self, carried: pa.RecordBatch, partials: Sequence[pa.RecordBatch]) -> pa.RecordBatch:
         codec = self._step.state_codec
         if self.bucketed:
             state = self._batched_state

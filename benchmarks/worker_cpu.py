@@ -1,0 +1,221 @@
+"""The CPU time of a word count's Spark-side Python functions, in this process, per input line.
+
+What Spark's Python workers spend on one micro-batch, without Spark: the program (the aggregate
+word count of benchmarks/cost.py, or its running count per occurrence) is compiled against a
+stand-in DataFrame that keeps the functions `compile_graph` ships (each `mapInArrow` function and
+each keyed stage's state processor), and they are called here on the Arrow batches Spark would
+hand them: the micro-batch's lines (Zipf over 10,000 words, 10,000 rows an Arrow batch) split over
+two tasks, each stage's output fed to the next, a keyed stage's packed rows grouped by key as the
+exchange groups them, its state in a dictionary in place of Spark's state store. The first
+micro-batch writes the states; each repeat then times the second, one stage at a time, with
+`time.process_time` (CPU time: robust on a machine shared with other work, where wall time is
+not). Spark's own part (reading, Arrow transfer, shuffles, the state store, the driver) is not in
+it: docs/profiling.md, "What a record costs, part by part", measures that.
+
+    ./dev python benchmarks/worker_cpu.py [--lines 100000] [--repeats 5] [--variant aggregate|running]
+    ./dev python benchmarks/worker_cpu.py --profile tottime   # one batch under cProfile instead
+"""
+
+from __future__ import annotations
+
+import argparse
+import pickle
+import statistics
+import sys
+import time
+from pathlib import Path
+
+REPOSITORY = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPOSITORY / "examples"))
+sys.path.insert(0, str(REPOSITORY / "benchmarks"))
+
+import pyarrow as pa  # noqa: E402
+
+import direct_loops  # noqa: E402
+
+ARROW_BATCH_ROWS = 10_000
+TASKS = 2
+
+
+class _Accumulator:
+    def add(self, value) -> None:
+        pass
+
+
+class _Grouped:
+    def __init__(self, frame) -> None:
+        self.frame = frame
+
+    def transformWithStateInPandas(self, processor, *args, **kwargs):  # noqa: N802 - Spark's name
+        self.frame.captured.append(("state", processor))
+        return self.frame
+
+
+class _Frame:
+    """Stands in for a streaming DataFrame of a text source: keeps what compile_graph ships."""
+
+    def __init__(self) -> None:
+        from pyspark.sql.types import StringType, StructField, StructType
+
+        self.schema = StructType([StructField("value", StringType())])
+        self.captured: list[tuple[str, object]] = []
+
+    def mapInArrow(self, function, schema, **kwargs):  # noqa: N802 - Spark's name
+        self.captured.append(("arrow", function))
+        return self
+
+    def repartition(self, *args):
+        return self
+
+    def withColumn(self, *args):  # noqa: N802
+        return self
+
+    def unionByName(self, other):  # noqa: N802
+        return self
+
+    def groupBy(self, *args):  # noqa: N802
+        return _Grouped(self)
+
+
+class _Task:
+    def __init__(self, partition: int) -> None:
+        self.partition = partition
+
+    def partitionId(self) -> int:  # noqa: N802
+        return self.partition
+
+    def getLocalProperty(self, name):  # noqa: N802
+        return None
+
+    def taskAttemptId(self) -> int:  # noqa: N802
+        return self.partition
+
+
+class _MapState:
+    def __init__(self) -> None:
+        self.data: dict = {}
+
+    def getValue(self, key):  # noqa: N802
+        value = self.data.get(key[0])
+        return None if value is None else (value,)
+
+    def updateValue(self, key, value) -> None:  # noqa: N802
+        self.data[key[0]] = value[0]
+
+    def removeKey(self, key) -> None:  # noqa: N802
+        self.data.pop(key[0], None)
+
+    def iterator(self):
+        return iter([((key,), (value,)) for key, value in list(self.data.items())])
+
+
+class _ValueState:
+    def __init__(self) -> None:
+        self.value = None
+
+    def get(self):
+        return self.value
+
+    def update(self, value) -> None:
+        self.value = value
+
+    def clear(self) -> None:
+        self.value = None
+
+
+class WorkerStages:
+    """The compiled program's worker functions, run one micro-batch at a time."""
+
+    def __init__(self, program) -> None:
+        import pyspark
+
+        from fissure.plan.plans import planner_plan
+        from fissure.program.graph import as_graph
+        from fissure.spark.query.compile_graph import compile_graph
+        from fissure.spark.query.stages import WorkerProfiling
+
+        graph = as_graph(program)
+        frame = _Frame()
+        compile_graph(graph, {graph.sources[0]: frame}, plan=planner_plan(program, TASKS),
+                      profiling=WorkerProfiling(_Accumulator()))
+        self.functions = [function for kind, function in frame.captured if kind == "arrow"]
+        self.processors = [processor for kind, processor in frame.captured if kind == "state"]
+        self.task = [_Task(0)]
+        pyspark.TaskContext.get = classmethod(lambda cls: self.task[0])
+        self.handlers: dict = {}
+        self.states: dict = {}
+
+    def run(self, lines: list[str], spent: dict[str, list[float]] | None = None) -> None:
+        """One micro-batch of `lines`; each stage's CPU seconds appended to `spent`."""
+        share = -(-len(lines) // TASKS)
+        inputs = [[pa.RecordBatch.from_pydict({"value": part[start:start + ARROW_BATCH_ROWS]})
+                   for start in range(0, len(part), ARROW_BATCH_ROWS)]
+                  for part in (lines[task * share:(task + 1) * share] for task in range(TASKS))]
+        for position, function in enumerate(self.functions):
+            started_s, outputs = time.process_time(), []
+            for task, batches in enumerate(inputs):
+                self.task[0] = _Task(task)
+                outputs.append([batch for batch in function(iter(batches)) if batch.num_rows])
+            self._note(spent, f"pe stage {position}: {type(getattr(function, 'function', function)).__name__}",
+                       started_s)
+            inputs = outputs
+        for position, light in enumerate(self.processors):
+            rows = pa.Table.from_batches([batch for task in inputs for batch in task]).to_pandas()
+            started_s = time.process_time()
+            for key, group in rows.groupby(rows.columns[0], sort=True):
+                handler = self.handlers.get((position, key % TASKS))
+                if handler is None:
+                    handler = self.handlers[(position, key % TASKS)] = pickle.loads(light.payload)
+                handler.attach(self.states.setdefault((position, key), {
+                    variable.name: _MapState() if variable.kind == "map" else _ValueState()
+                    for variable in light.variables}))
+                list(handler.handleInputRows((key,), iter([group.reset_index(drop=True)]), None))
+            self._note(spent, f"keyed stage {position}", started_s)
+
+    @staticmethod
+    def _note(spent, label: str, started_s: float) -> None:
+        if spent is not None:
+            spent.setdefault(label, []).append(time.process_time() - started_s)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--lines", type=int, default=100_000, help="lines a micro-batch")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--variant", choices=("aggregate", "running"), default="aggregate")
+    parser.add_argument("--profile", metavar="SORT", help="run one batch under cProfile, sorted by SORT")
+    args = parser.parse_args(argv)
+    from generators.words import generate
+
+    program = direct_loops.programs("wordcount")["aggregate" if args.variant == "aggregate" else ""]
+    stages = WorkerStages(program)
+    lines = generate(2 * args.lines, vocabulary_size=10_000, fixed_length=True)
+    first, steady = lines[:args.lines], lines[args.lines:]
+    stages.run(first)
+    if args.profile:
+        import cProfile
+        import pstats
+
+        profile = cProfile.Profile(time.process_time)
+        profile.enable()
+        stages.run(steady)
+        profile.disable()
+        pstats.Stats(profile).sort_stats(args.profile).print_stats(40)
+        return 0
+    spent: dict[str, list[float]] = {}
+    for _ in range(args.repeats):
+        stages.run(steady, spent)
+    print(f"{args.variant} word count, a micro-batch of {args.lines:,} lines over {TASKS} tasks; "
+          f"CPU us a line, median of {args.repeats}")
+    total = 0.0
+    for label, values in spent.items():
+        median = statistics.median(values)
+        total += median
+        print(f"  {label:40s} {1e6 * median / args.lines:7.2f}   (runs: "
+              + ", ".join(f"{1e6 * value / args.lines:.2f}" for value in values) + ")")
+    print(f"  {'total':40s} {1e6 * total / args.lines:7.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
