@@ -175,7 +175,7 @@ def await_batch_limit(runner: Runner, limit: BatchLimit, timeout_s: float | None
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     while not runner.await_termination(POLL_S):
         last = limit.last_batch()
-        if last is not None and any(int(update["batchId"]) == last for update in runner.query.recentProgress):
+        if last is not None and any(int(update["batchId"]) == last for update in runner.progress_feed.updates()):
             return True
         if deadline is not None and time.monotonic() >= deadline:
             return False

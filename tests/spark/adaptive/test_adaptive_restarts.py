@@ -15,6 +15,7 @@ from fissure.spark.adaptive import loop as adaptive
 from fissure.spark.adaptive import queries as adaptive_queries
 from fissure.spark.adaptive.observations import OperatorProfiles, SparkObservations
 from fissure.spark.adaptive.queries import QueryManager
+from fissure.spark.query.progress_feed import ProgressFeed
 from fissure.spark.query.run_end import RunTimedOut
 from fissure.spark.io.sources import FileSource
 from fissure.spark.state.repartition import CheckpointStatus
@@ -28,6 +29,10 @@ SPLIT = Plan((RegionPlan((("a",), ("b",))),))  # a pipeline boundary: an in-PE s
 class FakeQuery:
     def __init__(self, progress: list[dict], error: Exception | None) -> None:
         self.recentProgress, self.error, self.isActive = progress, error, False
+
+    @property
+    def lastProgress(self):
+        return self.recentProgress[-1] if self.recentProgress else None
 
     def exception(self):
         return self.error
@@ -47,6 +52,7 @@ class FakeRunner:
     def __init__(self, pipeline, source, sink, *, plan, **options) -> None:
         FakeRunner.plans.append(plan)
         self.query, self.threads, self.admissions, self.wrap_batch = None, None, (), None
+        self.progress_feed = ProgressFeed(lambda: self.query)
 
     def publish(self, publication) -> None:
         pass

@@ -129,7 +129,7 @@ class SparkObservations:
             live.gate.wait(POLL_S)
 
     def _next_update(self, live: LiveQuery):
-        newer = [update for update in live.query.recentProgress if int(update["batchId"]) > live.delivered_through]
+        newer = live.runner.progress_feed.newer_than(live.delivered_through)
         return min(newer, key=lambda update: int(update["batchId"])) if newer else None
 
     def _observation(self, live: LiveQuery, update) -> BatchObservation:

@@ -58,6 +58,7 @@ from fissure.spark.query.binding import (DetachableBatchFunction, bind_sinks, bi
                                          resource_profiles, ship_operator_modules)
 from fissure.spark.query.report import BatchListeners, BatchTime, GraphBatch, RunReport
 from fissure.spark.query.source_preparation import SourcePreparation
+from fissure.spark.query.progress_feed import ProgressFeed
 from fissure.spark.query.watching import QueryWatching
 from fissure.spark.session.create import QUERY_DEFAULTS, create_session, default_parallelism
 from fissure.spark.io.sinks import DeadLetterLog
@@ -142,6 +143,7 @@ class Runner(SourcePreparation, BatchWriting, QueryWatching):
         self.progress_output = self._new_progress_output()
         self.query_name = config.query_name
         self.query = None
+        self.progress_feed = ProgressFeed(lambda: self.query)
         self._batch_function: DetachableBatchFunction | None = None
         self.recovery: RepartitionRecovery | None = None  # an unfinished repartition start() finished
         self.compiled: CompiledGraph | None = None

@@ -35,7 +35,7 @@ class QueryWatching:
         if self.query is None:
             return
         newest = None
-        updates = self.query.recentProgress
+        updates = self.progress_feed.updates()
         if self.profiler is not None:
             self.profiler.on_progress(updates)
         for update in updates:
