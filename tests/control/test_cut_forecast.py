@@ -194,6 +194,36 @@ def test_the_policy_screens_profiles_tries_and_screens_again():
     assert policy.delivered_share == pytest.approx(1.6 * 0.61)  # 1,000 -> 1,600/s against a bound of 1 / 0.61
 
 
+def test_a_short_trial_with_a_gain_inside_its_noise_goes_on_before_it_is_judged():
+    def run(trial_then_more):
+        windows = [
+            AutopipelineWindow(1, 2.0, {"lookup": 1000.0}, {"lookup": (990.0, 1010.0)}, batches=2),  # screened
+            AutopipelineWindow(3, 4.0, {"lookup": 1000.0}, {"lookup": (995.0, 1005.0)}, batches=2),  # node by node
+            *trial_then_more]
+        policy = AutopipelinePolicy(3, lambda window, blacklist: PROFILE, AutopipelineControlConfig(settle_s=0.0),
+                                    timings_of=lambda window: (task(WAITING),))
+        return policy, run_loop(windows, policy, RecordingRealizer(cost_s=lambda decision: 0.0), clock=lambda: 0.0)
+
+    # +8 % in one batch is inside its band: one more batch, then the two together decide
+    policy, timeline = run([AutopipelineWindow(4, 5.0, {"lookup": 1080.0}, {"lookup": (1080.0,)}, batches=1, wall_s=1.0),
+                            AutopipelineWindow(5, 6.0, {"lookup": 1320.0}, {"lookup": (1320.0,)}, batches=1, wall_s=1.0)])
+    decisions = timeline.decisions()
+    assert [decision.summary() for decision in decisions] == ["profile", "insert lookup", "wait",
+                                                              "continue: keep lookup"]
+    assert decisions[2] == AutopipelineControlDecision(
+        ControlAction.WAIT, "inconclusive after 1 batch(es): lookup +8%, within the noise of so few batches;"
+        " the trial goes on for 1 more batch(es)", frozenset(), trial_batches=1)
+    assert decisions[3].reason == "throughput rose at every new thread: lookup 1000 -> 1200/s"  # over both batches
+    assert policy.blacklist == frozenset()
+    # a loss is reverted at once, and a longer trial that still shows no gain beyond the noise is reverted
+    _, timeline = run([AutopipelineWindow(4, 5.0, {"lookup": 900.0}, {"lookup": (900.0,)}, batches=1)])
+    assert [decision.summary() for decision in timeline.decisions()][2:] == ["continue: revert lookup"]
+    policy, timeline = run([AutopipelineWindow(4, 5.0, {"lookup": 1010.0}, {"lookup": (1010.0,)}, batches=1),
+                            AutopipelineWindow(5, 6.0, {"lookup": 1000.0}, {"lookup": (1000.0,)}, batches=1)])
+    assert [decision.summary() for decision in timeline.decisions()][2:] == ["wait", "continue: revert lookup"]
+    assert policy.blacklist == frozenset({"lookup"})
+
+
 def test_the_paper_rule_tries_what_the_optimizer_proposes():
     policy = AutopipelinePolicy(3, lambda window, blacklist: PROFILE,
                                 AutopipelineControlConfig(settle_s=0.0, forecast_trials=False),
