@@ -121,7 +121,7 @@ UNTIMED = {"adaptive_scenarios.md", "driver_heap.md", "elastic_sim_policies.md",
 # after): each is to be measured again, and the test fails as soon as one is (strict), so that it
 # leaves this list.
 MEASURED_BEFORE_THE_WHOLE_MACHINE_CHECK = {
-    "batch_size.md", "elastic_sim_policies.md", "elastic_threads.md", "model_accuracy.md",
+    "batch_size.md", "model_accuracy.md",
     "model_accuracy_calibrated.md", "planner_model.md", "profiling_overhead.md", "spark_chain_cpu.md",
     "spark_chain_logwatch.md"}
 
