@@ -122,7 +122,7 @@ UNTIMED = {"adaptive_scenarios.md", "driver_heap.md", "elastic_sim_policies.md",
 # leaves this list.
 MEASURED_BEFORE_THE_WHOLE_MACHINE_CHECK = {
     "batch_size.md", "model_accuracy.md",
-    "model_accuracy_calibrated.md", "planner_model.md", "profiling_overhead.md", "spark_chain_cpu.md",
+    "model_accuracy_calibrated.md", "profiling_overhead.md", "spark_chain_cpu.md",
     "spark_chain_logwatch.md"}
 
 
