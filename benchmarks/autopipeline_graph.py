@@ -215,7 +215,8 @@ def measure_waiting(args, spark, work: str, log) -> tuple[dict, list[str]]:
         "best_hand_placed": best, "autopipelined_to_best_hand_placed": to_best, "runs": runs,
     }
     lines = ["\n## A graph where a cut pays: LogWatch's parsing and a waiting lookup\n",
-             f"`lines -> parsed -> raw_events -> events -> located -> sink`: `located` waits {args.wait_us:g} us per record (a sleep of {LOOKUP_GROUP} records' worth"
+             "`lines -> parsed -> raw_events -> events -> located -> sink`:"
+             f" `located` waits {args.wait_us:g} us per record (a sleep of {LOOKUP_GROUP} records' worth"
              f" every {LOOKUP_GROUP} records); {args.waiting_lines:,} lines in {args.waiting_files} files, a"
              f" micro-batch each (at most {args.waiting_batch_kb} KiB); medians of {args.repeats} repeat(s) in"
              " rotated order\n",

@@ -205,8 +205,9 @@ def test_a_short_trial_with_a_gain_inside_its_noise_goes_on_before_it_is_judged(
         return policy, run_loop(windows, policy, RecordingRealizer(cost_s=lambda decision: 0.0), clock=lambda: 0.0)
 
     # +8 % in one batch is inside its band: one more batch, then the two together decide
-    policy, timeline = run([AutopipelineWindow(4, 5.0, {"lookup": 1080.0}, {"lookup": (1080.0,)}, batches=1, wall_s=1.0),
-                            AutopipelineWindow(5, 6.0, {"lookup": 1320.0}, {"lookup": (1320.0,)}, batches=1, wall_s=1.0)])
+    trial = AutopipelineWindow(4, 5.0, {"lookup": 1080.0}, {"lookup": (1080.0,)}, batches=1, wall_s=1.0)
+    more = AutopipelineWindow(5, 6.0, {"lookup": 1320.0}, {"lookup": (1320.0,)}, batches=1, wall_s=1.0)
+    policy, timeline = run([trial, more])
     decisions = timeline.decisions()
     assert [decision.summary() for decision in decisions] == ["profile", "insert lookup", "wait",
                                                               "continue: keep lookup"]
