@@ -53,12 +53,12 @@ def quoted_figures() -> list[tuple[str, str, str]]:
     readme = (REPOSITORY / "README.md").read_text()
     paragraph = readme[readme.index("## Benchmarks"):]
     paragraph = paragraph[paragraph.index("\n"):paragraph.index("\n## ", 3)]
-    items, lines = [], []  # each item of a list is read apart, as a paragraph of its own
+    items, lines = [], []  # each item of a list, and each paragraph, is read apart
     for line in paragraph.splitlines():
-        if line.startswith("- ") and lines:
+        if (line.startswith("- ") or not line.strip()) and lines:
             items.append(" ".join(lines))
             lines = []
-        if not line.startswith("|"):
+        if line.strip() and not line.startswith("|"):
             lines.append(line.removeprefix("- "))
     items.append(" ".join(lines))
     for item in items:
