@@ -53,16 +53,12 @@ def quoted_figures() -> list[tuple[str, str, str]]:
     readme = (REPOSITORY / "README.md").read_text()
     paragraph = readme[readme.index("## Benchmarks"):]
     paragraph = paragraph[paragraph.index("\n"):paragraph.index("\n## ", 3)]
-    items, lines = [], []  # each item of a list, and each paragraph, is read apart
-    for line in paragraph.splitlines():
-        if (line.startswith("- ") or not line.strip()) and lines:
-            items.append(" ".join(lines))
-            lines = []
-        if line.strip() and not line.startswith("|"):
-            lines.append(line.removeprefix("- "))
-    items.append(" ".join(lines))
-    for item in items:
-        for sentence in re.split(r"(?<=[.;])\s+(?=[A-Z`])", " ".join(item.split())):
+    for item in re.split(r"\n(?=- )|\n\s*\n", paragraph):  # each list item and each paragraph apart
+        prose = " ".join(" ".join(line.removeprefix("- ") for line in item.splitlines()
+                                  if not line.startswith("|")).split())
+        # a list item's figures stand in the files it names; a paragraph's, sentence by sentence
+        units = [prose] if item.lstrip().startswith("- ") else re.split(r"(?<=[.;])\s+(?=[A-Z`])", prose)
+        for sentence in units:
             names = FILE.findall(sentence)
             if names:  # a sentence's figures stand in the files it names (one of them)
                 quotes.append(("README.md", FILE.sub("", sentence), " ".join(names)))
@@ -90,9 +86,6 @@ def stands_in(figure: str, numbers: list[str]) -> bool:
 
 
 QUOTES = quoted_figures()
-# Results files still to regenerate from a clean tree: the test fails as soon as one is (strict),
-# so that it leaves this list.
-WRITTEN_FROM_A_DIRTY_TREE: set[str] = set()
 
 
 def test_the_docs_quote_results_files():
@@ -101,14 +94,11 @@ def test_the_docs_quote_results_files():
 
 @pytest.mark.parametrize("where, text, name", QUOTES, ids=[f"{where}:{name}:{i}" for i, (where, _, name)
                                                              in enumerate(QUOTES)])
-def test_a_quoted_figure_stands_in_its_results_file(where, text, name, request):
+def test_a_quoted_figure_stands_in_its_results_file(where, text, name):
     body = ""
     for one in name.split():
         path = RESULTS / one
         assert path.exists(), f"{where} quotes {one}, which benchmarks/results does not hold"
-        if one in WRITTEN_FROM_A_DIRTY_TREE:
-            request.applymarker(pytest.mark.xfail(reason=f"{one} was written from a dirty tree: regenerate it",
-                                                  strict=True))
         own = path.read_text()
         revision = re.search(r"^Revision: (.*)$", own, re.MULTILINE)
         assert revision is not None, f"{one} has no Revision line"
@@ -125,11 +115,6 @@ QUOTED_FILES = sorted({one for _, _, names in QUOTES for one in names.split()})
 # runs around them, so no machine speed is recorded; others' CPU and the steal time are.
 UNTIMED = {"adaptive_scenarios.md", "driver_heap.md", "elastic_sim_policies.md", "model_rescore.md",
            "reliability.md", "state_bounded.md"}
-# Quoted files measured before the run's header saw the whole machine (the hypervisor's steal time,
-# unreadable processes counted as other, the machine's speed timed in a fresh process before and
-# after): each is to be measured again, and the test fails as soon as one is (strict), so that it
-# leaves this list.
-MEASURED_BEFORE_THE_WHOLE_MACHINE_CHECK: set[str] = set()
 
 
 def provenance(name: str) -> dict:
@@ -146,12 +131,9 @@ def test_a_quoted_file_says_it_is_a_result_to_quote(name):
 
 
 @pytest.mark.parametrize("name", QUOTED_FILES)
-def test_a_quoted_file_was_measured_with_the_whole_machine_in_view(name, request):
+def test_a_quoted_file_was_measured_with_the_whole_machine_in_view(name):
     """Its header has the steal time (and so counts unreadable processes as other), and a timed
     run its machine speed before and after, both loops in a fresh process."""
-    if name in MEASURED_BEFORE_THE_WHOLE_MACHINE_CHECK:
-        request.applymarker(pytest.mark.xfail(
-            reason=f"{name} was measured before the whole-machine check: regenerate it", strict=True))
     header = provenance(name)
     assert header.get("steal_share") is not None, f"{name} records no steal time"
     if name not in UNTIMED:
