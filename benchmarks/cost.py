@@ -22,9 +22,11 @@ anything is timed, every run computes its answer over a small input of the same 
 checked against the direct loop's: a run whose answer differs (or that fails, or whose peer is not
 installed) is left out of the rounds, with the reason in the results. A round runs, per workload,
 the direct loop, then the other runs in an order rotated each round, then the direct loop again;
-the round's direct rate is the median of the two (both are reported). A fissure run's and a Spark
-peer's rate is its steady rate (the records of the micro-batches after the first over their
-summed durations); the direct loop's and bytewax's, records over the whole run. Reported: medians
+the round's direct rate is the median of the two (both are reported). A fissure run goes through
+`fissure.run` with its default settings, as `fissure run` does, and its rate is the steady rate
+that `fissure run --json` prints (the records of the micro-batches after the first over their
+summed durations); a Spark peer's rate is the same over its query's batches; the direct loop's and
+bytewax's, records over the whole run. Reported: medians
 over rounds (at least 3 unless --quick), and the median of the per-round ratios to the direct
 loop. One uncounted warm-up run starts Spark's Python workers first (benchmarks/method.py).
 Results: cost.md/.json (cost_1m.* with --goal) under --out.
@@ -33,7 +35,8 @@ Results: cost.md/.json (cost_1m.* with --goal) under --out.
     ./dev python benchmarks/cost.py --scale 10      # 10x the records per workload
     ./dev python benchmarks/cost.py --quick         # tiny inputs, one round: a smoke test
     ./dev python benchmarks/cost.py --goal          # 1,000,000 records in 20 files, 5 files a batch,
-                                                    # direct loop, planner and peers (cost_1m.md)
+                                                    # direct loop, planner and peers (cost_1m.md),
+                                                    # LogWatch, the word counts and hot items
     ./dev python benchmarks/cost.py --without bytewax --without spark-tws
     ./dev python benchmarks/cost.py --only wordcount-10k --variant aggregate   # the combined word count only
 
@@ -75,8 +78,8 @@ PEERS = {"logwatch": ("bytewax",), "wordcount": ("bytewax", "spark-sql", "spark-
 DIRECT_BEFORE, DIRECT_AFTER, DIRECT = "direct (before)", "direct (after)", "direct"
 WHAT = {
     DIRECT: "the direct loop: the median of its runs before and after the others in the round",
-    "sequential": "fissure, the sequential plan",
-    "planner": "fissure, the planner's plan",
+    "sequential": "fissure (`fissure.run`), the sequential plan",
+    "planner": "fissure (`fissure.run`), the planner's plan",
     "bytewax": "bytewax 0.21, one worker, the same functions",
     "spark-sql": "Spark's own operators: explode(split()), groupBy().count()",
     "spark-tws": "transformWithStateInPandas, 8 hash buckets of words",
@@ -178,11 +181,20 @@ def direct_rate(workload: Workload) -> float:
     return workload.records / (time.perf_counter() - started)
 
 
+def fissure_run_rate(spark, program, source, plan) -> float:
+    """fissure's steady rate through the user's way in: `fissure.run` (which `fissure run` calls)
+    with its defaults (profiling on, progress as a run without a terminal shows it, the end of
+    input flushed), the figure `fissure run --json` prints as `steady_records_per_s`."""
+    report = fissure.run(program, source, fissure.NoopSink(), plan=plan, checkpoint=tempfile.mkdtemp(),
+                         config=fissure.RunnerConfig(spark=spark))
+    return report.summary()["steady_records_per_s"] or 0.0
+
+
 def measure(spark, workload: Workload, label: str) -> float:
     how = workload.runs[label]
     if how[0] == "fissure":
         _, program, plan = how
-        return measure_fissure(spark, program, workload.source, plan, tempfile.mkdtemp())
+        return fissure_run_rate(spark, program, workload.source, plan)
     peer = how[1]
     if peer == "bytewax":
         return peers.bytewax_rate(workload.family, workload.paths, workload.records)
@@ -251,7 +263,8 @@ def main(argv: list[str] | None = None) -> int:
                              "count's aggregate(..., Count()), combined before the exchange")
     parser.add_argument("--goal", action="store_true",
                         help="the large shape: 1,000,000 records in 20 files, 5 files (250,000 records) "
-                             "a micro-batch, LogWatch and the word counts, the direct loop, the planner and the peers")
+                             "a micro-batch, LogWatch, the word counts and hot items, the direct loop, the planner "
+                             "and the peers")
     args = parser.parse_args(argv)
     if args.quick:
         args.scale, args.rounds = 0.05, 1
@@ -261,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
     records = {name: max(files, int(count * args.scale)) for name, count in SIZES.items()}
     if args.goal:
         files, files_per_batch, plan_names = 20, 5, ("planner",)
-        names = ("logwatch", "wordcount-10k", "wordcount-100k")
+        names = ("logwatch", "wordcount-10k", "wordcount-100k", "hot-items")
         records = {name: 1_000_000 for name in names}
     if args.only:
         names = tuple(name for name in names if name in args.only) or tuple(args.only)

@@ -64,6 +64,6 @@ def test_report_gives_ratios_to_the_direct_loop_and_the_runs_left_out():
         "skipped": {"planner, aggregate": "no results, against 7"},
         "over_direct": {"planner": cost.method.paired_ratio(rates, "planner", cost.DIRECT)}}}}
     text = cost.report(document)
-    assert "| planner | 50 | 0.500 | fissure, the planner's plan, the running count per occurrence |" in text
+    assert "| planner | 50 | 0.500 | fissure (`fissure.run`), the planner's plan, the running count per occurrence |" in text
     assert "| direct (before) | 210 |  | the direct loop, run before the others |" in text
     assert "| planner, aggregate | not measured | | no results, against 7 |" in text
