@@ -3,7 +3,9 @@
 For the workloads of benchmarks/cost.py (their programs, input files and direct loops come from
 benchmarks/direct_loops.py): LogWatch, and the word count over a Zipf vocabulary of 10,000 words
 as its two fissure programs, the aggregate (`aggregate(..., Count())`, combined before the
-exchange) and the running count per occurrence (`partitioned`). Parts:
+exchange) and the running count per occurrence (`partitioned`); and Nexmark's hot items
+(examples/hot_items.py: bids counted per auction and 10-second window, `window(..., Count())`
+combined before the exchange, then the auction with the most bids per window). Parts:
 
 - jvm: Spark reads the workload's files and drops the rows (a `noop` sink), no Python;
 - arrow: the same through an identity `mapInArrow` (Arrow batches into a Python worker and back,
@@ -12,18 +14,25 @@ exchange) and the running count per occurrence (`partitioned`). Parts:
   identity `mapInArrow`), less the same query without the repartition. The rows are made by Spark
   without Python: the word count's words (`explode(split(lower(value)))`, keyed by the word), and
   LogWatch's lines (keyed by the line), scaled by the events a line makes (those cross its first
-  exchange; its later exchanges, of fewer records, are not measured). The aggregate word count
-  ships partials, not words: its exchange is scaled by the share of rows that cross at most
-  (`crossing_share`: a task sends each distinct word of its micro-batch once);
+  exchange; its later exchanges, of fewer records, are not measured), and the hot items' bids
+  (the JSON lines parsed by `from_json`, keyed by the auction). The aggregate word count and the
+  hot items ship partials, not rows: their exchange is scaled by the share of rows that cross at
+  most (`crossing_share`: a task sends each distinct key of its micro-batch once, a word, or an
+  auction and 10-second window; the hot items' second exchange, a partial per window, is not
+  measured);
 - conversion: fissure's own Arrow -> dicts (`fissure.runtime.records.arrow_rows.batch_records`)
   and dicts -> Arrow (`pyarrow.RecordBatch.from_pylist`, as `records_to_batch` does), timed in
   this process over the first --sample-records input lines and, where they cross the exchange as
-  records, the keyed records they make (LogWatch's events, the per-occurrence word count's words),
-  one thread;
+  records, the keyed records they make (LogWatch's events, the per-occurrence word count's words;
+  the aggregate word count's and the hot items' partials are not converted as records), one thread;
 - state: the keyed operators' state read and write, in this process: the state codec's calls
   (`StateCodec.loads/dumps/seal/unseal`) while `LocalGraphRun` runs the program's micro-batches
   (only the batches after the first are timed: a steady batch reads the states the earlier wrote).
-  Spark's state-server requests and the packing of a bucket's entries are not in it;
+  Spark's state-server requests and the packing of a bucket's entries are not in it. The hot
+  items' windows fire only as the watermark passes them: the second batch runs with the
+  watermark the first left, so it counts its bids into the open windows' state and fires the
+  windows that watermark closes; the windows still open after it are never fired (no end of
+  input is run), as in a steady micro-batch of an unbounded stream;
 - operator: the direct loop (the user's functions called directly, dict state), one thread;
 - total: fissure's run of the program under the planner's plan, its steady rate.
 
@@ -92,7 +101,9 @@ class Workload:
 
 WORKLOADS = (Workload("logwatch", "logwatch", "", True),
              Workload("wordcount, aggregate", "wordcount", "aggregate", False),
-             Workload("wordcount, per occurrence", "wordcount", "", True))
+             Workload("wordcount, per occurrence", "wordcount", "", True),
+             Workload("hot-items", "hot-items", "", False))
+FAMILIES = ("logwatch", "wordcount", "hot-items")
 
 
 # -- the arithmetic (pure) --------------------------------------------------------------------------
@@ -154,12 +165,23 @@ def through_python(frame):
     return frame.mapInArrow(identity, frame.schema)
 
 
+def spark_bids(spark, source):
+    """The hot items' bids parsed from their JSON lines by Spark (`from_json`), as `parse_bid`
+    makes them: a row per line, its auction, bidder, price and ts."""
+    from pyspark.sql import functions as F
+
+    schema = "auction long, bidder long, price double, ts double"
+    return source.open(spark).select(F.from_json(F.col("value"), schema).alias("bid")).select("bid.*")
+
+
 def keyed_rows(spark, family: str, source):
     """The rows a keyed stage of the family receives, made by Spark without Python, and their key."""
     if family == "wordcount":
         from peers import _words
 
         return _words(spark, source), "word"
+    if family == "hot-items":
+        return spark_bids(spark, source), "auction"
     return source.open(spark), "value"
 
 
@@ -214,9 +236,13 @@ def file_lines_upto(paths: list[str], limit: int) -> list[str]:
 
 def exchanged_records(family: str, lines: list[str]) -> list[dict]:
     """The records a keyed stage of the family receives, made by the example's own functions: the
-    word count's words, LogWatch's events."""
+    word count's words, the hot items' bids, LogWatch's events."""
     if family == "wordcount":
         return [word for line in lines for word in direct_loops.words({"value": line})]
+    if family == "hot-items":
+        from hot_items import parse_bid
+
+        return [parse_bid({"value": line}) for line in lines]
     from logwatch import events, lines as line_record, parsed, raw_events
 
     out = []
@@ -318,14 +344,26 @@ def batches_of(paths: list[str], files_per_batch: int) -> list[list[str]]:
     return [paths[start:start + files_per_batch] for start in range(0, len(paths), files_per_batch)]
 
 
-def distinct_words(paths_by_batch: list[list[str]]) -> tuple[list[int], list[int]]:
-    """Per micro-batch of files: its distinct words and its words."""
+def partial_keys(family: str, line: str) -> list:
+    """The keys a line's rows are combined under before the exchange: the word count's words, the
+    hot items' (auction, window start) of its bid (a 10-second tumbling window, as Tumbling
+    assigns it)."""
+    if family == "hot-items":
+        from hot_items import WINDOW_S, parse_bid
+
+        bid = parse_bid({"value": line})
+        return [(bid["auction"], (bid["ts"] // WINDOW_S) * WINDOW_S)]
+    return [record["word"] for record in direct_loops.words({"value": line})]
+
+
+def distinct_keys(family: str, paths_by_batch: list[list[str]]) -> tuple[list[int], list[int]]:
+    """Per micro-batch of files: its distinct partial keys and its rows (`partial_keys`)."""
     distinct, counts = [], []
     for paths in paths_by_batch:
         seen, count = set(), 0
         for line in file_lines(paths):
-            for record in direct_loops.words({"value": line}):
-                seen.add(record["word"])
+            for key in partial_keys(family, line):
+                seen.add(key)
                 count += 1
         distinct.append(len(seen))
         counts.append(count)
@@ -383,8 +421,8 @@ def family_variants(spark, family: str, work: Path, args, fresh: Callable[[], st
             total_source, total_records = subset, direct_loops.count_records(paths[:args.subset_files])
         variants["total" + suffix] = lambda program=program, total_source=total_source: \
             fissure_us(spark, program, total_source, fresh())
-        if not workload.keyed_records:  # the aggregate's partials
-            crossing = crossing_share(*distinct_words(batches_of(paths, args.files_per_batch)), tasks=cores)
+        if not workload.keyed_records:  # partials: the aggregate word count's, the hot items' bids window's
+            crossing = crossing_share(*distinct_keys(family, batches_of(paths, args.files_per_batch)), tasks=cores)
         elif family == "logwatch":  # the lines shuffled stand for the events that cross, fewer than the lines
             crossing = len(keyed) / max(1, len(sample))
         else:  # the words shuffled are the words that cross
@@ -399,6 +437,14 @@ def medians_of(block_medians: dict[str, float], suffix: str) -> dict[str, float]
     names = ("jvm", "arrow", "exchange-base", "exchange", "operator", "conversion", "state", "total")
     return {name: block_medians[name + suffix] if name + suffix in block_medians else block_medians[name]
             for name in names}
+
+
+CROSSING_NOTES = {
+    "wordcount": "the share of words that cross at most, as partials",
+    "hot-items": "the share of bids that cross at most, as partial counts, one per auction and 10-second window "
+                 "a task's micro-batch holds (the second exchange, a partial per window, is not measured)",
+    "logwatch": "the keyed records (events) a line makes, in the conversion's sample",
+}
 
 
 def report(document: dict) -> str:
@@ -425,9 +471,7 @@ def report(document: dict) -> str:
             notes = [f"total over {workload['total_records']:,} records",
                      f"state over a steady in-process batch of {workload['state_records']:,}"]
             if workload["crossing"] != 1.0:
-                notes.append(f"exchange scaled by {workload['crossing']:.3f}: "
-                             + ("the share of words that cross at most, as partials" if family == "wordcount"
-                                else "the keyed records (events) a line makes, in the conversion's sample"))
+                notes.append(f"exchange scaled by {workload['crossing']:.3f}: " + CROSSING_NOTES[family])
             lines.append(f"  - {name}: " + "; ".join(notes))
     lines += ["", "Medians of every run (us per input record):", "", "| family | run | median |", "| --- | --- | --- |"]
     for family, block in document["blocks"].items():
@@ -449,7 +493,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="input records the in-process conversion runs over")
     parser.add_argument("--state-batch-records", type=int, default=50_000,
                         help="records of each of the two in-process micro-batches the state part runs")
-    parser.add_argument("--only", choices=("logwatch", "wordcount"), help="one family")
+    parser.add_argument("--only", choices=FAMILIES, help="one family")
     args = parser.parse_args(argv)
     if args.quick:
         args.records, args.files, args.files_per_batch, args.subset_files = 2_000, 4, 1, 3
@@ -473,7 +517,7 @@ def main(argv: list[str] | None = None) -> int:
     warm = cpu_pipeline(4)  # small: starts the Python workers, whatever the workloads' size
     document = {"cores": cores, "files_per_batch": args.files_per_batch, "families": {}, "blocks": {},
                 "workloads": {}}
-    for family in ("logwatch", "wordcount"):
+    for family in FAMILIES:
         if args.only and family != args.only:
             continue
         variants, info = family_variants(spark, family, work, args, fresh)

@@ -87,3 +87,26 @@ def test_conversion_goes_through_fissures_arrow_rows(monkeypatch):
     monkeypatch.setattr(arrow_rows, "batch_records", lambda batch: seen.append(batch.num_rows) or original(batch))
     assert record_breakdown.conversion_us([[{"value": "x"}] * 3, [{"word": "y"}] * 2], records=3) >= 0.0
     assert seen == [3, 2]
+
+
+def test_the_hot_items_keyed_records_are_the_programs_bids():
+    line = '{"auction": 30, "bidder": 7, "price": 12.5, "ts": 1700000004.5}'
+    assert record_breakdown.exchanged_records("hot-items", [line]) == [
+        {"auction": 30, "bidder": 7, "price": 12.5, "ts": 1700000004.5}]
+
+
+def test_the_hot_items_partials_are_one_per_auction_and_window(tmp_path):
+    bids = [(30, 1700000001.0), (30, 1700000009.9), (40, 1700000002.0), (30, 1700000010.0)]
+    path = tmp_path / "bids.txt"
+    path.write_text("".join(f'{{"auction": {a}, "bidder": 1, "price": 1.0, "ts": {ts}}}\n' for a, ts in bids))
+    # (30, [0, 10)), (40, [0, 10)) and (30, [10, 20)): three partials for four bids
+    assert record_breakdown.distinct_keys("hot-items", [[str(path)]]) == ([3], [4])
+
+
+def test_the_hot_items_state_is_read_and_written_in_the_second_batch():
+    from generators.nexmark import bid_lines, generate_bids
+
+    lines = bid_lines(generate_bids(400))
+    program = direct_loops.programs("hot-items")[""]
+    assert record_breakdown.state_us(program, [lines[:200], []]) == 0.0
+    assert record_breakdown.state_us(program, [lines[:200], lines[200:]]) > 0.0
