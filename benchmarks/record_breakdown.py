@@ -140,6 +140,28 @@ def breakdown(medians: dict[str, float], cores: int, crossing: float = 1.0) -> d
     return {**parts, "explained": explained, "total": medians["total"], "unexplained": medians["total"] - explained}
 
 
+def ceiling(parts: dict[str, float], cores: int) -> dict[str, float]:
+    """How close to the direct loop a run on this Spark path can come at most, from the parts (us
+    per input record, as `breakdown` gives them). `direct`: the direct loop on one thread
+    (operator x cores). `floor`: what a run that hands every record to the user's Python functions
+    cannot avoid: Spark's read (with a micro-batch's fixed costs of a query without state), one
+    Arrow round trip, and the functions themselves shared evenly by the cores. `ceiling` = direct /
+    floor; `with_conversion` = direct / (floor + conversion): the dicts those functions take made
+    and turned back as well. `fissure` = direct / total: where fissure's run stands. A stateful
+    stage's own fixed cost a micro-batch is not in the floor (docs/profiling.md adds it)."""
+    if cores < 1:
+        raise ValueError("at least one core")
+    direct = parts["operator"] * cores
+    floor = parts["jvm"] + parts["arrow"] + parts["operator"]
+    with_conversion = floor + parts["conversion"]
+
+    def share(cost: float) -> float:
+        return direct / cost if cost > 0 else float("nan")
+
+    return {"direct": direct, "floor": floor, "ceiling": share(floor), "with_conversion": share(with_conversion),
+            "fissure": share(parts["total"])}
+
+
 def us_per_record(records_per_s: float) -> float:
     return 1e6 / records_per_s if records_per_s > 0 else float("inf")
 
@@ -461,6 +483,17 @@ def report(document: dict) -> str:
         lines.append(f"| {name} | " + " | ".join(f"{parts[part]:.2f}" for part in PARTS)
                      + f" | {parts['explained']:.2f} | {parts['total']:.2f} | {parts['unexplained']:.2f} |")
     lines += ["", "| part | what |", "| --- | --- |"] + [f"| {part} | {WHAT[part]} |" for part in PARTS]
+    lines += ["", "The most any run on this path can reach against the direct loop: the floor is Spark's read, one Arrow "
+              "round trip and the user's functions on every core (jvm + arrow + operator), us per input record; the "
+              "ceiling is the direct loop's time on one thread over the floor (with conversion: over the floor and the "
+              "conversion); fissure is the direct loop's time over fissure's total. A stateful stage's fixed cost a "
+              "micro-batch is not in the floor.", "",
+              "| workload | direct loop, one thread | floor | ceiling x direct loop | with conversion | fissure x direct "
+              "loop |", "| --- | --- | --- | --- | --- | --- |"]
+    for name, result in document["workloads"].items():
+        bound = result["ceiling"]
+        lines.append(f"| {name} | {bound['direct']:.2f} | {bound['floor']:.2f} | {bound['ceiling']:.3f} | "
+                     f"{bound['with_conversion']:.3f} | {bound['fissure']:.3f} |")
     lines += ["", "Inputs:", ""]
     for family, info in document["families"].items():
         lines.append(f"- {family}: {info['records']:,} records in {info['files']} files, {document['files_per_batch']} a "
@@ -534,6 +567,7 @@ def main(argv: list[str] | None = None) -> int:
             document["workloads"][name] = {
                 "medians": medians_of(medians, workload["suffix"]),
                 "breakdown": breakdown(medians_of(medians, workload["suffix"]), cores, workload["crossing"])}
+            document["workloads"][name]["ceiling"] = ceiling(document["workloads"][name]["breakdown"], cores)
     method.end_spark(spark)
     run.write_results("record_breakdown", report(document), document)
     shutil.rmtree(work, ignore_errors=True)

@@ -14,7 +14,7 @@ sys.path.insert(0, str(BENCHMARKS))
 
 import direct_loops  # noqa: E402
 import record_breakdown  # noqa: E402
-from record_breakdown import breakdown, crossing_share, medians_of  # noqa: E402
+from record_breakdown import breakdown, ceiling, crossing_share, medians_of  # noqa: E402
 
 MEDIANS = {"jvm": 1.0, "arrow": 3.0, "exchange-base": 5.0, "exchange": 9.0, "conversion": 4.0, "state": 2.0,
            "operator": 6.0, "total": 20.0}
@@ -40,6 +40,23 @@ def test_the_exchange_is_scaled_by_the_share_of_rows_that_cross():
     assert breakdown(MEDIANS, cores=2, crossing=0.25)["exchange"] == 1.0
     with pytest.raises(ValueError):
         breakdown(MEDIANS, cores=0)
+
+
+def test_the_ceiling_is_the_direct_loop_over_what_no_run_on_the_path_avoids():
+    parts = breakdown(MEDIANS, cores=2)  # jvm 1, arrow 2, conversion 2, operator 3, total 20
+    bound = ceiling(parts, cores=2)
+    assert bound["direct"] == 6.0  # the direct loop on one thread: the operator part times the cores
+    assert bound["floor"] == 6.0  # jvm + arrow + operator
+    assert bound["ceiling"] == 1.0
+    assert bound["with_conversion"] == 6.0 / 8.0
+    assert bound["fissure"] == 6.0 / 20.0
+
+
+def test_the_ceiling_is_not_a_number_when_the_floor_is_not_positive():
+    bound = ceiling({**breakdown(MEDIANS, cores=2), "jvm": -5.0}, cores=2)
+    assert bound["ceiling"] != bound["ceiling"]  # nan: the parts overlap at this size, no bound
+    with pytest.raises(ValueError):
+        ceiling(breakdown(MEDIANS, cores=2), cores=0)
 
 
 def test_at_most_one_partial_per_distinct_key_and_task_crosses():
