@@ -9,22 +9,37 @@ Two operators run under `fissure.runtime.elastic.runner.ElasticOperatorRunner`:
 For each operator and service latency: a coarse sweep of every static thread level 1..32 (median
 of the period throughputs of a short run, median over two repeats, order alternated), then
 `repeats` rounds of [a confirmation block: the sweep's top levels and the levels the elastic runs
-settled on so far, each measured again for longer; one elastic run per policy], and a last
-confirmation block. The sweep's best is the maximum of 32 noisy medians, biased upward; the
-confirmed best is the best candidate over the confirmation blocks (a few candidates, each
-measured in every block). Each elastic run's settled throughput (median period throughput over
-the last quarter of a phase; settled level = most frequent level there) is divided by the
-confirmed best level's throughput in the two blocks around that run (the same stretch of time),
-and the table reports the median of those ratios. The target: within 5 % of the best static thread
-count, and settled again after the latency change.
+settled on so far (at most confirm_settled_levels of them), each measured again for longer; one
+elastic run per policy], then `closing_blocks` closing blocks. A closing block measures every
+candidate: the sweep's top levels, each policy's median settled level, then the other levels any
+elastic run of the phase settled on, most frequent first; at most closing_max_levels (8) levels, so
+that the closing blocks stay bounded in time.
+
+Whole blocks move together by about 10 % on this machine (enrichment at 2 ms, in one run: one
+block measured every level at 4,312-4,783/s, a later one at 4,589-5,288/s), and a settled level
+joins the blocks only once a run has settled on it: medians over different sets of blocks compare
+different stretches of time. So levels are compared within the same blocks only: the complete
+blocks are those that measured every candidate of the closing blocks (the closing blocks, and any
+earlier block that happened to). The sweep's best is the maximum of 32 noisy medians, biased
+upward; the confirmed best is the candidate with the highest median over the complete blocks.
+Static at settled / confirmed best is the median over the complete blocks of the ratio of the two
+levels' rates in the same block, reported with the lowest and highest of these per-block ratios and the number
+of complete blocks (a spread wider than 5 % leaves the 5 % question undecided). Each elastic run's
+settled throughput (median period throughput over the last quarter of a phase; settled level =
+most frequent level there) is divided by the confirmed best level's throughput in the two blocks
+around that run (the same stretch of time), and the table reports the median of those ratios. The
+target: within 5 % of the best static thread count, and settled again after the latency change.
 
 `--sim-only` runs the policies on seeded synthetic curves instead (no timing, deterministic): the
 papers' rules as written against the improved policies, the share of the best level they settle at.
 
-    ./dev python benchmarks/elastic_threads.py             # full run, about 23 minutes, quiet machine
-    ./dev python benchmarks/elastic_threads.py --repeats 5 # five elastic runs per policy, about 35 minutes
-    ./dev python benchmarks/elastic_threads.py --quick     # smoke test, seconds (numbers mean nothing)
+    ./dev python benchmarks/elastic_threads.py             # full run, about 26 minutes, quiet machine
+    ./dev python benchmarks/elastic_threads.py --repeats 5 # five elastic runs per policy, about 40 minutes
+    ./dev python benchmarks/elastic_threads.py --quick     # smoke test, about a minute (numbers mean nothing)
     ./dev python benchmarks/elastic_threads.py --sim-only  # policies on synthetic curves
+
+The closing blocks add about closing_blocks x candidates x confirm_seconds per phase (3 x up to 8 x
+4 s, three phases) to the run time, less the one last block they replace: the times above.
 
 Results go to --out (default benchmarks/results/; --quick: a temporary folder): elastic_threads.md /
 .json and elastic_sim_policies.md / .json (only these with --sim-only), and with --plots a .png of
@@ -77,6 +92,8 @@ class Settings:
     confirm_seconds: float = 4.0  # each candidate in each confirmation block
     confirm_top_levels: int = 3  # the sweep's best levels in every confirmation block
     confirm_settled_levels: int = 3  # at most this many elastic settled levels join them
+    closing_blocks: int = 3  # after the last elastic run: blocks that measure every candidate
+    closing_max_levels: int = 8  # the closing blocks' candidates, at most
     repeats: int = 3
     period_s: float = 0.5
     periods_per_phase: int = 90
@@ -85,6 +102,12 @@ class Settings:
     service_concurrency: int = 16
     matrix_size: int = 160
     sim_specs: int = 300
+
+    def __post_init__(self) -> None:
+        if self.closing_blocks < 1:
+            raise ValueError("closing_blocks: at least 1 (the comparison is made over the closing blocks)")
+        if self.closing_max_levels < self.confirm_top_levels:
+            raise ValueError("closing_max_levels: at least confirm_top_levels")
 
     @property
     def phase_seconds(self) -> float:
@@ -103,6 +126,7 @@ QUICK = Settings(
     confirm_seconds=0.3,
     confirm_top_levels=2,
     confirm_settled_levels=1,
+    closing_blocks=1,
     repeats=1,
     period_s=0.1,
     periods_per_phase=12,
@@ -319,17 +343,41 @@ def confirmation_block(
     return rates
 
 
+def closing_levels(sweep: dict[int, list[float]], settled_by_policy: dict[str, list[int]],
+                   settings: Settings) -> tuple[int, ...]:
+    """The closing blocks' candidates: the sweep's top levels, each policy's median settled level
+    (the level its static-at-settled ratio is about), then the other settled levels, most frequent
+    first; at most closing_max_levels in all."""
+    medians = {level: statistics.median(values) for level, values in sweep.items()}
+    chosen = sorted(medians, key=medians.get, reverse=True)[: settings.confirm_top_levels]
+    every_settled = [level for levels in settled_by_policy.values() for level in levels]
+    policy_medians = [int(statistics.median_low(levels)) for levels in settled_by_policy.values() if levels]
+    frequent = sorted(set(every_settled), key=lambda level: (-every_settled.count(level), level))
+    for level in [*policy_medians, *frequent]:
+        if level not in chosen:
+            chosen.append(level)
+    return tuple(sorted(chosen[: settings.closing_max_levels]))
+
+
+def complete_blocks(blocks: list[dict[int, float]]) -> tuple[tuple[int, ...], list[dict[int, float]]]:
+    """The levels compared (those of the last block, a closing block) and the blocks that measured
+    every one of them: whole blocks move together by about 10 % on this machine, so levels are
+    compared only within the same blocks."""
+    compared = tuple(sorted(blocks[-1]))
+    return compared, [block for block in blocks if all(level in block for level in compared)]
+
+
 def compare(sweep: dict[int, list[float]], blocks: list[dict[int, float]], elastic: list[PhaseSummary]) -> dict:
-    """Elastic run r sits between confirmation blocks r and r + 1: its ratio is to the confirmed
-    best level's mean over those two blocks (the same stretch of time); medians over the runs."""
+    """Confirmed best = the level with the highest median over the complete blocks (those that
+    measured every level compared; at least the closing blocks). Static at settled / confirmed
+    best = the median over the complete blocks of the ratio of the two levels' rates in the same
+    block; its spread (min, max) shows whether 5 % is decidable. Elastic run r sits between
+    confirmation blocks r and r + 1: its ratio is to the confirmed best level's mean over those two
+    blocks (the same stretch of time); medians over the runs."""
     sweep_medians = {level: statistics.median(values) for level, values in sweep.items()}
     sweep_best = max(sweep_medians, key=sweep_medians.get)
-    per_level: dict[int, list[float]] = {}
-    for block in blocks:
-        for level, rate in block.items():
-            per_level.setdefault(level, []).append(rate)
-    measured_enough = {level: rates for level, rates in per_level.items() if len(rates) >= min(2, len(blocks))}
-    confirmed = {level: statistics.median(rates) for level, rates in measured_enough.items()}
+    compared, complete = complete_blocks(blocks)
+    confirmed = {level: statistics.median(block[level] for block in complete) for level in compared}
     best_level = max(confirmed, key=confirmed.get)
     ratios = []
     for run, summary in enumerate(elastic):
@@ -339,28 +387,28 @@ def compare(sweep: dict[int, list[float]], blocks: list[dict[int, float]], elast
     settled = [summary.settled_level for summary in elastic]
     median_settled = int(statistics.median_low(settled))
     ratio = statistics.median(ratios) if ratios else float("nan")
+    # A median settled level left out of the closing blocks (their cap) has no paired ratio.
+    paired = [block[median_settled] / block[best_level] for block in complete] if median_settled in compared else []
     return {
         "static_median_per_s": sweep_medians,
         "sweep_best_level": sweep_best,
         "sweep_best_per_s": sweep_medians[sweep_best],
         "confirmation_blocks": blocks,
+        "complete_blocks": len(complete),
         "confirmed_median_per_s": confirmed,
         "best_static_level": best_level,
         "best_static_per_s": confirmed[best_level],
         "elastic_settled_levels": settled,
         "elastic_settled_per_s": [summary.settled_throughput_per_s for summary in elastic],
         "elastic_over_best_static_per_run": ratios,
+        "elastic_runs_without_best_nearby": len(elastic) - len(ratios),
         "elastic_over_best_static": ratio,
         "elastic_over_sweep_best": statistics.median(summary.settled_throughput_per_s for summary in elastic)
         / sweep_medians[sweep_best],
-        # A settled level that joined the blocks late may have one confirmation only: still better
-        # than the sweep's short runs.
-        "static_at_settled_over_best": (
-            statistics.median(per_level[median_settled])
-            if median_settled in per_level
-            else sweep_medians.get(median_settled, float("nan"))
-        )
-        / confirmed[best_level],
+        "static_at_settled_over_best_per_block": paired,
+        "static_at_settled_over_best": statistics.median(paired) if paired else float("nan"),
+        "static_at_settled_over_best_min": min(paired) if paired else float("nan"),
+        "static_at_settled_over_best_max": max(paired) if paired else float("nan"),
         "within_5_percent": ratio >= 0.95,
     }
 
@@ -377,15 +425,21 @@ def benchmark(settings: Settings, log) -> dict:
             log(f"enrichment, service latency {latency} ms, coarse static sweep")
             sweeps[latency] = static_sweep(client, settings, log)
         blocks: dict[float, list[dict[int, float]]] = {latency: [] for latency in settings.latencies_ms}
-        settled: dict[float, list[int]] = {latency: [] for latency in settings.latencies_ms}
+        settled: dict[float, dict[str, list[int]]] = {
+            latency: {policy: [] for policy in POLICY_NAMES} for latency in settings.latencies_ms
+        }
         elastic_runs: dict[str, list[list[PhaseSummary]]] = {policy: [] for policy in POLICY_NAMES}
         timelines = {}
 
-        def confirm(block: int) -> None:
+        def confirm(block: int, closing: bool = False) -> None:
             for latency in settings.latencies_ms:
                 service.set_latency_ms(latency)
-                levels = confirmation_levels(sweeps[latency], settled[latency], settings)
-                label = f"enrichment {latency} ms"
+                if closing:
+                    levels = closing_levels(sweeps[latency], settled[latency], settings)
+                else:
+                    every_settled = [level for levels in settled[latency].values() for level in levels]
+                    levels = confirmation_levels(sweeps[latency], every_settled, settings)
+                label = f"enrichment {latency} ms{' closing' if closing else ''}"
                 blocks[latency].append(confirmation_block(client, levels, settings, block, log, label))
 
         for repeat in range(settings.repeats):
@@ -403,10 +457,11 @@ def benchmark(settings: Settings, log) -> dict:
                 summaries = [summarize_phase(timeline, start, end) for start, end in zip(starts, ends)]
                 elastic_runs[policy].append(summaries)
                 for latency, summary in zip(settings.latencies_ms, summaries):
-                    settled[latency].append(summary.settled_level)
+                    settled[latency][policy].append(summary.settled_level)
                 timelines.setdefault(policy, (timeline, starts[1]))
                 log(f"  elastic {policy} repeat {repeat + 1}: settled {[s.settled_level for s in summaries]}")
-        confirm(settings.repeats)
+        for closing in range(settings.closing_blocks):
+            confirm(settings.repeats + closing, closing=True)
         results["operators"]["enrichment"] = {
             "phases": [
                 {
@@ -429,20 +484,24 @@ def benchmark(settings: Settings, log) -> dict:
     log("numpy, coarse static sweep")
     sweep = static_sweep(numpy_op, settings, log)
     numpy_blocks: list[dict[int, float]] = []
-    numpy_settled: list[int] = []
     numpy_runs: dict[str, list[PhaseSummary]] = {policy: [] for policy in POLICY_NAMES}
-    for repeat in range(settings.repeats + 1):
+    for repeat in range(settings.repeats):
+        numpy_settled = [summary.settled_level for runs in numpy_runs.values() for summary in runs]
         levels = confirmation_levels(sweep, numpy_settled, settings)
         numpy_blocks.append(confirmation_block(numpy_op, levels, settings, repeat, log, "numpy"))
-        if repeat == settings.repeats:
-            break
         order = POLICY_NAMES if repeat % 2 == 0 else tuple(reversed(POLICY_NAMES))
         for policy in order:
             timeline, starts = run_elastic(numpy_op, policy, [Phase(settings.phase_seconds)], settings, cpu_check=True)
             summary = summarize_phase(timeline, starts[0], float("inf"))
             numpy_runs[policy].append(summary)
-            numpy_settled.append(summary.settled_level)
             log(f"  elastic {policy} repeat {repeat + 1}: settled {summary.settled_level}")
+    numpy_settled_by_policy = {
+        policy: [summary.settled_level for summary in runs] for policy, runs in numpy_runs.items()
+    }
+    for closing in range(settings.closing_blocks):
+        levels = closing_levels(sweep, numpy_settled_by_policy, settings)
+        numpy_blocks.append(confirmation_block(numpy_op, levels, settings, settings.repeats + closing, log,
+                                               "numpy closing"))
     results["operators"]["numpy"] = {
         "phases": [{policy: compare(sweep, numpy_blocks, numpy_runs[policy]) for policy in POLICY_NAMES}]
     }
@@ -538,14 +597,20 @@ def markdown_benchmark(results: dict, settings: Settings, quick: bool) -> str:
         "",
         "Settled throughput = median period throughput over the last quarter of a phase. Sweep best = the",
         "highest of the coarse sweep's medians (the maximum of 32 noisy medians: biased upward). Confirmed",
-        "best = the best of the confirmation candidates (the sweep's top levels and the elastic settled",
-        "levels, each measured again for longer in blocks alternated with the elastic runs).",
-        "elastic / confirmed best = median over the elastic runs of (settled throughput / the confirmed best",
-        "level's mean in the two blocks around the run). The enrichment runs do not apply the CPU check",
+        "best = the candidate with the highest median over the complete confirmation blocks (the candidates:",
+        "the sweep's top levels and the elastic settled levels, measured again for longer in blocks alternated",
+        "with the elastic runs; complete blocks: those that measured every candidate, at least the",
+        f"{settings.closing_blocks} closing blocks after the last elastic run). elastic / confirmed best = median",
+        "over the elastic runs of (settled throughput / the confirmed best level's mean in the two blocks around",
+        "the run). static at settled / confirmed best = median over the complete blocks of (rate at the median",
+        "settled level / rate at the confirmed best level, in the same block); in brackets the lowest and",
+        "highest of these per-block ratios and the number of complete blocks: a spread wider than 5 % means",
+        "the 5 % question is not decided by these blocks. The enrichment runs do not apply the CPU check",
         "(the service shares this machine only for the benchmark); the numpy runs do.",
         "",
         "| operator | phase | policy | sweep best level (/s) | confirmed best level (/s) | elastic settled levels | "
-        "elastic / confirmed best | elastic / sweep best | static at settled / confirmed best | within 5 % |",
+        "elastic / confirmed best | elastic / sweep best | static at settled / confirmed best (min-max, blocks) | "
+        "within 5 % |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for operator, entry in results["operators"].items():
@@ -558,9 +623,11 @@ def markdown_benchmark(results: dict, settings: Settings, quick: bool) -> str:
                     f"{row['best_static_level']} ({row['best_static_per_s']:.0f}) | "
                     f"{row['elastic_settled_levels']} | {row['elastic_over_best_static']:.3f} | "
                     f"{row['elastic_over_sweep_best']:.3f} | "
-                    f"{row['static_at_settled_over_best']:.3f} | {'yes' if row['within_5_percent'] else 'no'} |"
+                    f"{row['static_at_settled_over_best']:.3f} ({row['static_at_settled_over_best_min']:.3f}-"
+                    f"{row['static_at_settled_over_best_max']:.3f}, {row['complete_blocks']}) | "
+                    f"{'yes' if row['within_5_percent'] else 'no'} |"
                 )
-    lines += ["", "Confirmation medians per candidate level (over the blocks that measured it):", ""]
+    lines += ["", "Confirmation medians per candidate level (over the complete blocks):", ""]
     for operator, entry in results["operators"].items():
         for phase in entry["phases"]:
             confirmed = phase[POLICY_NAMES[0]]["confirmed_median_per_s"]
