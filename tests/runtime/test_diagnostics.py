@@ -112,8 +112,25 @@ def test_a_reports_summary_needs_no_plan_text_and_keeps_the_json_contract():
         assert report.summary() == report.summary(describe_plan(report.plan, counted_pipeline()))
         assert report.summary() == {"plan": "[parse,count]x2(user)", "batches": 40, "input_records": 120_000,
                                     "output_records": 118_000, "dead_letters": 3, "elapsed_s": 12.0,
-                                    "first_batch_s": 0.25, "steady_records_per_s": 12000.0, "state_keys": None,
-                                    "state_keys_peak": None, "late_records": 0, "missing_files": []}
+                                    "first_batch_s": 0.25, "steady_records_per_s": 12000.0, "end_of_input_s": None,
+                                    "state_keys": None, "state_keys_peak": None, "late_records": 0,
+                                    "missing_files": []}
+
+
+def test_the_steady_rate_leaves_out_the_end_of_input_query_and_the_summary_gives_its_time():
+    from fissure.model.types import Plan, RegionPlan
+    from fissure.spark.query.runner import BatchTime, RunReport
+
+    plan = Plan((RegionPlan((("parse", "count"),), replicas=2),))
+    # Batch 0 starts the query, 1-3 run steadily, 4 is the end-of-input query's only batch (no input).
+    times = (BatchTime(0, 1_000, 5.0), BatchTime(1, 1_000, 1.0), BatchTime(2, 1_000, 1.0), BatchTime(3, 1_000, 2.0),
+             BatchTime(4, 0, 3.0))
+    flushed = RunReport(plan=plan, batches=5, input_records=4_000, dead_letters=0, elapsed_s=12.0, checkpoint="c",
+                        batch_times=times, end_of_input_from=4).summary()
+    assert (flushed["steady_records_per_s"], flushed["end_of_input_s"], flushed["first_batch_s"]) == (750.0, 3.0, 5.0)
+    unmarked = RunReport(plan=plan, batches=5, input_records=4_000, dead_letters=0, elapsed_s=12.0, checkpoint="c",
+                         batch_times=times).summary()
+    assert (unmarked["steady_records_per_s"], unmarked["end_of_input_s"]) == (428.6, None)  # 3,000 in 7 s
 
 
 def test_a_report_prints_as_one_short_line_of_its_key_figures():

@@ -28,7 +28,7 @@ that --timeout ends before it read them all exits with 124 and says which files 
 
 With --json the last line of standard output is the run's summary as one JSON object (plan,
 batches, input_records, output_records, dead_letters, elapsed_s, first_batch_s,
-steady_records_per_s, state_keys, state_keys_peak, late_records, missing_files); everything else
+steady_records_per_s, end_of_input_s, state_keys, state_keys_peak, late_records, missing_files); everything else
 goes to standard error. Without --follow the input is bounded: at its end every event-time window
 and expiry fires (docs/pipeline-api.md, Time).
 """

@@ -91,6 +91,8 @@ def test_tumbling_count_matches_reference_with_late_records_and_end_of_input(spa
     assert (report.state_keys, report.state_keys_peak) == (0, 3)
     summary = report.summary()
     assert (summary["state_keys"], summary["state_keys_peak"], summary["late_records"]) == (0, 3, 2)
+    # the end of input ran as a query of its own after the input's batches: not in the steady rate
+    assert report.end_of_input_from == len(BATCHES) and summary["end_of_input_s"] > 0
 
 
 def on_expire(state, key):

@@ -205,6 +205,7 @@ def run_adaptive_on_spark(
                for batch, target in (injections or {}).items()}
     timeline = Timeline(title=f"fissure adaptive run: {pipeline.name} on Spark ({cores} cores)")
     timed_out_runner = None  # a bounded run's timeout ended it: its query's runner counts the input left
+    end_of_input_from = None  # the end-of-input query's first batch (RunReport.end_of_input_from)
     try:
         queries.start(initial)
         run_adaptive(observations, realizer, controller, run_clock, injections=planned, on_decision=decided,
@@ -214,6 +215,7 @@ def run_adaptive_on_spark(
         if available_now and live is not None and live.query is not None and not live.query.isActive \
                 and live.query.exception() is None and live.runner.time_aware:
             queries.finish_input()  # every window and expiry fires (fissure.spark.query.time_log)
+            end_of_input_from = queries.current.runner.end_of_input_from if queries.current is not None else None
         if available_now and observations.timed_out and live is not None:
             timed_out_runner = live.runner
     finally:
@@ -228,7 +230,8 @@ def run_adaptive_on_spark(
         timeline=timeline, switches=tuple(realizer.switches), timeline_json=paths[0], timeline_png=paths[1],
         queries=queries.queries_started, correction=correction.describe() if correction is not None else None,
         batch_log=tuple(queries.batch_log), batch_times=tuple(observations.times), admissions=queries.admissions,
-        plan_text=describe_plan(controller.plan, pipeline), **time_summary(queries.batch_log))
+        plan_text=describe_plan(controller.plan, pipeline), end_of_input_from=end_of_input_from,
+        **time_summary(queries.batch_log))
     try:
         if timed_out_runner is not None:
             check_input_read(timed_out_runner, report, timeout_s)

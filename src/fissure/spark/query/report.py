@@ -77,6 +77,9 @@ class RunReport:
     state_keys_peak: int | None = None  # the most after any batch
     late_records: int = 0  # dead letters with the reason Late
     watermark: float | None = None  # where the event-time watermark ended (None: no event time)
+    # The first batch of the end-of-input query (a time-aware run over files fires every window in
+    # a query of its own, fissure.spark.query.runner.Runner.finish_input), None without one.
+    end_of_input_from: int | None = None
 
     @property
     def output_records(self) -> int:
@@ -94,7 +97,13 @@ class RunReport:
         described (default: the report's own description, `described_plan`)."""
         plan = self.described_plan if plan is None else plan
         times = sorted(self.batch_times, key=lambda time: time.batch_id)
-        later = times[1:]
+        flushed = self.end_of_input_from
+        # The steady rate leaves out the two starts: the first batch, and the end-of-input query's
+        # batch, which starts a query again (its planning, PySpark's state-schema processes, the
+        # state stores' first open) with no input record.
+        running = [time for time in times if flushed is None or time.batch_id < flushed]
+        flush = [time for time in times if flushed is not None and time.batch_id >= flushed]
+        later = running[1:]
         later_s = sum(time.duration_s for time in later)
         return {"plan": plan, "batches": self.batches, "input_records": self.input_records,
                 "output_records": self.output_records, "dead_letters": self.dead_letters,
@@ -102,6 +111,7 @@ class RunReport:
                 "first_batch_s": round(times[0].duration_s, 3) if times else None,
                 "steady_records_per_s": round(sum(time.input_records for time in later) / later_s, 1)
                 if later and later_s > 0 else None,
+                "end_of_input_s": round(sum(time.duration_s for time in flush), 3) if flush else None,
                 "state_keys": self.state_keys, "state_keys_peak": self.state_keys_peak,
                 "late_records": self.late_records, "missing_files": list(self.missing_files)}
 

@@ -174,6 +174,9 @@ class Runner(SourcePreparation, BatchWriting, QueryWatching):
         self.time_tally = None
         self.time_log: TimeLog | None = None
         self._end_of_input_next = False  # the next batch without a clock is the end of input
+        # The first batch id of the end-of-input query (finish_input), None before it: its batches
+        # are a query's start, not the run's steady state (RunReport.summary leaves them out).
+        self._end_of_input_from: int | None = None
         self._stream_frame = None  # the observed envelope frame the query writes (started again at end of input)
         self.state_keys_peak: int | None = None
         self.late_records = 0
@@ -345,6 +348,7 @@ class Runner(SourcePreparation, BatchWriting, QueryWatching):
         if not self.time_aware or self.query.isActive:
             return False
         self._collect_progress()
+        self._end_of_input_from = max(self._seen_batches, default=-1) + 1
         write_end_of_input_marker(self.lock.store)
         self._end_of_input_next = True
         self.query = self._stream(True).start()
@@ -408,7 +412,13 @@ class Runner(SourcePreparation, BatchWriting, QueryWatching):
                          missing_files=tuple(self.missing_files),
                          plan_text=describe_plan(self.plan, self.graph), stalls=tuple(self.stalls),
                          state_keys=self.state_keys, state_keys_peak=self.state_keys_peak,
-                         late_records=self.late_records, watermark=self.watermark)
+                         late_records=self.late_records, watermark=self.watermark,
+                         end_of_input_from=self.end_of_input_from)
+
+    @property
+    def end_of_input_from(self) -> int | None:
+        """The first batch id of the end-of-input query (finish_input), None before it ran."""
+        return self._end_of_input_from
 
     def batch_times(self) -> tuple[BatchTime, ...]:
         return tuple(BatchTime(batch_id, self._seen_batches[batch_id], seconds)
