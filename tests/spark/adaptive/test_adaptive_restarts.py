@@ -199,6 +199,7 @@ class EndingRunner(StalledRunner):
 
     finish_errors: list = []
     finishes = 0
+    end_of_input_from = None  # the fake's batches report no end-of-input batch of their own
 
     def __init__(self, pipeline, source, sink, *, plan, checkpoint, **options) -> None:
         super().__init__(pipeline, source, sink, plan=plan, checkpoint=checkpoint)
