@@ -15,7 +15,9 @@ Workloads (the functions of the examples):
 - the word count (`examples/wordcount.py`'s functions) over Zipf vocabularies of 10,000 and
   100,000 words, 12 words a line, as two fissure programs: the running count per occurrence
   (`partitioned`) and the aggregate (`aggregate(..., Count())`, ", aggregate" below);
-- the CPU-heavy chain of `benchmarks/spark_chain.py` (four 60 us maps).
+- the CPU-heavy chain of `benchmarks/spark_chain.py` (four 60 us maps);
+- Nexmark's hot items (`examples/hot_items.py`): bids counted per auction in 10-second event-time
+  windows, then the auction with the most bids per window.
 
 Method: the inputs are written once, as files read `files_per_batch` a micro-batch. Before
 anything is timed, every run computes its answer over a small input of the same kind and is
