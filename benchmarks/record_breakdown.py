@@ -564,10 +564,9 @@ def main(argv: list[str] | None = None) -> int:
         document["families"][family] = info
         document["blocks"][family] = block.to_dict()
         for name, workload in info["workloads"].items():
-            document["workloads"][name] = {
-                "medians": medians_of(medians, workload["suffix"]),
-                "breakdown": breakdown(medians_of(medians, workload["suffix"]), cores, workload["crossing"])}
-            document["workloads"][name]["ceiling"] = ceiling(document["workloads"][name]["breakdown"], cores)
+            own = medians_of(medians, workload["suffix"])
+            parts = breakdown(own, cores, workload["crossing"])
+            document["workloads"][name] = {"medians": own, "breakdown": parts, "ceiling": ceiling(parts, cores)}
     method.end_spark(spark)
     run.write_results("record_breakdown", report(document), document)
     shutil.rmtree(work, ignore_errors=True)
