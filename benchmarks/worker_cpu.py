@@ -32,6 +32,7 @@ sys.path.insert(0, str(REPOSITORY / "benchmarks"))
 import pyarrow as pa  # noqa: E402
 
 import direct_loops  # noqa: E402
+from fissure.runtime.state.grouping_keys import spark_partition  # noqa: E402
 
 ARROW_BATCH_ROWS = 10_000
 TASKS = 2
@@ -163,9 +164,10 @@ class WorkerStages:
             rows = pa.Table.from_batches([batch for task in inputs for batch in task]).to_pandas()
             started_s = time.process_time()
             for key, group in rows.groupby(rows.columns[0], sort=True):
-                handler = self.handlers.get((position, key % TASKS))
+                task = spark_partition(int(key), TASKS)  # the task Spark's hash exchange gives the key
+                handler = self.handlers.get((position, task))
                 if handler is None:
-                    handler = self.handlers[(position, key % TASKS)] = pickle.loads(light.payload)
+                    handler = self.handlers[(position, task)] = pickle.loads(light.payload)
                 handler.attach(self.states.setdefault((position, key), {
                     variable.name: _MapState() if variable.kind == "map" else _ValueState()
                     for variable in light.variables}))

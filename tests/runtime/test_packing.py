@@ -10,6 +10,7 @@ import pytest
 
 from fissure.runtime.records.columns import DEAD_OPERATOR, SEQ
 from fissure.runtime.operators.packing import MAX_PACKED_ROWS, PackSpec, grouping_keys, key_bucket, pack, unpack
+from fissure.runtime.state.grouping_keys import BALANCED_KEYS, balanced_spread_values
 
 ROUTE = "_fissure_route"
 SCHEMA = pa.schema([pa.field(ROUTE, pa.int32()), pa.field(SEQ, pa.int64()), pa.field(DEAD_OPERATOR, pa.string()),
@@ -42,6 +43,18 @@ def test_records_of_one_key_share_a_bucket_and_other_rows_get_spread_keys():
     assert keys[1] == keys[6] == key_bucket(("b",), 64)
     assert keys[5] == key_bucket((None,), 64)  # a live record with a null key is the operator's to judge
     assert keys[3] == -1 - 3 % 2 and keys[4] == -1 - 4 % 2  # another stream, a dead letter: passed through
+
+
+def test_under_the_balanced_scheme_rows_carry_their_buckets_values_and_balanced_spread_keys():
+    batch = envelopes([row(0, "a"), row(1, "b"), row(2, "a"), row(3, "x", route=2), row(4, None, dead="op")])
+    keys = grouping_keys(batch, PackSpec(1, ("word",), 64, 2, keys=BALANCED_KEYS)).tolist()
+    assert keys[0] == keys[2] == BALANCED_KEYS.bucket_value(key_bucket(("a",), 64))
+    assert keys[1] == BALANCED_KEYS.bucket_value(key_bucket(("b",), 64))
+    assert keys[3] == balanced_spread_values(2)[3 % 2] and keys[4] == balanced_spread_values(2)[4 % 2]
+    groups = unpacked(pack(batch, PackSpec(1, ("word",), 64, 2, every_group=True, keys=BALANCED_KEYS)))
+    assert set(BALANCED_KEYS.bucket_values) <= set(groups)
+    assert sum(group.num_rows for group in groups.values()) == 5
+    assert groups[keys[0]].column("word").to_pylist() == ["a", "a"]
 
 
 def test_many_keys_spread_over_the_buckets():

@@ -28,7 +28,7 @@ downstream; in a stateful node, state_record_us per record (pandas, sorting, sta
 
 Effective parallelism of a stage of P tasks on C slots whose records split f ways (f = P for
 round-robin; for keys, min(P, max_scale) and how the micro-batch's key groups hash into P
-partitions, `hash_balance`; 1 for an unkeyed stateful operator): tasks run in waves = ceil(P / C),
+partitions, `bucket_balance`; 1 for an unkeyed stateful operator): tasks run in waves = ceil(P / C),
 so E = min(f, P / waves). The slowest task's path (critical work: per task, the sum over nodes of
 a PE node's slowest process and of the other nodes' work) or the stage's CPU (total work: all
 processes) shared by the cores with a = min(P, C, f) tasks at once, whichever is longer: the PE's
@@ -50,7 +50,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 from fissure.model.throughput import validate_plan
-from fissure.model.spark_stages import NodeShape, StageShape, hash_balance, spark_stages
+from fissure.model.spark_stages import NodeShape, StageShape, bucket_balance, spark_stages
 from fissure.model.types import STATE_BUCKETS, Kind, OperatorStats, Plan
 
 # Keys a partitioned operator is assumed to see per micro-batch when the workload does not say.
@@ -316,8 +316,8 @@ def evaluate_spark(operators: Sequence[OperatorStats], plan: Plan, cores: int,
         split = max(1.0, min(shape.split, shape.partitions))
         if shape.key_operator is not None:
             keys = _keys_per_batch(operators[shape.key_operator], workload, chain.records[shape.key_operator])
-            # Spark hashes the key's bucket, not the key: at most STATE_BUCKETS groups to split.
-            split = min(split, hash_balance(min(keys, STATE_BUCKETS), shape.partitions))
+            # Spark hashes the key's bucket's value, not the key (bucket_balance).
+            split = min(split, bucket_balance(keys, shape.partitions))
         parallelism = min(split, shape.partitions / waves)
         at_once = min(shape.partitions, cores, split)
         stores = sum(1 for node in shape.nodes if node.kind == "state")

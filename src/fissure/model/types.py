@@ -13,6 +13,9 @@ from enum import Enum
 # (fissure.spark.query.keyed_stage.GraphStateProcessor). Fixed for good, since a key's state lives under its
 # bucket; it bounds the state partitions that still split such an operator's work.
 STATE_BUCKETS = 64
+# Up to this many state partitions, a new checkpoint's buckets split evenly over them: their
+# grouping key values are chosen for it (fissure.runtime.state.grouping_keys).
+BALANCED_PARTITIONS_UP_TO = 12
 
 
 class Kind(str, Enum):

@@ -13,10 +13,13 @@ records each), and the keyed stage reads its envelopes back column by column (`u
 Grouping keys (int32):
 - a partitioned operator's records: their bucket of keys, a stable hash of the key's JSON text
   (crc32) mod STATE_BUCKETS, computed once per distinct key value of the batch; equal keys are
-  always in one bucket, whatever task or micro-batch they come in;
+  always in one bucket, whatever task or micro-batch they come in. The row carries the bucket's
+  value in the checkpoint's scheme (`PackSpec.keys`, fissure.runtime.state.grouping_keys: values
+  that Spark's hash splits evenly over the partitions);
 - an unkeyed stateful operator's records: 0;
-- every other row (other streams, dead letters): a spread key `-1 - (seq mod spread)`, which the
-  keyed stage passes through without touching state, spread over its partitions.
+- every other row (other streams, dead letters): spread key number `seq mod spread`, a negative
+  value of the scheme, which the keyed stage passes through without touching state, spread over
+  its partitions.
 
 A keyed stage whose output goes on to a pe stage in the same Spark stage (no exchange between
 them: LogWatch's `range`, then `cutoff,realtime`) packs its output too (`pack_rows`, key 0): each
@@ -38,6 +41,7 @@ import pyarrow.compute as pc
 from fissure.runtime.records.arrow_rows import column_values
 from fissure.runtime.records.columns import DEAD_OPERATOR, SEQ
 from fissure.runtime.operators.keyed import key_values_text
+from fissure.runtime.state.grouping_keys import PLAIN_KEYS, GroupingKeys
 
 PACKED_KEY = "_fissure_key"
 PAYLOAD = "_fissure_payload"
@@ -59,6 +63,12 @@ class PackSpec:
     buckets: int
     spread: int
     every_group: bool = False  # a row (maybe without records) for every bucket, or group 0 when unkeyed
+    # The values buckets and spread keys travel as (fissure.runtime.state.grouping_keys): the checkpoint's scheme.
+    keys: GroupingKeys = PLAIN_KEYS
+
+    def groups(self) -> list[int]:
+        """Every group's grouping key value: each bucket's, or 0 for an unkeyed operator."""
+        return list(self.keys.bucket_values[:self.buckets]) if self.key_columns is not None else [0]
 
 
 def key_bucket(values: Sequence, buckets: int) -> int:
@@ -126,12 +136,13 @@ def grouping_keys(batch: pa.RecordBatch, spec: PackSpec) -> np.ndarray:
                    batch.column(batch.schema.get_field_index(DEAD_OPERATOR)).is_null())
     live = live.to_numpy(zero_copy_only=False)
     seqs = batch.column(batch.schema.get_field_index(SEQ)).to_numpy(zero_copy_only=False)
-    keys = (-1 - np.mod(seqs, max(1, spec.spread))).astype(np.int32)
+    spread_values = np.asarray(spec.keys.spread_values(spec.spread), dtype=np.int32)
+    keys = spread_values[np.mod(seqs, len(spread_values))]
     if live.any():
         if spec.key_columns is None:
             keys[live] = 0
         else:
-            keys[live] = _buckets_of(batch.filter(pa.array(live)), spec.key_columns, spec.buckets)
+            keys[live] = spec.keys.bucket_array(_buckets_of(batch.filter(pa.array(live)), spec.key_columns, spec.buckets))
     return keys
 
 
@@ -160,7 +171,7 @@ def pack(batch: pa.RecordBatch, spec: PackSpec) -> pa.RecordBatch:
     if spec.every_group:  # the keyed stage then runs every group's state, with records or not
         empty = _ipc_bytes(batch.slice(0, 0))
         present = set(packed_keys)
-        for group in range(spec.buckets) if spec.key_columns is not None else (0,):
+        for group in spec.groups():
             if group not in present:
                 packed_keys.append(group)
                 payloads.append(empty)
@@ -191,16 +202,17 @@ def unpacked(batches: Iterable[pa.RecordBatch], schema: pa.Schema) -> Iterator[p
 def pack_partials(partials: pa.RecordBatch, text_column: str, spec: PackSpec) -> pa.RecordBatch:
     """A combined operator's partials (fissure.runtime.operators.combine) as packed rows: each partial in the
     bucket of its key's text, the bucket `pack` gives the key's records (a partial without key,
-    which only carries an event time, in bucket 0)."""
+    which only carries an event time, in bucket 0; every partial of an unkeyed operator in its one group)."""
     if not partials.num_rows:
         return EMPTY_PACKED if not spec.every_group else empty_groups(partials.schema, spec)
     texts = column_values(partials.column(partials.schema.get_field_index(text_column)))
     cache: dict[str, int] = {}
     keys = np.empty(len(texts), dtype=np.int32)
     for row, text in enumerate(texts):
-        bucket = cache.get(text) if text is not None else 0
+        bucket = cache.get(text) if text is not None and spec.key_columns is not None else spec.groups()[0]
         if bucket is None:
-            bucket = cache[text] = zlib.crc32(text.encode("utf-8", "surrogatepass")) % spec.buckets
+            bucket = cache[text] = spec.keys.bucket_value(zlib.crc32(text.encode("utf-8", "surrogatepass"))
+                                                          % spec.buckets)
         keys[row] = bucket
     order = np.argsort(keys, kind="stable")
     ordered = partials.take(pa.array(order))
@@ -210,7 +222,7 @@ def pack_partials(partials: pa.RecordBatch, text_column: str, spec: PackSpec) ->
     payloads = [_ipc_bytes(ordered.slice(int(start), int(end - start))) for start, end in zip(starts[:-1], starts[1:])]
     if spec.every_group:  # as `pack`: the keyed stage then runs every bucket, with partials or not
         empty, present = _ipc_bytes(partials.slice(0, 0)), set(packed_keys)
-        missing = [group for group in range(spec.buckets) if group not in present]
+        missing = [group for group in spec.groups() if group not in present]
         packed_keys += missing
         payloads += [empty] * len(missing)
     return pa.RecordBatch.from_arrays([pa.array(packed_keys, pa.int32()), pa.array(payloads, pa.binary())],
@@ -220,7 +232,7 @@ def pack_partials(partials: pa.RecordBatch, text_column: str, spec: PackSpec) ->
 def empty_groups(schema: pa.Schema, spec: PackSpec) -> pa.RecordBatch:
     """A packed row without records for every group of `spec`: what makes a keyed stage call
     every bucket in a batch (a time-aware operator's keys that are due fire there)."""
-    groups = list(range(spec.buckets)) if spec.key_columns is not None else [0]
+    groups = spec.groups()
     empty = _ipc_bytes(pa.RecordBatch.from_pylist([], schema=schema))
     return pa.RecordBatch.from_arrays([pa.array(groups, pa.int32()), pa.array([empty] * len(groups), pa.binary())],
                                       schema=PACKED_SCHEMA)

@@ -58,6 +58,7 @@ from fissure.runtime.records.columns import DEAD_OPERATOR, SEQ
 from fissure.runtime.profiling.pieces import ProfiledGraphRegion
 from fissure.runtime.records.source_rows import LineFormat, without_corrupt_record
 from fissure.runtime.state.codec import StateAccess, missing_key_message
+from fissure.runtime.state.grouping_keys import BALANCED_KEYS, GroupingKeys
 from fissure.runtime.records.envelopes import ROUTE, EnvelopeLayout
 from fissure.compile.stages import (
     GraphStage, consumers_after, pieces_for, plan_graph_stages, state_partitions_of, stream_lifetimes,
@@ -106,7 +107,7 @@ def _source_envelopes(name: str, index: int, frame: DataFrame, layout: EnvelopeL
 
 
 def _pack_spec(graph: StreamGraph, stage: GraphStage, layout: EnvelopeLayout, spread: int,
-               every_group: bool = False) -> PackSpec | None:
+               every_group: bool = False, grouping_keys: GroupingKeys = BALANCED_KEYS) -> PackSpec | None:
     """How the stage before a keyed stage packs its output for it (fissure.runtime.operators.packing): for a
     partitioned or an unkeyed stateful operator; a join's groups stay rows (one per key text).
     `every_group`: a row for every group, with records or not (migrating state: every bucket's
@@ -119,7 +120,7 @@ def _pack_spec(graph: StreamGraph, stage: GraphStage, layout: EnvelopeLayout, sp
     (stream,) = node.inputs
     key_columns = (tuple(layout.column(layout.index[stream], field) for field in node.key)
                    if node.operator.kind is Kind.PARTITIONED else None)
-    return PackSpec(layout.route_of(stream), key_columns, STATE_BUCKETS, max(1, spread), every_group)
+    return PackSpec(layout.route_of(stream), key_columns, STATE_BUCKETS, max(1, spread), every_group, grouping_keys)
 
 
 def fold_site(stages, stage) -> FoldSite:
@@ -167,7 +168,8 @@ def compile_graph(graph: StreamGraph, source_frames: Mapping[str, DataFrame], *,
                   resource_profile_for=lambda processes: None,
                   line_formats: Mapping[str, LineFormat] | None = None,
                   state_access: StateAccess = StateAccess(), control_frame: DataFrame | None = None,
-                  time_tally=None, combine: bool = True) -> CompiledGraph:
+                  time_tally=None, combine: bool = True,
+                  grouping_keys: GroupingKeys = BALANCED_KEYS) -> CompiledGraph:
     """The query of `graph` under `plan` (default: sequential) over the streaming DataFrames of its
     sources (by source name).
 
@@ -185,7 +187,9 @@ def compile_graph(graph: StreamGraph, source_frames: Mapping[str, DataFrame], *,
     with time-aware operators (fissure.spark.query.time_log), unioned with the sources; `time_tally`:
     the accumulator the keyed stages report event times and key counts into
     (fissure.runtime.operators.time_tally). `combine`: fold the records of aggregates and windows that can
-    merge into partials before their exchange (fissure.runtime.operators.combine); False ships every record."""
+    merge into partials before their exchange (fissure.runtime.operators.combine); False ships every record.
+    `grouping_keys`: the values a keyed stage's buckets and spread keys travel as, the checkpoint's
+    scheme (fissure.runtime.state.grouping_keys; a new checkpoint's is BALANCED_KEYS)."""
     line_formats = line_formats or {}
     threads = threads or WorkerThreads()
     for operator in graph.operators:
@@ -231,7 +235,8 @@ def compile_graph(graph: StreamGraph, source_frames: Mapping[str, DataFrame], *,
         return combined.get(after.nodes[0]) if after is not None and after.kind != "pe" else None
 
     packs = [_pack_spec(graph, stage, layouts[stage.position], state_partitions,
-                        state_access.trust_legacy_pickle or (stage.kind != "pe" and stage.nodes[0] in time_aware))
+                        state_access.trust_legacy_pickle or (stage.kind != "pe" and stage.nodes[0] in time_aware),
+                        grouping_keys)
              for stage in stages] + [None]
     if enveloped_in_first_stage:
         frame = source_frames[graph.sources[0]]
@@ -304,7 +309,7 @@ def compile_graph(graph: StreamGraph, source_frames: Mapping[str, DataFrame], *,
                                         publishes=stage is stages[-1], state_access=state_access,
                                         time=StageTime(time_tally, node.name in time_aware, time_aware.get(node.name)),
                                         combine=combined.get(node.name), fold_for=combine_before(stage),
-                                        pack_through=packs_through(stage))
+                                        pack_through=packs_through(stage), grouping_keys=grouping_keys)
         if not packed:
             frame = frame.withColumn(KEY, _join_key_column(node, entering, state_partitions))
         output_schema = spark_schema_of(leaving.schema if pack_next is None and not packs_through(stage)

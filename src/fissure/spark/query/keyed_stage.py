@@ -30,6 +30,7 @@ from fissure.runtime.records.gc_pause import collector_paused
 from fissure.runtime.state.key_buckets import SubBucketStore
 from fissure.runtime.operators.keyed import StatefulStep, run_group, run_grouped_keys, run_keys
 from fissure.runtime.state.codec import StateAccess, StateCodec
+from fissure.runtime.state.grouping_keys import BALANCED_KEYS, GroupingKeys
 from fissure.runtime.operators.combine import (PARTIAL_KEY, PARTIAL_SCHEMA, CombinePlan, Combiner,
                                                combined_key_function, is_partial_schema, partial_inputs)
 from fissure.runtime.operators.packing import (PackSpec, empty_groups, pack, pack_partials, pack_rows, unpack,
@@ -101,8 +102,9 @@ class GraphStateProcessor(StatefulProcessor):
                  pack_for: PackSpec | None = None, stage_position: int = 0, publishes: bool = False,
                  state_access: StateAccess = StateAccess(), time: StageTime = StageTime(),
                  combine: CombinePlan | None = None, fold_for: CombinePlan | None = None,
-                 pack_through: bool = False) -> None:
+                 pack_through: bool = False, grouping_keys: GroupingKeys = BALANCED_KEYS) -> None:
         self.graph, self.schemas, self.layout = graph, schemas, layout
+        self.grouping_keys = grouping_keys  # the values its buckets' rows carry (fissure.runtime.state.grouping_keys)
         self.combine = combine  # set: the stage before sends partials (fissure.runtime.operators.combine)
         # set: the keyed stage after merges partials; each call here folds its output records for it
         self.fold_for = fold_for if pack_for is not None else None
@@ -169,7 +171,9 @@ class GraphStateProcessor(StatefulProcessor):
             frame = frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)
             batch = carried_batch_from_pandas(frame, self.input_schema).select(self.layout.schema.names)
             spread = str(key[0]).startswith(SPREAD_PREFIX)
-        self._bucket = int(key[0]) if self.node.kind is not NodeKind.JOIN else 0  # a join's key is its text
+        # The bucket its rows' value stands for (a join's key is its text; an unkeyed operator's group is 0).
+        self._bucket = (self.grouping_keys.bucket_of(int(key[0])) if self.bucketed and not spread
+                        else int(key[0]) if self.node.kind is not NodeKind.JOIN else 0)
         update = self._step.fn if self._step is not None else None
         counted = update.live_counts() if not spread and isinstance(update, ProfiledUpdate) else None
         counted_before = list(counted) if counted is not None else None

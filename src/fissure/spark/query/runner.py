@@ -47,6 +47,7 @@ from fissure.program.operators import PipelineError
 from fissure.spark.io.batch_admission import SourceAdmission
 from fissure.spark.checkpoint.files import open_store
 from fissure.spark.checkpoint.guard import StartGuard
+from fissure.spark.checkpoint.state_layout import checkpoint_grouping_keys, record_grouping_keys
 from fissure.spark.checkpoint.lock import CheckpointLock
 from fissure.spark.query.compile_graph import CompiledGraph, compile_graph
 from fissure.spark.query.elastic import ThreadLevels
@@ -290,12 +291,13 @@ class Runner(SourcePreparation, BatchWriting, QueryWatching):
             control_frame = self.spark.readStream.text(end_of_input_folder(self.checkpoint))
         line_formats = {name: source.line_format() for name, source in sources.items()
                         if callable(getattr(source, "line_format", None))}
+        self.grouping_keys = checkpoint_grouping_keys(self.lock.store, fresh)
         self.compiled = compile_graph(self.graph, frames, plan=self.plan, boundaries=self.boundaries,
                                       state_partitions=self.state_partitions, threads=self.threads.worker,
                                       profiling=profiling, resource_profile_for=resource_profiles(self.spark),
                                       line_formats=line_formats, state_access=self.config.state_access(),
                                       control_frame=control_frame, time_tally=self.time_tally,
-                                      combine=self.config.combine_aggregates)
+                                      combine=self.config.combine_aggregates, grouping_keys=self.grouping_keys)
         frame = observe_run(self.compiled.frame, [operator.name for operator in self.graph.operators],
                             counted=self.profile_settings is not None)
         writer = self._write_batch
@@ -316,6 +318,7 @@ class Runner(SourcePreparation, BatchWriting, QueryWatching):
                             "spark.sql.shuffle.partitions": str(self.state_partitions)}.items():
             self.spark.conf.set(name, value)
         guard.check_program(program_fingerprint(self.graph, self.compiled.schemas))
+        record_grouping_keys(self.lock.store, self.grouping_keys)
         self.recovery = recover_unfinished_repartition(self.spark, self.checkpoint)
         self._started_at = time.monotonic()
         self.progress_output = self._new_progress_output()  # the first batch's wait counts from here

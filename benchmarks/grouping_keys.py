@@ -1,0 +1,136 @@
+"""Keyed stages under the two grouping key schemes: plain bucket numbers against balanced values.
+
+The same code, the same programs and plans; only the values a keyed stage's buckets travel as
+differ (fissure.runtime.state.grouping_keys). Under the plain numbers 0..63, Spark's hash sends
+27 buckets to one of 2 partitions and 37 to the other; under the balanced values 32 and 32. A
+run on a new checkpoint gets the balanced scheme; a checkpoint whose record names the plain one
+(as fissure.spark.checkpoint.state_layout writes for an earlier fissure's checkpoint) keeps it, so
+each plain run starts on a checkpoint holding only that record.
+
+Per workload (the goal shape of benchmarks/cost.py: 1,000,000 records in 20 files, 5 a
+micro-batch, the planner's plan on 2 cores, through `fissure.run`): one uncounted warm-up, the
+answer of both schemes checked against the direct loop's on a small input, then the two schemes
+in one block, the order rotated each repeat; the steady rate `fissure run --json` reports.
+
+    ./dev python benchmarks/grouping_keys.py [--repeats 3] [--only hot-items] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+REPOSITORY = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPOSITORY / "examples"))
+sys.path.insert(0, str(REPOSITORY / "benchmarks"))
+
+import fissure  # noqa: E402
+from fissure.plan.plans import describe_plan, planner_plan  # noqa: E402
+from fissure.runtime.state.grouping_keys import BALANCED_KEYS, PLAIN_KEYS, spark_partition  # noqa: E402
+from fissure.spark.checkpoint.state_layout import STATE_LAYOUT_RECORD  # noqa: E402
+
+import direct_loops  # noqa: E402
+import method  # noqa: E402
+
+WORKLOADS = {"hot-items": ("hot-items", ""), "logwatch": ("logwatch", ""), "wordcount-10k": ("wordcount", "aggregate")}
+SCHEMES = {"plain": PLAIN_KEYS, "balanced": BALANCED_KEYS}
+CHECK_RECORDS = {"hot-items": 3_000, "logwatch": 12_000, "wordcount": 2_000}
+
+
+def checkpoint_under(scheme: str) -> str:
+    """A new checkpoint; for the plain scheme, one whose record names it (an earlier fissure's)."""
+    checkpoint = Path(tempfile.mkdtemp(prefix="fissure-keys-"))
+    if scheme == "plain":
+        (checkpoint / STATE_LAYOUT_RECORD).parent.mkdir(parents=True)
+        (checkpoint / STATE_LAYOUT_RECORD).write_text(json.dumps({"grouping_keys": PLAIN_KEYS.scheme}) + "\n")
+    return str(checkpoint)
+
+
+def run_once(spark, program, source, plan, scheme: str, sink=None) -> float:
+    checkpoint = checkpoint_under(scheme)
+    report = fissure.run(program, source, sink if sink is not None else fissure.NoopSink(), plan=plan,
+                         checkpoint=checkpoint, config=fissure.RunnerConfig(spark=spark))
+    recorded = json.loads((Path(checkpoint) / STATE_LAYOUT_RECORD).read_text())["grouping_keys"]
+    if recorded != SCHEMES[scheme].scheme:
+        raise SystemExit(f"a {scheme} run recorded the scheme {recorded!r}")
+    return report.summary()["steady_records_per_s"] or 0.0
+
+
+def splits() -> dict[str, list[int]]:
+    """How each scheme's 64 bucket values split over 2 and 3 partitions (Spark's hash)."""
+    out = {}
+    for name, keys in SCHEMES.items():
+        for partitions in (2, 3):
+            counts = [0] * partitions
+            for value in keys.bucket_values:
+                counts[spark_partition(value, partitions)] += 1
+            out[f"{name} over {partitions}"] = counts
+    return out
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    method.add_arguments(parser)
+    parser.add_argument("--only", action="append", default=[], choices=tuple(WORKLOADS))
+    args = parser.parse_args(argv)
+    records, files, per_batch = (1_000_000, 20, 5) if not args.quick else (20_000, 4, 1)
+    if args.quick:
+        args.repeats = 1
+    method.check_repeats(args.repeats, args.quick)
+    run = method.Run("grouping_keys.py", argv, quick=args.quick, out=args.out)
+    from fissure.config import RunnerConfig
+    from fissure.spark.session.create import create_session
+
+    spark = create_session(RunnerConfig(master="local[2]"))
+    work = Path(tempfile.mkdtemp(prefix="fissure-grouping-keys-"))
+    document = {"records": records, "files": files, "files_per_batch": per_batch, "splits": splits(), "workloads": {}}
+    for name in args.only or WORKLOADS:
+        family, variant = WORKLOADS[name]
+        program = direct_loops.programs(family)[variant]
+        plan = planner_plan(program, 2)
+        source = direct_loops.write_input(family, work / name, records, files, per_batch,
+                                          10_000 if family == "wordcount" else None)
+        check_source = direct_loops.write_input(family, work / f"{name}-check", CHECK_RECORDS[family], 2, 1,
+                                                10_000 if family == "wordcount" else None)
+        expected = direct_loops.direct_answer(family, direct_loops.input_files(work / f"{name}-check"))
+        answer = getattr(direct_loops, f"{family.replace('-', '_')}_answer")
+        for scheme in SCHEMES:  # both schemes compute the direct loop's answer
+            sink = fissure.MemorySink()
+            run_once(spark, program, check_source, plan, scheme, sink)
+            if answer(sink.records()) != expected:
+                raise SystemExit(f"{name}: the {scheme} scheme's answer differs from the direct loop's")
+        block = method.measure_block({scheme: (lambda scheme=scheme: run_once(spark, program, source, plan, scheme))
+                                      for scheme in SCHEMES}, args.repeats, quick=args.quick,
+                                     warm_up=lambda: run_once(spark, program, check_source, plan, "balanced"),
+                                     log=lambda line, name=name: print(f"{name}: {line}", flush=True))
+        document["workloads"][name] = {"plan": describe_plan(plan, program), **block.to_dict(),
+                                       "balanced_over_plain": block.paired_ratio("balanced", "plain")}
+    method.end_spark(spark)
+    run.write_results("grouping_keys_quick" if args.quick else "grouping_keys", report(document), document)
+    return 0
+
+
+def report(document: dict) -> str:
+    lines = ["# Keyed stages under plain bucket numbers and balanced grouping key values", "",
+             "How Spark's hash splits the 64 buckets' values over the partitions:", "",
+             "| scheme | buckets a partition |", "| --- | --- |"]
+    lines += [f"| {label} | {' / '.join(map(str, counts))} |" for label, counts in document["splits"].items()]
+    lines += ["", f"{document['records']:,} records in {document['files']} files, {document['files_per_batch']} a "
+              "micro-batch, the planner's plan on local[2], through `fissure.run` (steady records/s, the rate "
+              "`fissure run --json` prints). Both schemes in one block per workload, the order rotated each "
+              "repeat, after an uncounted warm-up; both answer as the direct loop on a small input first.", "",
+              "| workload | plan | plain, median records/s | balanced, median records/s | balanced / plain (paired, "
+              "median) | every repeat, balanced / plain |", "| --- | --- | --- | --- | --- | --- |"]
+    for name, result in document["workloads"].items():
+        pairs = ", ".join(f"{balanced / plain:.3f}" for balanced, plain in zip(result["runs"]["balanced"],
+                                                                            result["runs"]["plain"]) if plain)
+        lines.append(f"| {name} | `{result['plan']}` | {result['medians']['plain']:,.0f} | "
+                     f"{result['medians']['balanced']:,.0f} | {result['balanced_over_plain']:.3f} | {pairs} |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
