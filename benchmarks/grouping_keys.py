@@ -10,7 +10,12 @@ each plain run starts on a checkpoint holding only that record.
 Per workload (the goal shape of benchmarks/cost.py: 1,000,000 records in 20 files, 5 a
 micro-batch, the planner's plan on 2 cores, through `fissure.run`): one uncounted warm-up, the
 answer of both schemes checked against the direct loop's on a small input, then the two schemes
-in one block, the order rotated each repeat; the steady rate `fissure run --json` reports.
+in one block, the order rotated each repeat; the steady rate `fissure run --json` reports, and
+from Spark's monitoring REST API the tasks of the keyed stages: each stage that reads packed rows
+(at most 5,000 a task) in both of its 2 tasks, the slower task's time and the faster's, summed over
+the run. The throughput moves by a few percent at most (the keyed stages are a third of a hot-items
+micro-batch, and the split moves the fuller task from 37 calls to 32), inside this machine's
+run-to-run noise; the tasks show the split itself.
 
     ./dev python benchmarks/grouping_keys.py [--repeats 3] [--only hot-items] [--quick]
 """
@@ -21,6 +26,7 @@ import argparse
 import json
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 REPOSITORY = Path(__file__).resolve().parents[1]
@@ -49,14 +55,38 @@ def checkpoint_under(scheme: str) -> str:
     return str(checkpoint)
 
 
-def run_once(spark, program, source, plan, scheme: str, sink=None) -> float:
+PACKED_ROWS_AT_MOST = 5_000  # a task reading more reads records, not packed rows: not a keyed stage
+
+
+def keyed_tasks(log, before: set[int]) -> dict[str, float]:
+    """The keyed stages Spark completed since `before` (stage ids): their slower and faster task's
+    milliseconds, summed, and how many such stages."""
+    slower = faster = stages = 0
+    for stage in log.get("/stages?status=complete"):
+        if stage["stageId"] in before or stage.get("numTasks") != 2:
+            continue
+        tasks = log.get(f"/stages/{stage['stageId']}/{stage['attemptId']}/taskList?length=10")
+        reads = [task.get("taskMetrics", {}).get("shuffleReadMetrics", {}).get("recordsRead", 0) for task in tasks]
+        if len(tasks) != 2 or not all(0 < read <= PACKED_ROWS_AT_MOST for read in reads):
+            continue
+        durations = sorted(task["duration"] for task in tasks)
+        slower, faster, stages = slower + durations[1], faster + durations[0], stages + 1
+    return {"slower_ms": slower, "faster_ms": faster, "stages": stages}
+
+
+def run_once(spark, program, source, plan, scheme: str, sink=None, log=None) -> dict:
     checkpoint = checkpoint_under(scheme)
+    before = {stage["stageId"] for stage in log.get("/stages")} if log is not None else set()
     report = fissure.run(program, source, sink if sink is not None else fissure.NoopSink(), plan=plan,
                          checkpoint=checkpoint, config=fissure.RunnerConfig(spark=spark))
     recorded = json.loads((Path(checkpoint) / STATE_LAYOUT_RECORD).read_text())["grouping_keys"]
     if recorded != SCHEMES[scheme].scheme:
         raise SystemExit(f"a {scheme} run recorded the scheme {recorded!r}")
-    return report.summary()["steady_records_per_s"] or 0.0
+    result = {"records_per_s": report.summary()["steady_records_per_s"] or 0.0}
+    if log is not None:
+        time.sleep(1.0)  # the listener behind the REST API catches up
+        result.update(keyed_tasks(log, before))
+    return result
 
 
 def splits() -> dict[str, list[int]]:
@@ -83,8 +113,10 @@ def main(argv=None) -> int:
     run = method.Run("grouping_keys.py", argv, quick=args.quick, out=args.out)
     from fissure.config import RunnerConfig
     from fissure.spark.session.create import create_session
+    from fissure.spark.session.stage_log import STAGE_LOG_CONF, StageLog
 
-    spark = create_session(RunnerConfig(master="local[2]"))
+    spark = create_session(RunnerConfig(master="local[2]", spark_conf=STAGE_LOG_CONF))
+    log = StageLog(spark)
     work = Path(tempfile.mkdtemp(prefix="fissure-grouping-keys-"))
     document = {"records": records, "files": files, "files_per_batch": per_batch, "splits": splits(), "workloads": {}}
     for name in args.only or WORKLOADS:
@@ -102,12 +134,18 @@ def main(argv=None) -> int:
             run_once(spark, program, check_source, plan, scheme, sink)
             if answer(sink.records()) != expected:
                 raise SystemExit(f"{name}: the {scheme} scheme's answer differs from the direct loop's")
-        block = method.measure_block({scheme: (lambda scheme=scheme: run_once(spark, program, source, plan, scheme))
+        block = method.measure_block({scheme: (lambda scheme=scheme: run_once(spark, program, source, plan, scheme,
+                                                                              log=log))
                                       for scheme in SCHEMES}, args.repeats, quick=args.quick,
                                      warm_up=lambda: run_once(spark, program, check_source, plan, "balanced"),
+                                     value=lambda result: result["records_per_s"],
                                      log=lambda line, name=name: print(f"{name}: {line}", flush=True))
+        tasks = {scheme: {"slower_ms": sum(run["slower_ms"] for run in runs),
+                          "faster_ms": sum(run["faster_ms"] for run in runs),
+                          "stages": sum(run["stages"] for run in runs)} for scheme, runs in block.details.items()}
         document["workloads"][name] = {"plan": describe_plan(plan, program), **block.to_dict(),
-                                       "balanced_over_plain": block.paired_ratio("balanced", "plain")}
+                                       "balanced_over_plain": block.paired_ratio("balanced", "plain"),
+                                       "keyed_tasks": tasks}
     method.end_spark(spark)
     run.write_results("grouping_keys_quick" if args.quick else "grouping_keys", report(document), document)
     return 0
@@ -124,11 +162,22 @@ def report(document: dict) -> str:
               "repeat, after an uncounted warm-up; both answer as the direct loop on a small input first.", "",
               "| workload | plan | plain, median records/s | balanced, median records/s | balanced / plain (paired, "
               "median) | every repeat, balanced / plain |", "| --- | --- | --- | --- | --- | --- |"]
+    rows = []
     for name, result in document["workloads"].items():
         pairs = ", ".join(f"{balanced / plain:.3f}" for balanced, plain in zip(result["runs"]["balanced"],
                                                                             result["runs"]["plain"]) if plain)
         lines.append(f"| {name} | `{result['plan']}` | {result['medians']['plain']:,.0f} | "
                      f"{result['medians']['balanced']:,.0f} | {result['balanced_over_plain']:.3f} | {pairs} |")
+        for scheme, tasks in result.get("keyed_tasks", {}).items():
+            if tasks["stages"]:
+                rows.append(f"| {name} | {scheme} | {tasks['stages']} | {tasks['slower_ms']:,.0f} | "
+                            f"{tasks['faster_ms']:,.0f} | {tasks['slower_ms'] / max(1, tasks['faster_ms']):.3f} | "
+                            f"{tasks['slower_ms'] / tasks['stages']:,.0f} |")
+    if rows:
+        lines += ["", "The keyed stages' two tasks over the measured runs (each stage reading packed rows in both of "
+                  "its 2 tasks): the slower task's time and the faster's, summed.", "",
+                  "| workload | scheme | keyed stages | slower tasks, ms | faster tasks, ms | slower / faster | "
+                  "slower task a stage, ms |", "| --- | --- | --- | --- | --- | --- | --- |", *rows]
     return "\n".join(lines) + "\n"
 
 

@@ -1,7 +1,8 @@
-"""The CPU time of a word count's Spark-side Python functions, in this process, per input line.
+"""The CPU time of a program's Spark-side Python functions, in this process, per input line.
 
 What Spark's Python workers spend on one micro-batch, without Spark: the program (the aggregate
-word count of benchmarks/cost.py, or its running count per occurrence) is compiled against a
+word count of benchmarks/cost.py, or its running count per occurrence; or Nexmark's hot items up
+to its first keyed stage, whose bids are the lines here) is compiled against a
 stand-in DataFrame that keeps the functions `compile_graph` ships (each `mapInArrow` function and
 each keyed stage's state processor), and they are called here on the Arrow batches Spark would
 hand them: the micro-batch's lines (Zipf over 10,000 words, 10,000 rows an Arrow batch) split over
@@ -12,7 +13,7 @@ micro-batch writes the states; each repeat then times the second, one stage at a
 not). Spark's own part (reading, Arrow transfer, shuffles, the state store, the driver) is not in
 it: docs/profiling.md, "What a record costs, part by part", measures that.
 
-    ./dev python benchmarks/worker_cpu.py [--lines 100000] [--repeats 5] [--variant aggregate|running]
+    ./dev python benchmarks/worker_cpu.py [--lines 100000] [--repeats 5] [--variant aggregate|running|hot-items]
     ./dev python benchmarks/worker_cpu.py --profile tottime   # one batch under cProfile instead
 """
 
@@ -127,7 +128,7 @@ class _ValueState:
 class WorkerStages:
     """The compiled program's worker functions, run one micro-batch at a time."""
 
-    def __init__(self, program) -> None:
+    def __init__(self, program, before_keyed_stages: bool = False) -> None:
         import pyspark
 
         from fissure.plan.plans import planner_plan
@@ -139,8 +140,12 @@ class WorkerStages:
         frame = _Frame()
         compile_graph(graph, {graph.sources[0]: frame}, plan=planner_plan(program, TASKS),
                       profiling=WorkerProfiling(_Accumulator()))
-        self.functions = [function for kind, function in frame.captured if kind == "arrow"]
-        self.processors = [processor for kind, processor in frame.captured if kind == "state"]
+        captured = frame.captured
+        if before_keyed_stages:  # the stages before the first keyed stage only
+            kinds = [kind for kind, _ in captured]
+            captured = captured[:kinds.index("state")] if "state" in kinds else captured
+        self.functions = [function for kind, function in captured if kind == "arrow"]
+        self.processors = [processor for kind, processor in captured if kind == "state"]
         self.task = [_Task(0)]
         pyspark.TaskContext.get = classmethod(lambda cls: self.task[0])
         self.handlers: dict = {}
@@ -184,14 +189,22 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--lines", type=int, default=100_000, help="lines a micro-batch")
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--variant", choices=("aggregate", "running"), default="aggregate")
+    parser.add_argument("--variant", choices=("aggregate", "running", "hot-items"), default="aggregate",
+                        help="the word count's aggregate or running count, or Nexmark's hot items (its stages "
+                             "before the first keyed one: its keyed stages need a micro-batch's clock, which "
+                             "the driver hands out on Spark)")
     parser.add_argument("--profile", metavar="SORT", help="run one batch under cProfile, sorted by SORT")
     args = parser.parse_args(argv)
-    from generators.words import generate
+    if args.variant == "hot-items":
+        from generators.nexmark import bid_lines, generate_bids
 
-    program = direct_loops.programs("wordcount")["aggregate" if args.variant == "aggregate" else ""]
-    stages = WorkerStages(program)
-    lines = generate(2 * args.lines, vocabulary_size=10_000, fixed_length=True)
+        stages = WorkerStages(direct_loops.programs("hot-items")[""], before_keyed_stages=True)
+        lines = list(bid_lines(generate_bids(2 * args.lines)))
+    else:
+        from generators.words import generate
+
+        stages = WorkerStages(direct_loops.programs("wordcount")["aggregate" if args.variant == "aggregate" else ""])
+        lines = generate(2 * args.lines, vocabulary_size=10_000, fixed_length=True)
     first, steady = lines[:args.lines], lines[args.lines:]
     stages.run(first)
     if args.profile:
@@ -207,7 +220,9 @@ def main(argv: list[str] | None = None) -> int:
     spent: dict[str, list[float]] = {}
     for _ in range(args.repeats):
         stages.run(steady, spent)
-    print(f"{args.variant} word count, a micro-batch of {args.lines:,} lines over {TASKS} tasks; "
+    what = "hot items, the stages before the first keyed one" if args.variant == "hot-items" else \
+        f"{args.variant} word count"
+    print(f"{what}, a micro-batch of {args.lines:,} lines over {TASKS} tasks; "
           f"CPU us a line, median of {args.repeats}")
     total = 0.0
     for label, values in spent.items():
