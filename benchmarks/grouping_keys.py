@@ -58,25 +58,23 @@ def checkpoint_under(scheme: str) -> str:
 PACKED_ROWS_AT_MOST = 5_000  # a task reading more reads records, not packed rows: not a keyed stage
 
 
-def keyed_tasks(log, before: set[int]) -> dict[str, float]:
-    """The keyed stages Spark completed since `before` (stage ids): their slower and faster task's
-    milliseconds, summed, and how many such stages."""
-    slower = faster = stages = 0
-    for stage in log.get("/stages?status=complete"):
-        if stage["stageId"] in before or stage.get("numTasks") != 2:
+def keyed_tasks(stages: list[dict]) -> dict[str, float]:
+    """Of completed stages as spark_stage_times.TaskLog gives them, the keyed ones (2 tasks, each
+    reading packed rows): their slower and faster task's milliseconds, summed, and how many."""
+    slower = faster = keyed = 0
+    for stage in stages:
+        tasks = stage["tasks"]
+        if len(tasks) != 2 or not all(0 < task["shuffle_records"] <= PACKED_ROWS_AT_MOST for task in tasks):
             continue
-        tasks = log.get(f"/stages/{stage['stageId']}/{stage['attemptId']}/taskList?length=10")
-        reads = [task.get("taskMetrics", {}).get("shuffleReadMetrics", {}).get("recordsRead", 0) for task in tasks]
-        if len(tasks) != 2 or not all(0 < read <= PACKED_ROWS_AT_MOST for read in reads):
-            continue
-        durations = sorted(task["duration"] for task in tasks)
-        slower, faster, stages = slower + durations[1], faster + durations[0], stages + 1
-    return {"slower_ms": slower, "faster_ms": faster, "stages": stages}
+        durations = sorted(task["duration_ms"] for task in tasks)
+        slower, faster, keyed = slower + durations[1], faster + durations[0], keyed + 1
+    return {"slower_ms": slower, "faster_ms": faster, "stages": keyed}
 
 
 def run_once(spark, program, source, plan, scheme: str, sink=None, log=None) -> dict:
     checkpoint = checkpoint_under(scheme)
-    before = {stage["stageId"] for stage in log.get("/stages")} if log is not None else set()
+    if log is not None:
+        log.new_stages()  # earlier runs' stages are not this one's
     report = fissure.run(program, source, sink if sink is not None else fissure.NoopSink(), plan=plan,
                          checkpoint=checkpoint, config=fissure.RunnerConfig(spark=spark))
     recorded = json.loads((Path(checkpoint) / STATE_LAYOUT_RECORD).read_text())["grouping_keys"]
@@ -85,7 +83,7 @@ def run_once(spark, program, source, plan, scheme: str, sink=None, log=None) -> 
     result = {"records_per_s": report.summary()["steady_records_per_s"] or 0.0}
     if log is not None:
         time.sleep(1.0)  # the listener behind the REST API catches up
-        result.update(keyed_tasks(log, before))
+        result.update(keyed_tasks(log.new_stages()))
     return result
 
 
@@ -113,10 +111,11 @@ def main(argv=None) -> int:
     run = method.Run("grouping_keys.py", argv, quick=args.quick, out=args.out)
     from fissure.config import RunnerConfig
     from fissure.spark.session.create import create_session
-    from fissure.spark.session.stage_log import STAGE_LOG_CONF, StageLog
+    from fissure.spark.session.stage_log import STAGE_LOG_CONF
+    from spark_stage_times import TaskLog
 
     spark = create_session(RunnerConfig(master="local[2]", spark_conf=STAGE_LOG_CONF))
-    log = StageLog(spark)
+    log = TaskLog(spark)
     work = Path(tempfile.mkdtemp(prefix="fissure-grouping-keys-"))
     document = {"records": records, "files": files, "files_per_batch": per_batch, "splits": splits(), "workloads": {}}
     for name in args.only or WORKLOADS:

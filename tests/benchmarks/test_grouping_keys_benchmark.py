@@ -41,29 +41,24 @@ def test_the_report_shows_each_workloads_medians_and_every_repeats_ratio():
     json.dumps(document)
 
 
-class FakeLog:
-    """Spark's REST API as keyed_tasks reads it: completed stages, and each stage's tasks."""
-
-    def __init__(self, stages: dict[int, list[tuple[int, int]]]) -> None:
-        self.stages = stages  # stage id -> (shuffle records read, duration ms) per task
-
-    def get(self, path: str):
-        if path.startswith("/stages?"):
-            return [{"stageId": stage, "attemptId": 0, "numTasks": len(tasks)} for stage, tasks in self.stages.items()]
-        stage = int(path.split("/")[2])
-        return [{"duration": duration, "taskMetrics": {"shuffleReadMetrics": {"recordsRead": read}}}
-                for read, duration in self.stages[stage]]
+def task_log_stages(stages: dict[int, list[tuple[int, int]]], without=()) -> list[dict]:
+    """Completed stages as spark_stage_times.TaskLog gives them: stage id -> (shuffle records read,
+    duration ms) per task; `without`: stages an earlier call already returned."""
+    return [{"wall_ms": 0.0, "tasks": [{"duration_ms": duration, "shuffle_records": read, "input_records": 0}
+                                       for read, duration in tasks]}
+            for stage, tasks in stages.items() if stage not in without]
 
 
 def test_keyed_tasks_sums_the_two_tasks_of_stages_reading_packed_rows_only():
-    log = FakeLog({1: [(0, 500), (0, 400)],            # a scan: no shuffle read
-                   2: [(125_000, 900), (125_000, 950)],  # records, not packed rows
-                   3: [(64, 300), (66, 200)],           # a keyed stage
-                   4: [(130, 90), (0, 10)],             # an unkeyed stateful stage: one task empty
-                   5: [(40, 100), (40, 150)],           # another keyed stage
-                   6: [(5, 50)]})                       # one task
-    assert grouping_keys.keyed_tasks(log, before={5}) == {"slower_ms": 300, "faster_ms": 200, "stages": 1}
-    assert grouping_keys.keyed_tasks(log, before=set()) == {"slower_ms": 450, "faster_ms": 300, "stages": 2}
+    stages = {1: [(0, 500), (0, 400)],            # a scan: no shuffle read
+              2: [(125_000, 900), (125_000, 950)],  # records, not packed rows
+              3: [(64, 300), (66, 200)],           # a keyed stage
+              4: [(130, 90), (0, 10)],             # an unkeyed stateful stage: one task empty
+              5: [(40, 100), (40, 150)],           # another keyed stage
+              6: [(5, 50)]}                        # one task
+    assert grouping_keys.keyed_tasks(task_log_stages(stages, without={5})) == {"slower_ms": 300, "faster_ms": 200,
+                                                                                "stages": 1}
+    assert grouping_keys.keyed_tasks(task_log_stages(stages)) == {"slower_ms": 450, "faster_ms": 300, "stages": 2}
 
 
 def test_the_report_has_the_keyed_tasks_table_when_measured():

@@ -5,9 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from fissure.model.types import BALANCED_PARTITIONS_UP_TO as BALANCED_UP_TO
 from fissure.model.types import STATE_BUCKETS
 from fissure.runtime.state.grouping_keys import (
-    BALANCED_BUCKET_VALUES, BALANCED_KEYS, BALANCED_UP_TO, PLAIN_KEYS, SCHEMES, GroupingKeys, balanced_spread_values,
+    BALANCED_BUCKET_VALUES, BALANCED_KEYS, PLAIN_KEYS, SCHEMES, GroupingKeys, balanced_spread_values,
     find_balanced_values, spark_hash_int, spark_partition,
 )
 

@@ -207,9 +207,10 @@ def pack_partials(partials: pa.RecordBatch, text_column: str, spec: PackSpec) ->
         return EMPTY_PACKED if not spec.every_group else empty_groups(partials.schema, spec)
     texts = column_values(partials.column(partials.schema.get_field_index(text_column)))
     cache: dict[str, int] = {}
+    first_group = spec.groups()[0]  # a partial without key text, or any of an unkeyed operator's
     keys = np.empty(len(texts), dtype=np.int32)
     for row, text in enumerate(texts):
-        bucket = cache.get(text) if text is not None and spec.key_columns is not None else spec.groups()[0]
+        bucket = cache.get(text) if text is not None and spec.key_columns is not None else first_group
         if bucket is None:
             bucket = cache[text] = spec.keys.bucket_value(zlib.crc32(text.encode("utf-8", "surrogatepass"))
                                                           % spec.buckets)

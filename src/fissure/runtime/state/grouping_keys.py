@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fissure.model.types import BALANCED_PARTITIONS_UP_TO, STATE_BUCKETS
+from fissure.model.types import STATE_BUCKETS
 
 _MASK = 0xFFFFFFFF
 SPARK_HASH_SEED = 42  # Spark's Murmur3Hash seed, the one HashPartitioning uses
@@ -66,7 +66,6 @@ BALANCED_BUCKET_VALUES = (
     195860, 7672, 40755, 11639, 69992, 194939, 65419, 147893, 171874, 10875, 84014, 163987, 131902, 191151, 155017,
     8410, 88731, 46385, 123869,
 )
-BALANCED_UP_TO = BALANCED_PARTITIONS_UP_TO  # the partition counts 2..12 split BALANCED_BUCKET_VALUES evenly
 
 
 def find_balanced_values(count: int, max_partitions: int, seed: int, candidates: int = 200_000,
