@@ -4,7 +4,7 @@ A backlog of generated LogWatch lines (the functions of `examples/logwatch.py`) 
 drained under the planner's plan with micro-batches of fixed sizes (`max_bytes_per_trigger`),
 with every file in one batch (`batch_size="all"`), and with the size fissure chooses from the
 Spark model with operator costs measured on a sample of the input (`batch_size="auto"`,
-fissure.lifecycle.batch_size, fissure.local.cost_sample). Per run: the drain rate (records
+fissure.plan.batch_size, fissure.local.cost_sample). Per run: the drain rate (records
 over the summed batch durations, the first batch included: every variant pays one), the batches
 and the longest batch (what a record may wait). Variants rotate each round; medians of the
 rounds (at least 3 unless --quick); one uncounted warm-up run starts Spark's Python workers first

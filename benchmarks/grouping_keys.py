@@ -2,10 +2,10 @@
 
 The same code, the same programs and plans; only the values a keyed stage's buckets travel as
 differ (fissure.runtime.state.grouping_keys). Under the plain numbers 0..63, Spark's hash sends
-27 buckets to one of 2 partitions and 37 to the other; under the balanced values 32 and 32. A
-run on a new checkpoint gets the balanced scheme; a checkpoint whose record names the plain one
-(as fissure.spark.checkpoint.state_layout writes for an earlier fissure's checkpoint) keeps it, so
-each plain run starts on a checkpoint holding only that record.
+27 buckets to one of 2 partitions and 37 to the other; under the balanced values 32 and 32. Each
+run starts on a new checkpoint holding only the record of its scheme and 64 buckets (as
+fissure.spark.checkpoint.state_layout keeps an earlier fissure's checkpoint on the plain one; a new
+checkpoint would get fewer buckets, which benchmarks/state_buckets.py compares).
 
 Per workload (the goal shape of benchmarks/cost.py: 1,000,000 records in 20 files, 5 a
 micro-batch, the planner's plan on 2 cores, through `fissure.run`): one uncounted warm-up, the
@@ -35,7 +35,7 @@ sys.path.insert(0, str(REPOSITORY / "benchmarks"))
 
 import fissure  # noqa: E402
 from fissure.plan.plans import describe_plan, planner_plan  # noqa: E402
-from fissure.runtime.state.grouping_keys import BALANCED_KEYS, PLAIN_KEYS, spark_partition  # noqa: E402
+from fissure.runtime.state.grouping_keys import BALANCED_KEYS, PLAIN_KEYS, GroupingKeys, spark_partition  # noqa: E402
 from fissure.spark.checkpoint.state_layout import STATE_LAYOUT_RECORD  # noqa: E402
 
 import direct_loops  # noqa: E402
@@ -46,12 +46,13 @@ SCHEMES = {"plain": PLAIN_KEYS, "balanced": BALANCED_KEYS}
 CHECK_RECORDS = {"hot-items": 3_000, "logwatch": 12_000, "wordcount": 2_000}
 
 
-def checkpoint_under(scheme: str) -> str:
-    """A new checkpoint; for the plain scheme, one whose record names it (an earlier fissure's)."""
+def checkpoint_under(keys: GroupingKeys) -> str:
+    """A new checkpoint whose record names `keys`' scheme and bucket count: the plain scheme as an
+    earlier fissure's checkpoint keeps it, any other as if the checkpoint had chosen it."""
     checkpoint = Path(tempfile.mkdtemp(prefix="fissure-keys-"))
-    if scheme == "plain":
-        (checkpoint / STATE_LAYOUT_RECORD).parent.mkdir(parents=True)
-        (checkpoint / STATE_LAYOUT_RECORD).write_text(json.dumps({"grouping_keys": PLAIN_KEYS.scheme}) + "\n")
+    (checkpoint / STATE_LAYOUT_RECORD).parent.mkdir(parents=True)
+    (checkpoint / STATE_LAYOUT_RECORD).write_text(json.dumps({"grouping_keys": keys.scheme,
+                                                              "buckets": keys.buckets}) + "\n")
     return str(checkpoint)
 
 
@@ -71,15 +72,16 @@ def keyed_tasks(stages: list[dict]) -> dict[str, float]:
     return {"slower_ms": slower, "faster_ms": faster, "stages": keyed}
 
 
-def run_once(spark, program, source, plan, scheme: str, sink=None, log=None) -> dict:
-    checkpoint = checkpoint_under(scheme)
+def run_once(spark, program, source, plan, keys: GroupingKeys, sink=None, log=None) -> dict:
+    """One run on a new checkpoint under `keys`: its steady rate, and with `log` its keyed stages' tasks."""
+    checkpoint = checkpoint_under(keys)
     if log is not None:
         log.new_stages()  # earlier runs' stages are not this one's
     report = fissure.run(program, source, sink if sink is not None else fissure.NoopSink(), plan=plan,
                          checkpoint=checkpoint, config=fissure.RunnerConfig(spark=spark))
-    recorded = json.loads((Path(checkpoint) / STATE_LAYOUT_RECORD).read_text())["grouping_keys"]
-    if recorded != SCHEMES[scheme].scheme:
-        raise SystemExit(f"a {scheme} run recorded the scheme {recorded!r}")
+    recorded = json.loads((Path(checkpoint) / STATE_LAYOUT_RECORD).read_text())
+    if recorded != {"grouping_keys": keys.scheme, "buckets": keys.buckets}:
+        raise SystemExit(f"a run under {keys.scheme} with {keys.buckets} buckets recorded {recorded!r}")
     result = {"records_per_s": report.summary()["steady_records_per_s"] or 0.0}
     if log is not None:
         time.sleep(1.0)  # the listener behind the REST API catches up
@@ -130,13 +132,12 @@ def main(argv=None) -> int:
         answer = getattr(direct_loops, f"{family.replace('-', '_')}_answer")
         for scheme in SCHEMES:  # both schemes compute the direct loop's answer
             sink = fissure.MemorySink()
-            run_once(spark, program, check_source, plan, scheme, sink)
+            run_once(spark, program, check_source, plan, SCHEMES[scheme], sink)
             if answer(sink.records()) != expected:
                 raise SystemExit(f"{name}: the {scheme} scheme's answer differs from the direct loop's")
-        block = method.measure_block({scheme: (lambda scheme=scheme: run_once(spark, program, source, plan, scheme,
-                                                                              log=log))
-                                      for scheme in SCHEMES}, args.repeats, quick=args.quick,
-                                     warm_up=lambda: run_once(spark, program, check_source, plan, "balanced"),
+        block = method.measure_block({scheme: (lambda keys=keys: run_once(spark, program, source, plan, keys, log=log))
+                                      for scheme, keys in SCHEMES.items()}, args.repeats, quick=args.quick,
+                                     warm_up=lambda: run_once(spark, program, check_source, plan, BALANCED_KEYS),
                                      value=lambda result: result["records_per_s"],
                                      log=lambda line, name=name: print(f"{name}: {line}", flush=True))
         tasks = {scheme: {"slower_ms": sum(run["slower_ms"] for run in runs),

@@ -35,7 +35,7 @@ sys.path.insert(0, str(REPOSITORY / "benchmarks"))
 
 import fissure  # noqa: E402
 from fissure import Pipeline  # noqa: E402
-from fissure.model.types import STATE_BUCKETS  # noqa: E402
+from fissure.model.state_buckets import new_checkpoint_buckets  # noqa: E402
 from fissure.testing import record_files  # noqa: E402
 from fissure.runtime.state.key_buckets import FINE_MIN_KEYS  # noqa: E402
 import method  # noqa: E402
@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keys", type=int, default=200_000)
     args = parser.parse_args(argv)
     if args.quick:
-        args.keys, args.repeats = 40_000, 1  # about 625 keys a bucket: enough to switch to one entry per key
+        args.keys, args.repeats = 40_000, 1  # 5,000 keys a bucket of 8: enough to switch to one entry per key
     method.check_repeats(args.repeats, args.quick)
     run = method.Run("state_size.py", argv, quick=args.quick, out=args.out)
     from fissure.config import RunnerConfig
@@ -119,7 +119,8 @@ def main(argv: list[str] | None = None) -> int:
     # batch b commits state version b + 1; the held query's first batch loads every key, its second
     # switches the layout, the rest touch 1 % each
     # the state's size: the changelog of the batch that wrote every key in the final layout
-    whole = 1 if args.keys / STATE_BUCKETS >= FINE_MIN_KEYS else 0
+    buckets = new_checkpoint_buckets(2)  # a new checkpoint's on local[2]
+    whole = 1 if args.keys / buckets >= FINE_MIN_KEYS else 0
     held_bytes = [{f"batch {batch}": files.get(f"changelog {batch + 1}", 0) for batch in range(TOUCHES + 1)}
                   | {"snapshots": files["snapshots"], "all": files["all"]}
                   for files in (state_files(work / f"held-{repeat}" / "checkpoint") for repeat in range(args.repeats))]

@@ -38,6 +38,7 @@ from fissure.lifecycle.failures import RestartPolicy
 from fissure.lifecycle.progress import check_progress_mode
 from fissure.control.thread_level.config import POLICY_NAMES, ElasticityConfig
 from fissure.lifecycle.watchdog import StallPolicy
+from fissure.model.state_buckets import check_bucket_count
 from fissure.plan.autopipeline import DEFAULT_BETA
 from fissure.profile.settings import ProfileSettings
 from fissure.program.operators import OperatorEstimate
@@ -90,7 +91,7 @@ class RunnerConfig:
     # Micro-batch size of a file source given none (FileSource's max_*_per_trigger; fissure run's
     # --kb-per-batch / --files-per-batch). "auto": from the Spark model of the plan in force, the
     # smallest batch whose fixed cost is at most `batch_fixed_share` of it, capped so a batch
-    # takes at most `batch_latency_bound_s` (fissure.lifecycle.batch_size); "all": every new file in
+    # takes at most `batch_latency_bound_s` (fissure.plan.batch_size); "all": every new file in
     # one batch, as Spark does. With `batch_sample_costs`, the model's operator costs are measured
     # first in the driver on the sources' first records (fissure.local.cost_sample; skipped when an
     # operator declares `waits=`, whose calls may reach outside systems); else the declared hints.
@@ -125,6 +126,12 @@ class RunnerConfig:
     # State partitions when a plan has no keyed region of its own to size them (a sequential plan
     # keeps everything on one partition).
     default_state_partitions: int = 1
+    # Buckets of a partitioned operator's keys in a new checkpoint: its keyed stage makes one
+    # Python call per bucket a batch touches, and they bound the state partitions that split its
+    # work; a checkpoint keeps its count for good (fissure/state_layout.json). None: 4 per core of
+    # the session, at least 8 (fissure.model.state_buckets); one of 2, 4, 8, 16, 32 or 64. Set it
+    # for a checkpoint that will move to a cluster with more cores than this one.
+    state_buckets: int | None = None
     # Fold the records of an `aggregate` or a tumbling or sliding `window` whose aggregate can
     # merge into one partial per key (and window) in the stage before its exchange
     # (fissure.runtime.operators.combine); False ships every record to the keyed stage, as before.
@@ -233,6 +240,8 @@ class RunnerConfig:
             raise ValueError(f"state_migration must be None or 'trust-pickle', got {self.state_migration!r}")
         if self.dead_letters_kept < 0 or self.default_state_partitions < 1:
             raise ValueError("dead_letters_kept must be >= 0 and default_state_partitions >= 1")
+        if self.state_buckets is not None:
+            check_bucket_count(self.state_buckets)
         if not self.checkpoint_lease_s > 0:
             raise ValueError(f"checkpoint_lease_s must be > 0, got {self.checkpoint_lease_s!r}")
         self._check_run()

@@ -15,7 +15,7 @@ import grouping_keys  # noqa: E402
 
 from fissure.spark.checkpoint.files import LocalStore  # noqa: E402
 from fissure.spark.checkpoint.state_layout import checkpoint_grouping_keys  # noqa: E402
-from fissure.runtime.state.grouping_keys import BALANCED_KEYS, PLAIN_KEYS  # noqa: E402
+from fissure.runtime.state.grouping_keys import BALANCED_KEYS, PLAIN_KEYS, balanced_keys  # noqa: E402
 
 
 def test_the_reported_splits_are_sparks_for_both_schemes():
@@ -23,11 +23,12 @@ def test_the_reported_splits_are_sparks_for_both_schemes():
                                       "balanced over 2": [32, 32], "balanced over 3": [21, 22, 21]}
 
 
-def test_a_plain_runs_new_checkpoint_keeps_the_plain_scheme_and_a_balanced_one_gets_balanced():
-    plain, balanced = grouping_keys.checkpoint_under("plain"), grouping_keys.checkpoint_under("balanced")
-    assert checkpoint_grouping_keys(LocalStore(plain), fresh=True) is PLAIN_KEYS
-    assert checkpoint_grouping_keys(LocalStore(balanced), fresh=True) is BALANCED_KEYS
-    assert not any(Path(balanced).iterdir())
+def test_each_runs_new_checkpoint_keeps_the_scheme_and_count_it_was_made_for():
+    # a new checkpoint on 2 cores would get 8 balanced buckets: the record keeps each run on its 64
+    for keys in (PLAIN_KEYS, BALANCED_KEYS, balanced_keys(8)):
+        checkpoint = grouping_keys.checkpoint_under(keys)
+        assert checkpoint_grouping_keys(LocalStore(checkpoint), fresh=True, new_buckets=16) is keys
+        assert [path.name for path in Path(checkpoint).rglob("*") if path.is_file()] == ["state_layout.json"]
 
 
 def test_the_report_shows_each_workloads_medians_and_every_repeats_ratio():

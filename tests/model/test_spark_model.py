@@ -17,7 +17,8 @@ from fissure.model.calibration import BatchObservation, fit_spark_constants
 from fissure.model.spark_model import SparkConstants, SparkWorkload, batch_time_terms, evaluate_spark, batch_part_terms
 from fissure.model.spark_stages import hash_balance, spark_stages
 from fissure.model.spec import load_spec
-from fissure.model.types import STATE_BUCKETS, Kind, Machine, OperatorStats, Plan, RegionPlan
+from fissure.model.state_buckets import new_checkpoint_buckets
+from fissure.model.types import Kind, Machine, OperatorStats, Plan, RegionPlan
 from fissure.plan.planners import plan_chain
 from fissure.plan.spark_chain import SparkChainModel, SparkModelSettings
 
@@ -117,19 +118,39 @@ def test_stages_add_up_where_the_papers_pipelines_overlap():
     assert evaluation.batch_time_s == pytest.approx(0.75)
 
 
-def test_keys_per_batch_cost_the_stateful_node_per_key():
+@pytest.mark.parametrize("buckets", [None, 64])
+def test_keys_per_batch_cost_the_stateful_node_per_key(buckets):
     chain = [OperatorStats("count", Kind.PARTITIONED, 1.0, 1.0, key=("k",))]
     plan = plan_of(([["count"]], 1))
     constants = SparkConstants()
 
     def batch_time(keys: int) -> float:
-        return evaluate_spark(chain, plan, 2, constants, SparkWorkload(1000, keys_per_batch={"count": keys})).batch_time_s
+        workload = SparkWorkload(1000, keys_per_batch={"count": keys}, state_buckets=buckets)
+        return evaluate_spark(chain, plan, 2, constants, workload).batch_time_s
 
-    # Up to STATE_BUCKETS keys, each key is its own Spark group too; beyond, keys share buckets.
-    assert batch_time(STATE_BUCKETS) - batch_time(10) == pytest.approx(
-        (STATE_BUCKETS - 10) * (constants.state_key_us + constants.state_group_us) / 1e6)
-    assert batch_time(STATE_BUCKETS + 500) - batch_time(STATE_BUCKETS) == pytest.approx(
-        500 * constants.state_key_us / 1e6)
+    groups = buckets or new_checkpoint_buckets(2)  # None: a new checkpoint's on 2 cores, 8
+    # Up to `groups` keys, each key is its own Spark group too; beyond, keys share buckets.
+    assert batch_time(groups) - batch_time(groups // 2) == pytest.approx(
+        groups // 2 * (constants.state_key_us + constants.state_group_us) / 1e6)
+    assert batch_time(groups + 500) - batch_time(groups) == pytest.approx(500 * constants.state_key_us / 1e6)
+
+
+def test_fewer_buckets_are_fewer_calls_but_never_split_more_ways_than_they_are():
+    from fissure.model.spark_stages import bucket_balance
+
+    chain = [OperatorStats("count", Kind.PARTITIONED, 1.0, 1.0, key=("k",))]
+    plan = plan_of(([["count"]], 2))
+
+    def per_s(buckets: int) -> float:
+        workload = SparkWorkload(10_000, keys_per_batch={"count": 5000}, state_buckets=buckets)
+        return evaluate_spark(chain, plan, 2, SparkConstants(), workload).throughput_per_s
+
+    assert per_s(8) > per_s(64)
+    assert bucket_balance(5000, 3, 64) == pytest.approx(64 / 22)
+    assert bucket_balance(5000, 3, 8) == pytest.approx(8 / 3)
+    assert bucket_balance(5000, 8, 4) == pytest.approx(4.0)  # four buckets: four ways at most
+    with pytest.raises(ValueError, match="one of 2, 4, 8, 16, 32, 64"):
+        SparkWorkload(state_buckets=12)
 
 
 ZERO = SparkConstants(**{name: 0.0 for name in SparkConstants.names()})
@@ -341,7 +362,6 @@ def test_an_aggregate_after_a_keyed_operator_gets_partials_folded_per_call_of_th
     """A per-user operator then a per-region count: the per-user stage folds each call's records
     (a bucket of its keys), so the count's exchange carries about regions x buckets partials."""
     from fissure.model.spark_model import combined_partials
-    from fissure.model.types import STATE_BUCKETS
 
     per_user = OperatorStats("per_user", Kind.PARTITIONED, 2.0, 1.0, key=("user",))
     per_region = OperatorStats("per_region", Kind.PARTITIONED, 1.0, 0.001, key=("region",))
@@ -351,8 +371,9 @@ def test_an_aggregate_after_a_keyed_operator_gets_partials_folded_per_call_of_th
     combined = evaluate_spark([per_user, replace(per_region, combined=True)], plan, 2, SparkConstants(), workload)
     keyed = [index for index, stage in enumerate(whole.stages) if stage.shape.key_operator == 1][0]
     assert whole.stages[keyed].records_in == pytest.approx(10_000)
-    assert combined.stages[keyed].records_in == pytest.approx(combined_partials(10_000, 8, STATE_BUCKETS))
-    assert combined.stages[keyed].records_in <= 8 * STATE_BUCKETS
+    buckets = new_checkpoint_buckets(2)
+    assert combined.stages[keyed].records_in == pytest.approx(combined_partials(10_000, 8, buckets))
+    assert combined.stages[keyed].records_in <= 8 * buckets
     assert combined.throughput_per_s > whole.throughput_per_s
     # an unkeyed operator before: one call, one partial per region
     single = OperatorStats("single", Kind.STATEFUL, 2.0, 1.0)

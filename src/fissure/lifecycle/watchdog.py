@@ -2,7 +2,7 @@
 
 A batch is stuck once it has run `factor` times longer than expected, and at least `min_s`:
 expected is the longest of the median of the last `history` batches and the model's predicted
-batch time (fissure.lifecycle.batch_size, when fissure chose the batch size). The first batch,
+batch time (fissure.plan.batch_size, when fissure chose the batch size). The first batch,
 with neither, is stuck after `min_s` alone. The warning repeats each time the batch's time has
 doubled since the last one.
 

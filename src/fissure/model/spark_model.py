@@ -24,7 +24,8 @@ sender and by the receiver (the last pipeline's results travel back to the worke
 exchange_record_us per record through a shuffle, half written upstream and half read
 downstream; in a stateful node, state_record_us per record (pandas, sorting, state
 (de)serialization), state_key_us per key a micro-batch holds and state_group_us per Spark group
-(a partitioned operator's keys in min(keys, STATE_BUCKETS) buckets; one for an unkeyed one).
+(a partitioned operator's keys in min(keys, buckets) buckets, the count a new checkpoint gets on
+the cores, fissure.model.state_buckets; one for an unkeyed one).
 
 Effective parallelism of a stage of P tasks on C slots whose records split f ways (f = P for
 round-robin; for keys, min(P, max_scale) and how the micro-batch's key groups hash into P
@@ -51,7 +52,8 @@ from typing import Any
 
 from fissure.model.throughput import validate_plan
 from fissure.model.spark_stages import NodeShape, StageShape, bucket_balance, spark_stages
-from fissure.model.types import STATE_BUCKETS, Kind, OperatorStats, Plan
+from fissure.model.state_buckets import check_bucket_count, new_checkpoint_buckets
+from fissure.model.types import Kind, OperatorStats, Plan
 
 # Keys a partitioned operator is assumed to see per micro-batch when the workload does not say.
 DEFAULT_KEYS_PER_BATCH = 1000.0
@@ -123,10 +125,14 @@ class SparkWorkload:
     # partitioned operator, one for an unkeyed one; never more than the records it gets)
     keys_per_batch: Mapping[str, float] = field(default_factory=dict)
     default_state_partitions: int = 1  # state partitions of a plan without a replicated keyed region
+    # buckets of a partitioned operator's keys (None: a new checkpoint's on the cores evaluated)
+    state_buckets: int | None = None
 
     def __post_init__(self) -> None:
         if self.batch_records < 1 or self.source_partitions < 1 or self.default_state_partitions < 1:
             raise ValueError("batch_records, source_partitions and default_state_partitions must be >= 1")
+        if self.state_buckets is not None:
+            check_bucket_count(self.state_buckets)
 
 
 @dataclass(frozen=True)
@@ -201,7 +207,7 @@ def _fold_calls(shape: StageShape, operators: Sequence[OperatorStats], chain: _C
                 workload: SparkWorkload) -> float:
     """How many folds the stage before a combined operator makes, each giving its own partials: a
     pe stage or the source's envelopes one per task; a keyed stage one per call, that is per
-    group of its operator (min(keys, STATE_BUCKETS) buckets of a partitioned operator's keys, one
+    group of its operator (min(keys, buckets) buckets of a partitioned operator's keys, one
     for an unkeyed one)."""
     last = shape.nodes[-1]
     if last.kind != "state":
@@ -210,7 +216,7 @@ def _fold_calls(shape: StageShape, operators: Sequence[OperatorStats], chain: _C
     operator = operators[index]
     if operator.kind is not Kind.PARTITIONED:
         return 1.0
-    return min(_keys_per_batch(operator, workload, chain.records[index]), STATE_BUCKETS)
+    return min(_keys_per_batch(operator, workload, chain.records[index]), workload.state_buckets)
 
 
 def _combined_inputs(shapes: Sequence[StageShape], operators: Sequence[OperatorStats], chain: _Chain,
@@ -248,7 +254,7 @@ def _node_work(node: NodeShape, chain: _Chain, operators: Sequence[OperatorStats
         operator = operators[index]
         records_in, records_out = records[index], records[index + 1]
         keys = _keys_per_batch(operator, workload, records_in)
-        groups = min(keys, STATE_BUCKETS) if operator.kind is Kind.PARTITIONED else 1.0
+        groups = min(keys, workload.state_buckets) if operator.kind is Kind.PARTITIONED else 1.0
         arriving = (combined or {}).get(index, records_in)
         # combined: the fold's add ran in the stage before; here merge, about one add per partial
         operator_work = chain.work(index, index + 1) * arriving / records_in if records_in else 0.0
@@ -281,6 +287,8 @@ def evaluate_spark(operators: Sequence[OperatorStats], plan: Plan, cores: int,
     validate_plan(operators, plan)
     if cores < 1:
         raise ValueError(f"cores must be >= 1, got {cores}")
+    if workload.state_buckets is None:
+        workload = replace(workload, state_buckets=new_checkpoint_buckets(cores))
     chain = _Chain(operators, workload.batch_records)
     shapes = spark_stages(operators, plan, workload.source_partitions, workload.default_state_partitions)
     critical = [0.0] * len(shapes)
@@ -317,7 +325,7 @@ def evaluate_spark(operators: Sequence[OperatorStats], plan: Plan, cores: int,
         if shape.key_operator is not None:
             keys = _keys_per_batch(operators[shape.key_operator], workload, chain.records[shape.key_operator])
             # Spark hashes the key's bucket's value, not the key (bucket_balance).
-            split = min(split, bucket_balance(keys, shape.partitions))
+            split = min(split, bucket_balance(keys, shape.partitions, workload.state_buckets))
         parallelism = min(split, shape.partitions / waves)
         at_once = min(shape.partitions, cores, split)
         stores = sum(1 for node in shape.nodes if node.kind == "state")

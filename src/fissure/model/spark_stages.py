@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from fissure.model.types import BALANCED_PARTITIONS_UP_TO, STATE_BUCKETS, Kind, OperatorStats, Plan
+from fissure.model.types import BALANCED_PARTITIONS_UP_TO, Kind, OperatorStats, Plan
 
 
 @dataclass(frozen=True)
@@ -89,19 +89,20 @@ def hash_balance(keys: float, partitions: int) -> float:
     return max(1.0, min(float(partitions), keys / largest))
 
 
-def bucket_balance(keys: float, partitions: int) -> float:
+def bucket_balance(keys: float, partitions: int, buckets: int) -> float:
     """How many ways a partitioned operator's keyed stage splits over `partitions`: its keys fall
-    into STATE_BUCKETS buckets at random, and up to BALANCED_PARTITIONS_UP_TO partitions the
-    buckets' grouping key values split evenly (fissure.runtime.state.grouping_keys), so the keys
-    split as if hashed straight into the partitions, at most as finely as whole buckets do (64
-    buckets over 3 partitions: 22 in the fullest, 2.91 ways). Beyond, the buckets too land at random.
-    A checkpoint an earlier fissure made keeps plain bucket numbers, which split 27 / 37 over 2:
-    the model does not know a run's checkpoint and prices new ones."""
+    into `buckets` buckets at random, and up to BALANCED_PARTITIONS_UP_TO partitions the buckets'
+    grouping key values split evenly (fissure.runtime.state.grouping_keys), so the keys split as if
+    hashed straight into the partitions, at most as finely as whole buckets do (64 buckets over 3
+    partitions: 22 in the fullest, 2.91 ways; 8 over 3: 2.67 ways; never more ways than buckets).
+    Beyond, the buckets too land at random. A checkpoint an earlier fissure made keeps 64 plain
+    bucket numbers, which split 27 / 37 over 2: the model does not know a run's checkpoint and
+    prices new ones."""
     if partitions <= 1:
         return 1.0
     if partitions <= BALANCED_PARTITIONS_UP_TO:
-        return min(hash_balance(keys, partitions), STATE_BUCKETS / math.ceil(STATE_BUCKETS / partitions))
-    return hash_balance(min(keys, STATE_BUCKETS), partitions)
+        return min(hash_balance(keys, partitions), buckets / math.ceil(buckets / partitions))
+    return hash_balance(min(keys, buckets), partitions)
 
 
 def spark_stages(operators: Sequence[OperatorStats], plan: Plan, source_partitions: int = 1,

@@ -9,12 +9,9 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 
-# Buckets of keys of a partitioned operator on Spark: its groups, one Python call each per batch
-# (fissure.spark.query.keyed_stage.GraphStateProcessor). Fixed for good, since a key's state lives under its
-# bucket; it bounds the state partitions that still split such an operator's work.
-STATE_BUCKETS = 64
-# Up to this many state partitions, a new checkpoint's buckets split evenly over them: their
-# grouping key values are chosen for it (fissure.runtime.state.grouping_keys).
+# Up to this many state partitions, a new checkpoint's buckets (fissure.model.state_buckets) split
+# as evenly over them as their count allows: their grouping key values are chosen for it
+# (fissure.runtime.state.grouping_keys).
 BALANCED_PARTITIONS_UP_TO = 12
 
 

@@ -195,7 +195,7 @@ def test_a_file_source_without_a_size_is_admitted_in_batches_the_policy_sizes(sp
     """A latency bound below any batch's time sizes batches at the policy's minimum (1,000
     records of 7 bytes: 7,000 bytes). Spark admits whole files up to that many bytes: 2,400 lines
     in six files of 400 (2,800 bytes each) arrive two files a batch, each line once."""
-    from fissure.lifecycle.batch_size import MIN_RECORDS
+    from fissure.plan.batch_size import MIN_RECORDS
     from fissure.config import RunnerConfig
     from fissure.testing import text_files
 

@@ -2,7 +2,7 @@
 (no pyspark here).
 
 A partitioned operator's keys reach Spark's state handler a bucket at a time (crc32 of the key's
-text mod STATE_BUCKETS, `fissure.runtime.operators.packing`); each bucket has one MapState of `entry int ->
+text mod the checkpoint's bucket count, `fissure.runtime.operators.packing`); each bucket has one MapState of `entry int ->
 value binary`, and every read or write of an entry is a request to PySpark's state server
 (fissure.spark.state.requests sends a batch's requests back to back). Two layouts trade those
 requests against the bytes Spark's state store writes (its changelog, and the snapshots that
@@ -39,7 +39,6 @@ import zlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 
-from fissure.model.types import STATE_BUCKETS
 from fissure.runtime.state.codec import StateCodec, StateIntegrityError, decode_data, encode_data
 
 # Coarse layout: mean keys per sub-bucket before the next split. A state-server round trip costs
@@ -53,15 +52,18 @@ KEYS_PER_SUB_BUCKET = 128
 FINE_BELOW = 0.02
 COARSE_ABOVE = 0.08
 FINE_MIN_KEYS = 4 * KEYS_PER_SUB_BUCKET
+# key_hash drops crc32's low bits that chose a key's bucket among 64 (every checkpoint's count
+# divides 64, so a bucket's keys share them); fixed for good: entries are addressed by it.
+KEY_HASH_DROPPED = 64
 LAYOUT_ENTRY = -1  # the MapState entry holding the layout; coarse sub-buckets are 0, 1, 2, ...
 COARSE, FINE = 0, 1
 _MAX_LEVEL = 30
 
 
 def key_hash(key: str) -> int:
-    """A key text's hash within its bucket: crc32 of the text over STATE_BUCKETS, i.e. without the
+    """A key text's hash within its bucket: crc32 of the text over KEY_HASH_DROPPED, i.e. without the
     bits that chose its bucket (every key of a bucket shares them); 26 bits."""
-    return zlib.crc32(key.encode("utf-8", "surrogatepass")) // STATE_BUCKETS
+    return zlib.crc32(key.encode("utf-8", "surrogatepass")) // KEY_HASH_DROPPED
 
 
 def fine_entry(key: str) -> int:

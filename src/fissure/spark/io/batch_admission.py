@@ -1,6 +1,6 @@
 """Micro-batch size for file sources the user gave no size: the policy's records, in bytes.
 
-fissure.lifecycle.batch_size decides how many records a batch admits from the batch's fixed cost
+fissure.plan.batch_size decides how many records a batch admits from the batch's fixed cost
 and cost per record; here both come from the Spark model (fissure.model.spark_model) of the plan
 in force, with the calibrated constants, evaluated at two batch sizes. The model's operator costs
 are measured first on the first records of each source (`sample_rows`, fissure.local.cost_sample),
@@ -21,10 +21,8 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from fissure.lifecycle.batch_size import BatchCost, BatchSizeDecision, choose_batch_records
+from fissure.plan.batch_size import BatchCost, BatchSizeDecision, choose_batch_records
 from fissure.program.operators import to_arrow_schema
-from fissure.model.spark_model import evaluate_spark
-from fissure.model.types import Plan
 from fissure.spark.io.sources import FileSource
 from fissure.local.cost_sample import SampleCosts
 
@@ -34,8 +32,6 @@ SAMPLE_RECORD = "fissure/cost_sample.json"
 
 SAMPLE_BYTES = 4 << 20  # read at most this much of a file to count its records
 SAMPLE_ROWS = 5_000  # records of a source the driver runs the program over to measure its costs
-# The two batch sizes the model is evaluated at to read off its fixed cost and cost per record.
-_SMALL, _LARGE = 10_000, 100_000
 
 
 @dataclass(frozen=True)
@@ -161,17 +157,6 @@ def _parsed(file_format: str, lines: list[bytes], declared: pa.Schema) -> list[d
         read = pc.read_csv(body, convert_options=pc.ConvertOptions(column_types=declared,
                                                                     include_columns=declared.names))
     return read.select(declared.names).cast(declared).to_pylist()
-
-
-def model_batch_cost(operators, plan: Plan, cores: int, settings) -> BatchCost:
-    """The Spark model's batch time as F + R * c, read off at two batch sizes."""
-    def batch_s(records: int) -> float:
-        workload = replace(settings.workload, batch_records=records)
-        return evaluate_spark(operators, plan, cores, settings.constants, workload).batch_time_s
-
-    small, large = batch_s(_SMALL), batch_s(_LARGE)
-    per_record = max((large - small) / (_LARGE - _SMALL), 1e-9)
-    return BatchCost(max(0.0, small - per_record * _SMALL), per_record)
 
 
 def needs_size(source: object) -> bool:

@@ -13,7 +13,8 @@
 - every keyed node is one transformWithStateInPandas behind a hash exchange on a grouping key.
   A partitioned or unkeyed stateful operator's input comes packed (fissure.runtime.operators.packing): the
   stage before it (a pe stage, the source's envelopes or another keyed stage) groups its
-  envelopes by grouping key, a bucket of keys (crc32 of the key's text mod STATE_BUCKETS; the
+  envelopes by grouping key, a bucket of keys (crc32 of the key's text mod the checkpoint's bucket
+  count, fissure.model.state_buckets; the
   handler runs a bucket's keys in one call, their states in sub-buckets of keys,
   fissure.runtime.state.key_buckets) or 0
   without key, and ships each group as one row of Arrow IPC. A join's rows get their key text in
@@ -41,7 +42,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from fissure.program.operators import PipelineError
-from fissure.model.types import STATE_BUCKETS, Kind, Plan
+from fissure.model.types import Kind, Plan
 from fissure.spark.query.elastic import WorkerThreads
 from fissure.plan.plans import check_plan, sequential_plan
 from fissure.spark.io.sources import arrow_schema_of, spark_schema_of
@@ -120,7 +121,8 @@ def _pack_spec(graph: StreamGraph, stage: GraphStage, layout: EnvelopeLayout, sp
     (stream,) = node.inputs
     key_columns = (tuple(layout.column(layout.index[stream], field) for field in node.key)
                    if node.operator.kind is Kind.PARTITIONED else None)
-    return PackSpec(layout.route_of(stream), key_columns, STATE_BUCKETS, max(1, spread), every_group, grouping_keys)
+    return PackSpec(layout.route_of(stream), key_columns, grouping_keys.buckets, max(1, spread), every_group,
+                    grouping_keys)
 
 
 def fold_site(stages, stage) -> FoldSite:
@@ -189,7 +191,8 @@ def compile_graph(graph: StreamGraph, source_frames: Mapping[str, DataFrame], *,
     (fissure.runtime.operators.time_tally). `combine`: fold the records of aggregates and windows that can
     merge into partials before their exchange (fissure.runtime.operators.combine); False ships every record.
     `grouping_keys`: the values a keyed stage's buckets and spread keys travel as, the checkpoint's
-    scheme (fissure.runtime.state.grouping_keys; a new checkpoint's is BALANCED_KEYS)."""
+    scheme and bucket count (fissure.runtime.state.grouping_keys; the runner gives a new checkpoint the
+    balanced scheme of the count chosen for its cores, fissure.model.state_buckets)."""
     line_formats = line_formats or {}
     threads = threads or WorkerThreads()
     for operator in graph.operators:

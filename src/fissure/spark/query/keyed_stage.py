@@ -81,7 +81,7 @@ class GraphStateProcessor(StatefulProcessor):
 
     An operator's input arrives packed (`packed_input`, fissure.runtime.operators.packing): a group's
     envelopes in a few rows of Arrow IPC, not a row per record. A partitioned operator's groups
-    are buckets of keys (`bucketed`: crc32 of the key's text mod STATE_BUCKETS): one call runs
+    are buckets of keys (`bucketed`: crc32 of the key's text mod the checkpoint's bucket count): one call runs
     every key of the bucket in the batch, the keys' states in MapState entries laid out by how
     densely the batches touch them (fissure.runtime.state.key_buckets). Spark's cost per group (a Python
     call, a pandas frame each way, state-server round trips) is paid per bucket instead of per key

@@ -36,6 +36,7 @@ from collections.abc import Callable, Iterable
 from fissure.config import RunnerConfig
 from fissure.lifecycle.progress import ProgressState, check_progress_mode
 from fissure.lifecycle.watchdog import Stall
+from fissure.model.state_buckets import new_checkpoint_buckets
 from fissure.profile.collector import ProfileCollector
 from fissure.profile.log import profile_log_path
 from fissure.profile.settings import ProfileSettings
@@ -291,7 +292,8 @@ class Runner(SourcePreparation, BatchWriting, QueryWatching):
             control_frame = self.spark.readStream.text(end_of_input_folder(self.checkpoint))
         line_formats = {name: source.line_format() for name, source in sources.items()
                         if callable(getattr(source, "line_format", None))}
-        self.grouping_keys = checkpoint_grouping_keys(self.lock.store, fresh)
+        self.grouping_keys = checkpoint_grouping_keys(self.lock.store, fresh,
+                                                      self.config.state_buckets or new_checkpoint_buckets(self.cores))
         self.compiled = compile_graph(self.graph, frames, plan=self.plan, boundaries=self.boundaries,
                                       state_partitions=self.state_partitions, threads=self.threads.worker,
                                       profiling=profiling, resource_profile_for=resource_profiles(self.spark),

@@ -9,12 +9,11 @@ import logging
 import sys
 from collections.abc import Mapping
 
-from fissure.lifecycle.batch_size import BatchCost, SampleDecision, choose_batch_records, sample_needed
+from fissure.plan.batch_size import BatchCost, SampleDecision, choose_batch_records, model_batch_cost, sample_needed
 from fissure.plan.stored_calibration import stored_spark_model
 from fissure.program.operators import OperatorEstimate
 from fissure.spark.io.batch_admission import (SAMPLE_RECORD, SourceAdmission, admit_file_sources, first_file,
-                                           input_records, model_batch_cost, needs_size, recorded_sample,
-                                           sample_record, sample_rows)
+                                           input_records, needs_size, recorded_sample, sample_record, sample_rows)
 from fissure.spark.checkpoint.files import LocalStore
 from fissure.spark.io.file_staging import FileStager, SettleRule, poll_interval, staged, staging_applies, staging_path
 from fissure.spark.session.create import default_parallelism
@@ -79,7 +78,7 @@ class SourcePreparation:
 
     def _sample_decision(self, declared: BatchCost, available_now: bool) -> SampleDecision:
         """Whether the operators' costs need measuring before the batches are sized
-        (fissure.lifecycle.batch_size.sample_needed): not when the run reads its sources' input
+        (fissure.plan.batch_size.sample_needed): not when the run reads its sources' input
         once and all of it fits in one batch whatever a sample would measure."""
         sized = [source for source in self.sources.values() if needs_size(source)]
         records = choose_batch_records(declared, fixed_share=self.config.batch_fixed_share,

@@ -10,8 +10,8 @@ EventTime mode and timers), checked against PySpark 4.3:
 - a handler in EventTime mode reads one watermark (`TimerValues.get_current_watermark_in_ms`),
   the one that fires; fissure's late rule needs the batch before's as well;
 - Spark's timers belong to a grouping key, and a keyed stage's grouping keys are buckets of keys
-  (STATE_BUCKETS = 64): a call for every bucket in a batch costs 64 handler calls, so each
-  bucket keeps its keys' deadlines (fissure.runtime.operators.watermark.Deadlines) in its own state and
+  (fissure.model.state_buckets): a call for every bucket in a batch costs a handler call per
+  bucket, so each bucket keeps its keys' deadlines (fissure.runtime.operators.watermark.Deadlines) in its own state and
   fires the keys that are due in that call, with no timer to register and move;
 - a Spark local property set in the foreachBatch function is what every task of that batch
   reads, in every stage (measured: a mapInArrow before a round-robin repartition and two

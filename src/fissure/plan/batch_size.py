@@ -16,13 +16,18 @@ lines a few percent.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+
+from fissure.model.spark_model import evaluate_spark
+from fissure.model.types import Plan
 
 DEFAULT_FIXED_SHARE = 0.1
 # Bounds whatever the model says: a batch of fewer records is all overhead, and one of more
 # holds too much in a Python worker's memory at once.
 MIN_RECORDS = 1_000
 MAX_RECORDS = 2_000_000
+# The two batch sizes the model is evaluated at to read off its fixed cost and cost per record.
+_SMALL, _LARGE = 10_000, 100_000
 
 
 @dataclass(frozen=True)
@@ -108,3 +113,15 @@ def sample_needed(input_records: float | None, declared_records: int, reads_inpu
         return SampleDecision(False, f"the whole input, about {input_records:,.0f} records, runs in one batch even "
                                      f"with operators {margin:g} times costlier than declared")
     return SampleDecision(True, f"the input, about {input_records:,.0f} records, may take more than one batch")
+
+
+def model_batch_cost(operators, plan: Plan, cores: int, settings) -> BatchCost:
+    """The Spark model's batch time of `plan` as F + R * c, read off at two batch sizes
+    (`settings`: a SparkModelSettings, its constants and workload)."""
+    def batch_s(records: int) -> float:
+        workload = replace(settings.workload, batch_records=records)
+        return evaluate_spark(operators, plan, cores, settings.constants, workload).batch_time_s
+
+    small, large = batch_s(_SMALL), batch_s(_LARGE)
+    per_record = max((large - small) / (_LARGE - _SMALL), 1e-9)
+    return BatchCost(max(0.0, small - per_record * _SMALL), per_record)

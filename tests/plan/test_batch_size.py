@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 
 from fissure import FileSource
-from fissure.lifecycle.batch_size import MAX_RECORDS, MIN_RECORDS, BatchCost, BatchSizeDecision, choose_batch_records
-from fissure.spark.io.batch_admission import admit_file_sources, bytes_per_record, model_batch_cost
+from fissure.plan.batch_size import (MAX_RECORDS, MIN_RECORDS, BatchCost, BatchSizeDecision, choose_batch_records,
+                                          model_batch_cost)
+from fissure.spark.io.batch_admission import admit_file_sources, bytes_per_record
 from fissure.testing import text_files
 from repository import EXAMPLES
 
@@ -76,7 +77,7 @@ def test_the_models_batch_cost_grows_with_the_plans_work():
 
 
 def test_a_sample_is_needed_unless_the_whole_input_runs_in_one_batch_whatever_it_would_measure():
-    from fissure.lifecycle.batch_size import sample_needed
+    from fissure.plan.batch_size import sample_needed
 
     # LogWatch's example: 2,022 lines, and the declared costs admit 392,675 a batch.
     small = sample_needed(2_022, 392_675, reads_input_once=True)
@@ -102,11 +103,42 @@ def test_the_planner_plans_for_the_whole_input_of_a_run_that_reads_it_once_when_
     import logwatch
 
     pipeline = logwatch.build_pipeline()
-    assumed = describe_plan(planner_plan(pipeline, 2), pipeline)
+    unknown = describe_plan(planner_plan(pipeline, 2), pipeline)
     small = describe_plan(planner_plan(pipeline, 2, input_records=2_022), pipeline)
     # The example's 2,022 lines: no replicated region (no round-robin exchange, one state
-    # partition), where the assumed 10,000-record batch replicates the parsing region.
-    assert "x2" in assumed and "x2" not in small
+    # partition), where the batches a longer run admits replicate the parsing region.
+    assert "x2" in unknown and "x2" not in small
+
+
+def test_the_planner_ranks_plans_at_the_batch_their_runs_admit_not_only_at_the_assumed_one():
+    import sys
+    from dataclasses import replace
+
+    from fissure.model.types import Machine
+    from fissure.plan import plan_chain
+    from fissure.plan.plans import planner_plan
+    from fissure.plan.stored_calibration import stored_spark_model
+
+    sys.path.insert(0, str(EXAMPLES))
+    import logwatch
+
+    pipeline = logwatch.build_pipeline()
+    operators = pipeline.operator_stats()
+    settings, _ = stored_spark_model()
+    assumed = settings.workload.batch_records
+
+    def plan_at(records: int):
+        workload = replace(settings.workload, batch_records=records)
+        return plan_chain(operators, Machine(cores=2), method="heuristic", spark=replace(settings, workload=workload)).plan
+
+    at_assumed = plan_at(assumed)
+    admitted = choose_batch_records(model_batch_cost(operators, at_assumed, 2, settings)).records
+    assert admitted > 10 * assumed
+    # at the assumed batch the model ranks four pipelines first; at the admitted one, the replicas
+    assert at_assumed.regions[0].replicas == 1 and plan_at(admitted).regions[0].replicas == 2
+    assert planner_plan(pipeline, 2) == plan_at(admitted)
+    # a run whose whole input is one assumed batch has that batch only
+    assert planner_plan(pipeline, 2, input_records=assumed) == at_assumed
 
 
 def test_the_input_is_counted_only_until_it_passes_what_the_decision_needs(tmp_path):
