@@ -16,7 +16,8 @@ from fissure.testing import text_files
 
 
 def test_sparks_hash_of_every_value_is_the_one_fissure_computes(spark):
-    values = [value for table in BALANCED_BUCKET_VALUES.values() for value in table] + list(balanced_spread_values(7)) + [0, 1, -1, 2**31 - 1, -2**31]
+    values = [value for table in BALANCED_BUCKET_VALUES.values() for value in table]
+    values += list(balanced_spread_values(7)) + [0, 1, -1, 2**31 - 1, -2**31]
     frame = spark.createDataFrame([(value,) for value in values], "v int")
     assert [row.h for row in frame.selectExpr("hash(v) AS h").collect()] == [spark_hash_int(value) for value in values]
 

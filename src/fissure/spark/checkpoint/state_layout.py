@@ -28,7 +28,8 @@ class UnknownStateLayout(RuntimeError):
     """The checkpoint's state was written under a grouping key scheme this fissure does not know."""
 
 
-def checkpoint_grouping_keys(store: CheckpointStore, fresh: bool, new_buckets: int = LEGACY_STATE_BUCKETS) -> GroupingKeys:
+def checkpoint_grouping_keys(store: CheckpointStore, fresh: bool,
+                             new_buckets: int = LEGACY_STATE_BUCKETS) -> GroupingKeys:
     """The scheme of the checkpoint in `store`: its record's; without one, the balanced scheme of
     `new_buckets` buckets for a checkpoint no stream ran on (`fresh`), else PLAIN_KEYS (an earlier
     fissure's)."""
