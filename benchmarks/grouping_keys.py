@@ -101,51 +101,72 @@ def splits() -> dict[str, list[int]]:
     return out
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    method.add_arguments(parser)
-    parser.add_argument("--only", action="append", default=[], choices=tuple(WORKLOADS))
-    args = parser.parse_args(argv)
-    records, files, per_batch = (1_000_000, 20, 5) if not args.quick else (20_000, 4, 1)
+def goal_shape(args) -> tuple[int, int, int]:
+    """Records, files and files a micro-batch: the goal shape of benchmarks/cost.py, or a quick one."""
     if args.quick:
         args.repeats = 1
     method.check_repeats(args.repeats, args.quick)
-    run = method.Run("grouping_keys.py", argv, quick=args.quick, out=args.out)
+    return (1_000_000, 20, 5) if not args.quick else (20_000, 4, 1)
+
+
+def stage_logged_session():
+    """A local[2] session whose stages Spark's monitoring REST API lists, and its task log."""
     from fissure.config import RunnerConfig
     from fissure.spark.session.create import create_session
     from fissure.spark.session.stage_log import STAGE_LOG_CONF
     from spark_stage_times import TaskLog
 
     spark = create_session(RunnerConfig(master="local[2]", spark_conf=STAGE_LOG_CONF))
-    log = TaskLog(spark)
+    return spark, TaskLog(spark)
+
+
+def measure_layouts(spark, log, name: str, work: Path, shape: tuple[int, int, int],
+                    layouts: dict[str, GroupingKeys], warm_up: GroupingKeys, repeats: int, quick: bool) -> dict:
+    """One workload under every layout (label -> grouping keys): every layout's answer checked
+    against the direct loop's on a small input, then all in one block; the plan, the block and
+    the keyed stages' tasks summed per layout."""
+    records, files, per_batch = shape
+    family, variant = WORKLOADS[name]
+    program = direct_loops.programs(family)[variant]
+    plan = planner_plan(program, 2)
+    vocabulary = 10_000 if family == "wordcount" else None
+    source = direct_loops.write_input(family, work / name, records, files, per_batch, vocabulary)
+    check_source = direct_loops.write_input(family, work / f"{name}-check", CHECK_RECORDS[family], 2, 1, vocabulary)
+    expected = direct_loops.direct_answer(family, direct_loops.input_files(work / f"{name}-check"))
+    answer = getattr(direct_loops, f"{family.replace('-', '_')}_answer")
+    for layout, keys in layouts.items():
+        sink = fissure.MemorySink()
+        run_once(spark, program, check_source, plan, keys, sink)
+        if answer(sink.records()) != expected:
+            raise SystemExit(f"{name}: the answer under {layout} differs from the direct loop's")
+    block = method.measure_block({layout: (lambda keys=keys: run_once(spark, program, source, plan, keys, log=log))
+                                  for layout, keys in layouts.items()}, repeats, quick=quick,
+                                 warm_up=lambda: run_once(spark, program, check_source, plan, warm_up),
+                                 value=lambda result: result["records_per_s"],
+                                 log=lambda line: print(f"{name}: {line}", flush=True))
+    tasks = {layout: {"slower_ms": sum(run["slower_ms"] for run in runs),
+                      "faster_ms": sum(run["faster_ms"] for run in runs),
+                      "stages": sum(run["stages"] for run in runs)} for layout, runs in block.details.items()}
+    return {"plan": describe_plan(plan, program), "block": block, "keyed_tasks": tasks}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    method.add_arguments(parser)
+    parser.add_argument("--only", action="append", default=[], choices=tuple(WORKLOADS))
+    args = parser.parse_args(argv)
+    shape = goal_shape(args)
+    run = method.Run("grouping_keys.py", argv, quick=args.quick, out=args.out)
+    spark, log = stage_logged_session()
     work = Path(tempfile.mkdtemp(prefix="fissure-grouping-keys-"))
-    document = {"records": records, "files": files, "files_per_batch": per_batch, "splits": splits(), "workloads": {}}
+    document = {"records": shape[0], "files": shape[1], "files_per_batch": shape[2], "splits": splits(),
+                "workloads": {}}
     for name in args.only or WORKLOADS:
-        family, variant = WORKLOADS[name]
-        program = direct_loops.programs(family)[variant]
-        plan = planner_plan(program, 2)
-        source = direct_loops.write_input(family, work / name, records, files, per_batch,
-                                          10_000 if family == "wordcount" else None)
-        check_source = direct_loops.write_input(family, work / f"{name}-check", CHECK_RECORDS[family], 2, 1,
-                                                10_000 if family == "wordcount" else None)
-        expected = direct_loops.direct_answer(family, direct_loops.input_files(work / f"{name}-check"))
-        answer = getattr(direct_loops, f"{family.replace('-', '_')}_answer")
-        for scheme in SCHEMES:  # both schemes compute the direct loop's answer
-            sink = fissure.MemorySink()
-            run_once(spark, program, check_source, plan, SCHEMES[scheme], sink)
-            if answer(sink.records()) != expected:
-                raise SystemExit(f"{name}: the {scheme} scheme's answer differs from the direct loop's")
-        block = method.measure_block({scheme: (lambda keys=keys: run_once(spark, program, source, plan, keys, log=log))
-                                      for scheme, keys in SCHEMES.items()}, args.repeats, quick=args.quick,
-                                     warm_up=lambda: run_once(spark, program, check_source, plan, BALANCED_KEYS),
-                                     value=lambda result: result["records_per_s"],
-                                     log=lambda line, name=name: print(f"{name}: {line}", flush=True))
-        tasks = {scheme: {"slower_ms": sum(run["slower_ms"] for run in runs),
-                          "faster_ms": sum(run["faster_ms"] for run in runs),
-                          "stages": sum(run["stages"] for run in runs)} for scheme, runs in block.details.items()}
-        document["workloads"][name] = {"plan": describe_plan(plan, program), **block.to_dict(),
+        measured = measure_layouts(spark, log, name, work, shape, SCHEMES, BALANCED_KEYS, args.repeats, args.quick)
+        block = measured["block"]
+        document["workloads"][name] = {"plan": measured["plan"], **block.to_dict(),
                                        "balanced_over_plain": block.paired_ratio("balanced", "plain"),
-                                       "keyed_tasks": tasks}
+                                       "keyed_tasks": measured["keyed_tasks"]}
     method.end_spark(spark)
     run.write_results("grouping_keys_quick" if args.quick else "grouping_keys", report(document), document)
     return 0

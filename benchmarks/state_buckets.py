@@ -28,14 +28,11 @@ REPOSITORY = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPOSITORY / "examples"))
 sys.path.insert(0, str(REPOSITORY / "benchmarks"))
 
-import fissure  # noqa: E402
 from fissure.model.state_buckets import BUCKET_COUNTS, LEGACY_STATE_BUCKETS, new_checkpoint_buckets  # noqa: E402
-from fissure.plan.plans import describe_plan, planner_plan  # noqa: E402
 from fissure.runtime.state.grouping_keys import balanced_keys  # noqa: E402
 
-import direct_loops  # noqa: E402
 import method  # noqa: E402
-from grouping_keys import CHECK_RECORDS, WORKLOADS, run_once  # noqa: E402
+from grouping_keys import WORKLOADS, goal_shape, measure_layouts, stage_logged_session  # noqa: E402
 
 DEFAULT_COUNTS = (2, 4, 8, 16, 64)
 
@@ -63,50 +60,21 @@ def main(argv=None) -> int:
     parser.add_argument("--only", action="append", default=[], choices=tuple(WORKLOADS))
     parser.add_argument("--counts", type=counts_argument, default=DEFAULT_COUNTS)
     args = parser.parse_args(argv)
-    records, files, per_batch = (1_000_000, 20, 5) if not args.quick else (20_000, 4, 1)
-    if args.quick:
-        args.repeats = 1
-    method.check_repeats(args.repeats, args.quick)
+    shape = goal_shape(args)
     run = method.Run("state_buckets.py", argv, quick=args.quick, out=args.out)
-    from fissure.config import RunnerConfig
-    from fissure.spark.session.create import create_session
-    from fissure.spark.session.stage_log import STAGE_LOG_CONF
-    from spark_stage_times import TaskLog
-
-    spark = create_session(RunnerConfig(master="local[2]", spark_conf=STAGE_LOG_CONF))
-    log = TaskLog(spark)
+    spark, log = stage_logged_session()
     work = Path(tempfile.mkdtemp(prefix="fissure-state-buckets-"))
     layouts = {label(count): balanced_keys(count) for count in args.counts}
     base = label(LEGACY_STATE_BUCKETS)
-    document = {"records": records, "files": files, "files_per_batch": per_batch, "counts": list(args.counts),
+    document = {"records": shape[0], "files": shape[1], "files_per_batch": shape[2], "counts": list(args.counts),
                 "new_checkpoint_buckets": new_checkpoint_buckets(2), "workloads": {}}
     for name in args.only or WORKLOADS:
-        family, variant = WORKLOADS[name]
-        program = direct_loops.programs(family)[variant]
-        plan = planner_plan(program, 2)
-        vocabulary = 10_000 if family == "wordcount" else None
-        source = direct_loops.write_input(family, work / name, records, files, per_batch, vocabulary)
-        check_source = direct_loops.write_input(family, work / f"{name}-check", CHECK_RECORDS[family], 2, 1,
-                                                vocabulary)
-        expected = direct_loops.direct_answer(family, direct_loops.input_files(work / f"{name}-check"))
-        answer = getattr(direct_loops, f"{family.replace('-', '_')}_answer")
-        for layout, keys in layouts.items():  # every count computes the direct loop's answer
-            sink = fissure.MemorySink()
-            run_once(spark, program, check_source, plan, keys, sink)
-            if answer(sink.records()) != expected:
-                raise SystemExit(f"{name}: the answer with {layout} differs from the direct loop's")
-        block = method.measure_block({layout: (lambda keys=keys: run_once(spark, program, source, plan, keys, log=log))
-                                      for layout, keys in layouts.items()}, args.repeats, quick=args.quick,
-                                     warm_up=lambda: run_once(spark, program, check_source, plan, layouts[base]),
-                                     value=lambda result: result["records_per_s"],
-                                     log=lambda line, name=name: print(f"{name}: {line}", flush=True))
-        tasks = {layout: {"slower_ms": sum(run["slower_ms"] for run in runs),
-                          "faster_ms": sum(run["faster_ms"] for run in runs),
-                          "stages": sum(run["stages"] for run in runs)} for layout, runs in block.details.items()}
-        document["workloads"][name] = {"plan": describe_plan(plan, program), **block.to_dict(),
+        measured = measure_layouts(spark, log, name, work, shape, layouts, layouts[base], args.repeats, args.quick)
+        block = measured["block"]
+        document["workloads"][name] = {"plan": measured["plan"], **block.to_dict(),
                                        "over_64": {layout: block.paired_ratio(layout, base) for layout in layouts
                                                    if layout != base},
-                                       "keyed_tasks": tasks}
+                                       "keyed_tasks": measured["keyed_tasks"]}
     method.end_spark(spark)
     run.write_results("state_buckets_quick" if args.quick else "state_buckets", report(document), document)
     return 0
