@@ -9,7 +9,7 @@ state updates took 30-60 % less time. Buckets also bound the state partitions th
 the operator's work (a bucket is never split), and a checkpoint keeps its count for good, since a
 key's state lives under its bucket: the count is chosen once, for the cores the new checkpoint's
 session has, with room to grow, and recorded in the checkpoint
-(fissure.spark.checkpoint.state_layout). `FissureConfig.state_buckets` overrides it for a
+(fissure.spark.checkpoint.state_layout). `RunnerConfig.state_buckets` overrides it for a
 checkpoint that will move to a larger cluster.
 """
 

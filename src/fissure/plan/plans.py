@@ -67,9 +67,9 @@ def planner_plan(pipeline: Program, cores: int, estimates: Mapping[str, Operator
     calibrate` stored, or its defaults, on `cores` task slots. The paper's model with its default
     machine (c_p = 50 us, threads capped at the cores) gave LogWatch no replica on 2 cores.
 
-    Ranked for the batches the run will have (`planning_batch_records`): first at the batch the
-    model assumes (10,000 records by default), then, when the batch that plan's runs would admit
-    (fissure.plan.batch_size) differs, again at that size. LogWatch at 10,000 records ranks
+    Ranked for the batches the run will have: first at the batch the model assumes (10,000
+    records by default), then, when the batch that plan's runs would admit at the default fixed
+    share (fissure.plan.batch_size) differs, again at that size. LogWatch at 10,000 records ranks
     a plan of four pipelines without a replica 3 % above replicating its parsing region; its runs
     admit 175,000-record batches, where the model ranks the replicated plan 28 % higher, and on
     250,000-record batches it ran 96,144-98,435 lines/s against 77,658-90,626.

@@ -12,10 +12,10 @@ records each), and the keyed stage reads its envelopes back column by column (`u
 
 Grouping keys (int32):
 - a partitioned operator's records: their bucket of keys, a stable hash of the key's JSON text
-  (crc32) mod the checkpoint's bucket count (`PackSpec.buckets`), computed once per distinct key value of the batch; equal keys are
-  always in one bucket, whatever task or micro-batch they come in. The row carries the bucket's
-  value in the checkpoint's scheme (`PackSpec.keys`, fissure.runtime.state.grouping_keys: values
-  that Spark's hash splits evenly over the partitions);
+  (crc32) mod the checkpoint's bucket count (`PackSpec.buckets`), computed once per distinct key
+  value of the batch; equal keys are always in one bucket, whatever task or micro-batch they come
+  in. The row carries the bucket's value in the checkpoint's scheme (`PackSpec.keys`,
+  fissure.runtime.state.grouping_keys: values that Spark's hash splits evenly over the partitions);
 - an unkeyed stateful operator's records: 0;
 - every other row (other streams, dead letters): spread key number `seq mod spread`, a negative
   value of the scheme, which the keyed stage passes through without touching state, spread over
