@@ -223,21 +223,24 @@ def test_which_operators_combine():
 def test_partials_go_to_their_keys_buckets_and_every_bucket_gets_a_group_when_asked():
     from fissure.runtime.operators.combine import PARTIAL_KEY, is_partial_schema
     from fissure.runtime.operators.packing import PackSpec, key_bucket, pack_partials, unpack_apart
+    from fissure.runtime.state.grouping_keys import balanced_keys
 
     operator = operator_of("aggregate", Count())
     combiner = Combiner(CombinePlan.of(operator, SCHEMA, None))
     combiner.add(carried([({"user": name, "ts": 1.0, "v": 1}, i) for i, name in enumerate("abcab")]))
     partials = combiner.partials()
-    packed = pack_partials(partials, PARTIAL_KEY, PackSpec(0, ("user",), 8, 1))
-    groups = dict(zip(packed.column(0).to_pylist(), packed.column(1).to_pylist()))
+    eight = balanced_keys(8)
+    packed = pack_partials(partials, PARTIAL_KEY, PackSpec(0, ("user",), 1, keys=eight))
+    groups = {eight.bucket_of(value): payload
+              for value, payload in zip(packed.column(0).to_pylist(), packed.column(1).to_pylist())}
     assert set(groups) == {key_bucket((name,), 8) for name in "abc"}
     for group, payload in groups.items():
         envelopes, found = unpack_apart([payload], pa.schema([("x", pa.int64())]), is_partial_schema)
         assert envelopes.num_rows == 0 and [key_bucket((text[2:-2],), 8) for batch in found
                                             for text in batch.column(PARTIAL_KEY).to_pylist()] == [group] * sum(
             batch.num_rows for batch in found)
-    every = pack_partials(partials, PARTIAL_KEY, PackSpec(0, ("user",), 8, 1, every_group=True))
-    assert sorted(every.column(0).to_pylist()) == list(range(8))
+    every = pack_partials(partials, PARTIAL_KEY, PackSpec(0, ("user",), 1, every_group=True, keys=eight))
+    assert sorted(eight.bucket_of(value) for value in every.column(0).to_pylist()) == list(range(8))
 
 
 def _count_plan(key: tuple[str, ...], schema: pa.Schema) -> CombinePlan:

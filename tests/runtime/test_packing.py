@@ -38,7 +38,7 @@ def test_a_keys_bucket_is_crc32_of_its_json_text_so_every_process_agrees():
 def test_records_of_one_key_share_a_bucket_and_other_rows_get_spread_keys():
     batch = envelopes([row(0, "a"), row(1, "b"), row(2, "a"), row(3, "x", route=2), row(4, None, dead="op"),
                        row(5, None), row(6, "b")])
-    keys = grouping_keys(batch, PackSpec(1, ("word",), 64, 2)).tolist()
+    keys = grouping_keys(batch, PackSpec(1, ("word",), 2)).tolist()
     assert keys[0] == keys[2] == key_bucket(("a",), 64)
     assert keys[1] == keys[6] == key_bucket(("b",), 64)
     assert keys[5] == key_bucket((None,), 64)  # a live record with a null key is the operator's to judge
@@ -47,11 +47,11 @@ def test_records_of_one_key_share_a_bucket_and_other_rows_get_spread_keys():
 
 def test_under_the_balanced_scheme_rows_carry_their_buckets_values_and_balanced_spread_keys():
     batch = envelopes([row(0, "a"), row(1, "b"), row(2, "a"), row(3, "x", route=2), row(4, None, dead="op")])
-    keys = grouping_keys(batch, PackSpec(1, ("word",), 64, 2, keys=BALANCED_KEYS)).tolist()
+    keys = grouping_keys(batch, PackSpec(1, ("word",), 2, keys=BALANCED_KEYS)).tolist()
     assert keys[0] == keys[2] == BALANCED_KEYS.bucket_value(key_bucket(("a",), 64))
     assert keys[1] == BALANCED_KEYS.bucket_value(key_bucket(("b",), 64))
     assert keys[3] == balanced_spread_values(2)[3 % 2] and keys[4] == balanced_spread_values(2)[4 % 2]
-    groups = unpacked(pack(batch, PackSpec(1, ("word",), 64, 2, every_group=True, keys=BALANCED_KEYS)))
+    groups = unpacked(pack(batch, PackSpec(1, ("word",), 2, every_group=True, keys=BALANCED_KEYS)))
     assert set(BALANCED_KEYS.bucket_values) <= set(groups)
     assert sum(group.num_rows for group in groups.values()) == 5
     assert groups[keys[0]].column("word").to_pylist() == ["a", "a"]
@@ -59,19 +59,19 @@ def test_under_the_balanced_scheme_rows_carry_their_buckets_values_and_balanced_
 
 def test_many_keys_spread_over_the_buckets():
     batch = envelopes([row(seq, f"u{seq % 500}") for seq in range(1000)])
-    keys = grouping_keys(batch, PackSpec(1, ("word",), 64, 2)).tolist()
+    keys = grouping_keys(batch, PackSpec(1, ("word",), 2)).tolist()
     assert all(0 <= key < 64 for key in keys)
     assert len(set(keys)) > 32
 
 
 def test_an_unkeyed_operators_records_form_one_group():
     batch = envelopes([row(0, "a"), row(1, "b"), row(2, "c", route=3)])
-    assert grouping_keys(batch, PackSpec(1, None, 64, 4)).tolist() == [0, 0, -1 - 2 % 4]
+    assert grouping_keys(batch, PackSpec(1, None, 4)).tolist() == [0, 0, -1 - 2 % 4]
 
 
 def test_packing_keeps_every_envelope_once_in_its_groups_row_in_input_order():
     rows = [row(seq, f"w{seq % 7}", route=1 if seq % 5 else 2, n=seq) for seq in range(200)]
-    packed = pack(envelopes(rows), PackSpec(1, ("word",), 64, 3))
+    packed = pack(envelopes(rows), PackSpec(1, ("word",), 3))
     groups = unpacked(packed)
     assert len(groups) == packed.num_rows  # one row per grouping key present
     seen = sorted(seq for batch in groups.values() for seq in batch.column(SEQ).to_pylist())
@@ -87,17 +87,17 @@ def test_packing_keeps_every_envelope_once_in_its_groups_row_in_input_order():
 
 def test_while_migrating_state_every_bucket_gets_a_row_with_records_or_not():
     batch = envelopes([row(0, "a"), row(1, "b"), row(2, "c", route=3)])
-    groups = unpacked(pack(batch, PackSpec(1, ("word",), 64, 2, every_group=True)))
+    groups = unpacked(pack(batch, PackSpec(1, ("word",), 2, every_group=True)))
     assert set(range(64)) <= set(groups)
     assert sum(group.num_rows for group in groups.values()) == 3
     assert groups[key_bucket(("a",), 64)].num_rows >= 1
-    assert set(unpacked(pack(batch, PackSpec(1, None, 64, 2, every_group=True)))) >= {0}
-    assert not set(range(64)) <= set(unpacked(pack(batch, PackSpec(1, ("word",), 64, 2))))
+    assert set(unpacked(pack(batch, PackSpec(1, None, 2, every_group=True)))) >= {0}
+    assert not set(range(64)) <= set(unpacked(pack(batch, PackSpec(1, ("word",), 2))))
 
 
 def test_a_large_group_is_cut_into_rows_of_bounded_size():
     rows = [row(seq, "same") for seq in range(MAX_PACKED_ROWS + 10)]
-    packed = pack(envelopes(rows), PackSpec(1, ("word",), 64, 1))
+    packed = pack(envelopes(rows), PackSpec(1, ("word",), 1))
     assert packed.num_rows == 2
     assert len(set(packed.column(0).to_pylist())) == 1
     sizes = [unpack([payload], SCHEMA).num_rows for payload in packed.column(1).to_pylist()]
@@ -109,7 +109,7 @@ def test_multi_field_keys_bucket_on_all_fields():
                         pa.field("a", pa.string()), pa.field("b", pa.int64())])
     batch = pa.RecordBatch.from_pylist([{ROUTE: 1, SEQ: i, DEAD_OPERATOR: None, "a": "x", "b": i % 2}
                                         for i in range(4)], schema=schema)
-    keys = grouping_keys(batch, PackSpec(1, ("a", "b"), 64, 1)).tolist()
+    keys = grouping_keys(batch, PackSpec(1, ("a", "b"), 1)).tolist()
     assert keys == [key_bucket(("x", i % 2), 64) for i in range(4)]
 
 
@@ -128,7 +128,7 @@ def test_multi_field_keys_bucket_per_distinct_key_as_row_by_row(monkeypatch):
     batch = pa.RecordBatch.from_pylist(rows, schema=schema)
     hashed = []
     monkeypatch.setattr(packing, "key_bucket", lambda key, buckets: hashed.append(key) or key_bucket(key, buckets))
-    keys = grouping_keys(batch, PackSpec(1, ("a", "b", "c"), 64, 1)).tolist()
+    keys = grouping_keys(batch, PackSpec(1, ("a", "b", "c"), 1)).tolist()
     assert keys == [key_bucket((row["a"], row["b"], row["c"]), 64) for row in rows]
     assert len(hashed) == len({(row["a"], row["b"], row["c"]) for row in rows}) < 64
 
@@ -138,13 +138,13 @@ def test_a_list_valued_key_buckets_on_its_text():
                         pa.field("tags", pa.list_(pa.string()))])
     batch = pa.RecordBatch.from_pylist([{ROUTE: 1, SEQ: i, DEAD_OPERATOR: None, "tags": ["a", str(i % 2)]}
                                         for i in range(4)], schema=schema)
-    keys = grouping_keys(batch, PackSpec(1, ("tags",), 64, 1)).tolist()
+    keys = grouping_keys(batch, PackSpec(1, ("tags",), 1)).tolist()
     assert keys == [key_bucket((["a", str(i % 2)],), 64) for i in range(4)]
 
 
 def test_unpacking_nothing_gives_an_empty_batch_of_the_schema():
     assert unpack([], SCHEMA).schema == SCHEMA
-    assert pack(envelopes([]), PackSpec(1, ("word",), 64, 1)).num_rows == 0
+    assert pack(envelopes([]), PackSpec(1, ("word",), 1)).num_rows == 0
 
 
 @pytest.mark.slow

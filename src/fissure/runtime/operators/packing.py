@@ -55,20 +55,25 @@ EMPTY_PACKED = pa.RecordBatch.from_arrays([pa.array([], pa.int32()), pa.array([]
 @dataclass(frozen=True)
 class PackSpec:
     """How to group envelopes for one keyed node: the route of its input stream, the envelope
-    columns of its key fields (None: an unkeyed operator, one group), the buckets and the
-    spread of the rows it passes through."""
+    columns of its key fields (None: an unkeyed operator, one group), the spread of the rows it
+    passes through, and the checkpoint's grouping keys (their bucket count is the buckets')."""
 
     route: int
     key_columns: tuple[str, ...] | None
-    buckets: int
     spread: int
     every_group: bool = False  # a row (maybe without records) for every bucket, or group 0 when unkeyed
     # The values buckets and spread keys travel as (fissure.runtime.state.grouping_keys): the checkpoint's scheme.
     keys: GroupingKeys = PLAIN_KEYS
 
+    @property
+    def buckets(self) -> int:
+        """The checkpoint's bucket count: one value, so a spec cannot hash into more buckets than
+        its keys name."""
+        return self.keys.buckets
+
     def groups(self) -> list[int]:
         """Every group's grouping key value: each bucket's, or 0 for an unkeyed operator."""
-        return list(self.keys.bucket_values[:self.buckets]) if self.key_columns is not None else [0]
+        return list(self.keys.bucket_values) if self.key_columns is not None else [0]
 
 
 def key_bucket(values: Sequence, buckets: int) -> int:

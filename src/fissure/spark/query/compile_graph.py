@@ -121,8 +121,7 @@ def _pack_spec(graph: StreamGraph, stage: GraphStage, layout: EnvelopeLayout, sp
     (stream,) = node.inputs
     key_columns = (tuple(layout.column(layout.index[stream], field) for field in node.key)
                    if node.operator.kind is Kind.PARTITIONED else None)
-    return PackSpec(layout.route_of(stream), key_columns, grouping_keys.buckets, max(1, spread), every_group,
-                    grouping_keys)
+    return PackSpec(layout.route_of(stream), key_columns, max(1, spread), every_group, grouping_keys)
 
 
 def fold_site(stages, stage) -> FoldSite:
