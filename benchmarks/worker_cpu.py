@@ -1,8 +1,9 @@
 """The CPU time of a program's Spark-side Python functions, in this process, per input line.
 
 What Spark's Python workers spend on one micro-batch, without Spark: the program (the aggregate
-word count of benchmarks/cost.py, or its running count per occurrence; or Nexmark's hot items up
-to its first keyed stage, whose bids are the lines here) is compiled against a
+word count of benchmarks/cost.py, or its running count per occurrence; Nexmark's hot items up
+to its first keyed stage, whose bids are the lines here; or LogWatch over generated log lines) is
+compiled against a
 stand-in DataFrame that keeps the functions `compile_graph` ships (each `mapInArrow` function and
 each keyed stage's state processor), and they are called here on the Arrow batches Spark would
 hand them: the micro-batch's lines (Zipf over 10,000 words, 10,000 rows an Arrow batch) split over
@@ -13,7 +14,7 @@ micro-batch writes the states; each repeat then times the second, one stage at a
 not). Spark's own part (reading, Arrow transfer, shuffles, the state store, the driver) is not in
 it: docs/profiling.md, "What a record costs, part by part", measures that.
 
-    ./dev python benchmarks/worker_cpu.py [--lines 100000] [--repeats 5] [--variant aggregate|running|hot-items]
+    ./dev python benchmarks/worker_cpu.py [--lines 100000] [--repeats 5] [--variant aggregate|running|hot-items|logwatch]
     ./dev python benchmarks/worker_cpu.py --profile tottime   # one batch under cProfile instead
 """
 
@@ -144,40 +145,57 @@ class WorkerStages:
         if before_keyed_stages:  # the stages before the first keyed stage only
             kinds = [kind for kind, _ in captured]
             captured = captured[:kinds.index("state")] if "state" in kinds else captured
-        self.functions = [function for kind, function in captured if kind == "arrow"]
-        self.processors = [processor for kind, processor in captured if kind == "state"]
+        self.stages = captured  # ("arrow", mapInArrow function) or ("state", state processor), in query order
         self.task = [_Task(0)]
         pyspark.TaskContext.get = classmethod(lambda cls: self.task[0])
         self.handlers: dict = {}
         self.states: dict = {}
 
     def run(self, lines: list[str], spent: dict[str, list[float]] | None = None) -> None:
-        """One micro-batch of `lines`; each stage's CPU seconds appended to `spent`."""
+        """One micro-batch of `lines` through the stages in query order, each stage's output the
+        next one's input; each stage's CPU seconds appended to `spent`."""
         share = -(-len(lines) // TASKS)
         inputs = [[pa.RecordBatch.from_pydict({"value": part[start:start + ARROW_BATCH_ROWS]})
                    for start in range(0, len(part), ARROW_BATCH_ROWS)]
                   for part in (lines[task * share:(task + 1) * share] for task in range(TASKS))]
-        for position, function in enumerate(self.functions):
-            started_s, outputs = time.process_time(), []
-            for task, batches in enumerate(inputs):
-                self.task[0] = _Task(task)
-                outputs.append([batch for batch in function(iter(batches)) if batch.num_rows])
-            self._note(spent, f"pe stage {position}: {type(getattr(function, 'function', function)).__name__}",
-                       started_s)
+        arrow_stages = state_stages = 0
+        for kind, stage in self.stages:
+            if kind == "arrow":
+                started_s, outputs = time.process_time(), []
+                for task, batches in enumerate(inputs):
+                    self.task[0] = _Task(task)
+                    outputs.append([batch for batch in stage(iter(batches)) if batch.num_rows])
+                self._note(spent, f"pe stage {arrow_stages}: {type(getattr(stage, 'function', stage)).__name__}",
+                           started_s)
+                arrow_stages += 1
+            else:
+                outputs = self._keyed_stage(state_stages, stage, inputs, spent)
+                state_stages += 1
             inputs = outputs
-        for position, light in enumerate(self.processors):
-            rows = pa.Table.from_batches([batch for task in inputs for batch in task]).to_pandas()
-            started_s = time.process_time()
-            for key, group in rows.groupby(rows.columns[0], sort=True):
-                task = spark_partition(int(key), TASKS)  # the task Spark's hash exchange gives the key
-                handler = self.handlers.get((position, task))
-                if handler is None:
-                    handler = self.handlers[(position, task)] = pickle.loads(light.payload)
-                handler.attach(self.states.setdefault((position, key), {
-                    variable.name: _MapState() if variable.kind == "map" else _ValueState()
-                    for variable in light.variables}))
-                list(handler.handleInputRows((key,), iter([group.reset_index(drop=True)]), None))
-            self._note(spent, f"keyed stage {position}", started_s)
+
+    def _keyed_stage(self, position: int, light, inputs, spent) -> list[list[pa.RecordBatch]]:
+        """The exchange groups the packed rows by key (each key on the task Spark's hash gives it,
+        its state in a dictionary); the handler's output per task, as Arrow batches."""
+        batches = [batch for task in inputs for batch in task]
+        outputs: list[list[pa.RecordBatch]] = [[] for _ in range(TASKS)]
+        if not batches:
+            return outputs
+        rows = pa.Table.from_batches(batches).to_pandas()
+        started_s = time.process_time()
+        for key, group in rows.groupby(rows.columns[0], sort=True):
+            task = spark_partition(int(key), TASKS)  # the task Spark's hash exchange gives the key
+            self.task[0] = _Task(task)
+            handler = self.handlers.get((position, task))
+            if handler is None:
+                handler = self.handlers[(position, task)] = pickle.loads(light.payload)
+            handler.attach(self.states.setdefault((position, key), {
+                variable.name: _MapState() if variable.kind == "map" else _ValueState()
+                for variable in light.variables}))
+            for frame in handler.handleInputRows((key,), iter([group.reset_index(drop=True)]), None):
+                if len(frame):
+                    outputs[task].append(pa.RecordBatch.from_pandas(frame, preserve_index=False))
+        self._note(spent, f"keyed stage {position}", started_s)
+        return outputs
 
     @staticmethod
     def _note(spent, label: str, started_s: float) -> None:
@@ -189,10 +207,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--lines", type=int, default=100_000, help="lines a micro-batch")
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--variant", choices=("aggregate", "running", "hot-items"), default="aggregate",
-                        help="the word count's aggregate or running count, or Nexmark's hot items (its stages "
+    parser.add_argument("--variant", choices=("aggregate", "running", "hot-items", "logwatch"), default="aggregate",
+                        help="the word count's aggregate or running count, Nexmark's hot items (its stages "
                              "before the first keyed one: its keyed stages need a micro-batch's clock, which "
-                             "the driver hands out on Spark)")
+                             "the driver hands out on Spark), or LogWatch (examples/logwatch.py, generated lines)")
     parser.add_argument("--profile", metavar="SORT", help="run one batch under cProfile, sorted by SORT")
     args = parser.parse_args(argv)
     if args.variant == "hot-items":
@@ -200,6 +218,11 @@ def main(argv: list[str] | None = None) -> int:
 
         stages = WorkerStages(direct_loops.programs("hot-items")[""], before_keyed_stages=True)
         lines = list(bid_lines(generate_bids(2 * args.lines)))
+    elif args.variant == "logwatch":
+        from generators.loglines import generate as generate_log_lines
+
+        stages = WorkerStages(direct_loops.programs("logwatch")[""])
+        lines = list(generate_log_lines(2 * args.lines))
     else:
         from generators.words import generate
 
@@ -220,8 +243,8 @@ def main(argv: list[str] | None = None) -> int:
     spent: dict[str, list[float]] = {}
     for _ in range(args.repeats):
         stages.run(steady, spent)
-    what = "hot items, the stages before the first keyed one" if args.variant == "hot-items" else \
-        f"{args.variant} word count"
+    what = {"hot-items": "hot items, the stages before the first keyed one", "logwatch": "LogWatch"}.get(
+        args.variant, f"{args.variant} word count")
     print(f"{what}, a micro-batch of {args.lines:,} lines over {TASKS} tasks; "
           f"CPU us a line, median of {args.repeats}")
     total = 0.0
