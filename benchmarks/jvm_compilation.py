@@ -1,0 +1,131 @@
+"""C1 alone against C1 and C2: what the JVM's compilation costs a run that ends soon and gains one that runs long.
+
+fissure's sessions start the driver's JVM with C1 alone (`-XX:TieredStopAtLevel=1`) unless the
+run is a long one (fissure.lifecycle.jvm_compilation). This measures the choice on LogWatch
+(1,000,000 generated lines in 20 files, 5 a micro-batch, the planner's plan, through
+`fissure.run` with its defaults): each variant in a fresh Python process with a session of its
+own, which runs the program `--runs` times on the same files. Reported per variant: the first
+run's seconds and steady rate (what a process that runs the program once gets), and the steady
+rate of the later runs (what a run gets once the JVM's code is compiled: a stream that runs for
+long). The two variants alternate, the order rotated each repeat, after one uncounted process
+(benchmarks/method.py); medians over the repeats.
+
+    ./dev python benchmarks/jvm_compilation.py            # 3 repeats, 4 runs a process (about 10 minutes)
+    ./dev python benchmarks/jvm_compilation.py --quick    # 20,000 lines, one repeat: a check, not a result
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPOSITORY = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPOSITORY / "benchmarks"))
+sys.path.insert(0, str(REPOSITORY / "examples"))
+
+import method  # noqa: E402
+
+VARIANTS = {"C1 alone": False, "C1 and C2": True}
+
+ONE_PROCESS = """
+import json, sys, tempfile, time
+sys.path.insert(0, {examples!r}); sys.path.insert(0, {benchmarks!r})
+import fissure, direct_loops
+from fissure.lifecycle.jvm_compilation import JvmCompilation
+from fissure.plan.plans import planner_plan
+from fissure.spark.session.create import create_session
+started = time.monotonic()
+spark = create_session(fissure.RunnerConfig(master="local[2]"), JvmCompilation({full!r}, "benchmark"))
+session_s = time.monotonic() - started
+program = direct_loops.programs("logwatch")[""]
+plan = planner_plan(program, 2)
+source = fissure.FileSource({input!r}, format="text", max_files_per_trigger={files_per_batch})
+runs = []
+for _ in range({runs}):
+    began = time.monotonic()
+    report = fissure.run(program, source, fissure.NoopSink(), plan=plan, checkpoint=tempfile.mkdtemp(),
+                         config=fissure.RunnerConfig(spark=spark))
+    runs.append({{"seconds": time.monotonic() - began, "steady_per_s": report.summary()["steady_records_per_s"]}})
+print(json.dumps({{"session_s": session_s, "runs": runs}}))
+"""
+
+
+def one_process(full: bool, input_path: Path, runs: int, files_per_batch: int) -> dict:
+    script = ONE_PROCESS.format(examples=str(REPOSITORY / "examples"), benchmarks=str(REPOSITORY / "benchmarks"),
+                                full=full, input=str(input_path), runs=runs, files_per_batch=files_per_batch)
+    finished = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=1800)
+    if finished.returncode != 0:
+        raise SystemExit(f"a process failed:\n{finished.stderr[-3000:]}")
+    return json.loads(finished.stdout.strip().splitlines()[-1])
+
+
+def later_steady(result: dict) -> float:
+    """The median steady rate of a process's runs after its first."""
+    return statistics.median(run["steady_per_s"] for run in result["runs"][1:])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    method.add_arguments(parser)
+    parser.add_argument("--lines", type=int, default=1_000_000)
+    parser.add_argument("--files", type=int, default=20)
+    parser.add_argument("--files-per-batch", type=int, default=5)
+    parser.add_argument("--runs", type=int, default=4, help="runs of the program a process (at least 2)")
+    options = parser.parse_args(argv)
+    if options.runs < 2:
+        parser.error("--runs must be at least 2: the later runs are half of the result")
+    lines = 20_000 if options.quick else options.lines
+    repeats = 1 if options.quick else options.repeats
+    run = method.Run("jvm_compilation.py", argv, quick=options.quick, out=options.out)
+    log = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
+    import direct_loops
+
+    input_path = Path(tempfile.mkdtemp(prefix="fissure-jvm-compilation-")) / "logwatch"
+    direct_loops.write_input("logwatch", input_path, lines, options.files, options.files_per_batch)
+    variants = {name: (lambda full=full: one_process(full, input_path, options.runs, options.files_per_batch))
+                for name, full in VARIANTS.items()}
+    block = method.measure_block(
+        variants, repeats, quick=options.quick,
+        warm_up=lambda: one_process(False, input_path, 1, options.files_per_batch),
+        warm_up_label="one process with C1 alone and one run, not counted",
+        value=lambda result: result["runs"][0]["seconds"], log=log)
+    rows, figures = [], {}
+    for name in VARIANTS:
+        results = block.details[name]
+        figures[name] = {
+            "first_run_s": statistics.median(result["runs"][0]["seconds"] for result in results),
+            "first_run_steady_per_s": statistics.median(result["runs"][0]["steady_per_s"] for result in results),
+            "later_steady_per_s": statistics.median(later_steady(result) for result in results),
+            "session_s": statistics.median(result["session_s"] for result in results),
+        }
+        spans = [later_steady(result) for result in results]
+        rows.append(f"| {name} | {figures[name]['session_s']:.1f} | {figures[name]['first_run_s']:.1f} | "
+                    f"{figures[name]['first_run_steady_per_s']:,.0f} | {figures[name]['later_steady_per_s']:,.0f} "
+                    f"({min(spans):,.0f}-{max(spans):,.0f}) |")
+    full, quick_start = figures["C1 and C2"], figures["C1 alone"]
+    lines_out = [
+        "# The JVM's compilation: C1 alone against C1 and C2",
+        "",
+        f"LogWatch, {lines:,} lines in {options.files} files, {options.files_per_batch} a micro-batch, the planner's "
+        f"plan, through `fissure.run`; each variant in a fresh process, {options.runs} runs of the program in its "
+        f"session; {repeats} repeat(s), the variants' order rotated each repeat; medians.",
+        "",
+        "| compilation | session start s | first run s | first run, steady lines/s | later runs, steady lines/s (lowest-highest median of a process) |",
+        "| --- | --- | --- | --- | --- |",
+        *rows,
+        "",
+        f"C1 and C2 over C1 alone: first run {full['first_run_s'] / quick_start['first_run_s']:.3f}x the seconds; "
+        f"later runs {full['later_steady_per_s'] / quick_start['later_steady_per_s']:.3f}x the steady rate.",
+    ]
+    run.write_results("jvm_compilation", "\n".join(lines_out), {"lines": lines, "runs": options.runs,
+                                                                "block": block.to_dict(), "figures": figures})
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
