@@ -1,16 +1,19 @@
-"""C1 alone against C1 and C2: what the JVM's compilation costs a run that ends soon and gains one that runs long.
+"""C1 alone against C1 and C2: what the JVM's second compiler costs a run and what it gains it.
 
-fissure's sessions start the driver's JVM with C1 alone (`-XX:TieredStopAtLevel=1`) unless the
-run is a long one (fissure.lifecycle.jvm_compilation). This measures the choice on LogWatch
+HotSpot compiles hot code with C1 first and again with C2, whose code is faster but whose
+compiling takes CPU in the first tens of seconds, on the cores the run needs. The sessions
+fissure creates start the driver's JVM with C1 alone (`-XX:TieredStopAtLevel=1`,
+fissure.spark.session.create.SESSION_DEFAULTS). This measures that choice on LogWatch
 (1,000,000 generated lines in 20 files, 5 a micro-batch, the planner's plan, through
 `fissure.run` with its defaults): each variant in a fresh Python process with a session of its
-own, which runs the program `--runs` times on the same files. Reported per variant: the first
-run's seconds and steady rate (what a process that runs the program once gets), and the steady
-rate of the later runs (what a run gets once the JVM's code is compiled: a stream that runs for
-long). The two variants alternate, the order rotated each repeat, after one uncounted process
+own (the session's Java options as fissure sets them, `-XX:TieredStopAtLevel=1` left out for
+C1 and C2), which runs the program `--runs` times on the same files. Reported per variant: the
+first run's seconds and steady rate (what a process that runs the program once gets), and the
+steady rate of the later runs (what a run gets once the JVM's code is compiled). The two
+variants alternate, the order rotated each repeat, after one uncounted process
 (benchmarks/method.py); medians over the repeats.
 
-    ./dev python benchmarks/jvm_compilation.py            # 3 repeats, 4 runs a process (about 10 minutes)
+    ./dev python benchmarks/jvm_compilation.py            # 3 repeats, 4 runs a process (about 9 minutes)
     ./dev python benchmarks/jvm_compilation.py --quick    # 20,000 lines, one repeat: a check, not a result
 """
 
@@ -36,11 +39,14 @@ ONE_PROCESS = """
 import json, sys, tempfile, time
 sys.path.insert(0, {examples!r}); sys.path.insert(0, {benchmarks!r})
 import fissure, direct_loops
-from fissure.lifecycle.jvm_compilation import JvmCompilation
 from fissure.plan.plans import planner_plan
-from fissure.spark.session.create import create_session
+from fissure.spark.session.create import SESSION_DEFAULTS, create_session
+options = SESSION_DEFAULTS["spark.driver.extraJavaOptions"].split()
+if {full!r}:
+    options = [option for option in options if not option.startswith("-XX:TieredStopAtLevel")]
 started = time.monotonic()
-spark = create_session(fissure.RunnerConfig(master="local[2]"), JvmCompilation({full!r}, "benchmark"))
+spark = create_session(fissure.RunnerConfig(master="local[2]",
+                                            spark_conf={{"spark.driver.extraJavaOptions": " ".join(options)}}))
 session_s = time.monotonic() - started
 program = direct_loops.programs("logwatch")[""]
 plan = planner_plan(program, 2)

@@ -165,8 +165,7 @@ class RunnerConfig:
     # data (docs/pipeline-api.md, "Migrating old state"); None: such state stops the run.
     state_migration: str | None = None
     # Extra Spark settings for the session fissure creates (keys outside spark.fissure.* given to
-    # `from_conf` or `fissure run --conf` go here). spark.driver.extraJavaOptions given here
-    # replaces the JVM compilation fissure chooses for the run (fissure.lifecycle.jvm_compilation).
+    # `from_conf` or `fissure run --conf` go here).
     spark_conf: dict[str, str] = field(default_factory=dict)
     # The SparkSession to run on; None: fissure creates one (master, app_name, spark_conf, ...).
     spark: typing.Any = field(default=None, repr=False)

@@ -147,15 +147,17 @@ def test_a_report_prints_as_one_short_line_of_its_key_figures():
 
 @pytest.fixture
 def no_spark(monkeypatch):
-    """The entry points' session factory refuses: a check that passes this ran before Spark.
-    Every entry point (fissure.run, the Runner, the adaptive loop) creates its session through
-    fissure.spark.query.binding.run_session."""
-    import fissure.spark.query.binding
+    """Every entry point's session factory refuses: a check that passes this ran before Spark."""
+    import fissure.spark.adaptive.loop
+    import fissure.spark.run
+    import fissure.spark.query.runner
 
     def refuse(*args, **kwargs):
         raise AssertionError("Spark was started")
 
-    monkeypatch.setattr(fissure.spark.query.binding, "create_session", refuse)
+    monkeypatch.setattr(fissure.spark.query.runner, "create_session", refuse)
+    monkeypatch.setattr(fissure.spark.adaptive.loop, "create_session", refuse)
+    monkeypatch.setattr(fissure.spark.run, "create_session", refuse)
 
 
 def keyed_on_user() -> Pipeline:

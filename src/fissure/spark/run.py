@@ -35,10 +35,10 @@ from fissure.spark.adaptive.autopipelining import GraphAutopipeliner
 from fissure.plan.plans import resolve_plan
 from fissure.spark.query.run_end import RunTimedOut  # noqa: F401 - importable from fissure.run's module too
 from fissure.spark.query.run_end import QueryRestarts, check_input_read
-from fissure.spark.query.binding import bind_sources, input_records_once, run_session
+from fissure.spark.query.binding import bind_sources, input_records_once
 from fissure.spark.query.report import RunReport
 from fissure.spark.query.runner import Runner
-from fissure.spark.session.create import default_parallelism, noted_failures
+from fissure.spark.session.create import create_session, default_parallelism, noted_failures
 from fissure.spark.io.sources import check_before_spark, default_file_system
 
 # fissure.run's keyword arguments before its settings moved into RunnerConfig: how each is set now.
@@ -81,9 +81,9 @@ def run(program: Pipeline | StreamGraph, source=None, sink=None, *, plan: object
     try:
         with noted_failures():
             # A missing path or field fails now, not after Spark's start.
-            sources = bind_sources(graph, source)
-            check_before_spark(graph, sources, default_file_system(config.spark, config.master, config.spark_conf))
-            spark = run_session(config, sources)
+            check_before_spark(graph, bind_sources(graph, source),
+                               default_file_system(config.spark, config.master, config.spark_conf))
+            spark = config.spark if config.spark is not None else create_session(config)
             resolved = _resolve_once(plan, graph, source, spark, config)
             # One lock for every query of the run: its restarts after a worker crash re-use it.
             lock = CheckpointLock.acquire(open_store(spark, checkpoint), graph.name, spark=spark,

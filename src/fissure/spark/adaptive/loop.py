@@ -47,8 +47,8 @@ from fissure.plan.plans import describe_plan, resolve_plan
 from fissure.lifecycle.progress_output import ProgressOutput
 from fissure.spark.query.run_end import check_input_read
 from fissure.spark.query.report import RunReport
-from fissure.spark.query.binding import bind_sources, run_session
-from fissure.spark.session.create import default_parallelism
+from fissure.spark.query.binding import bind_sources
+from fissure.spark.session.create import create_session, default_parallelism
 from fissure.spark.io.sources import RateSource, SourceLike, check_before_spark, default_file_system
 from fissure.control.adaptive.spark_model_search import SparkModelSearch
 from fissure.spark.state.repartition import Repartitioner, spark_repartitioner
@@ -158,14 +158,14 @@ def run_adaptive_on_spark(
                          f"sizes its state partitions itself; leave {' and '.join(given)} out of the config")
     spark, estimates = config.spark, config.estimates
     available_now, timeout_s = config.available_now, config.timeout_s
-    sources = bind_sources(as_graph(pipeline), source)
-    check_before_spark(as_graph(pipeline), sources, default_file_system(spark, config.master, config.spark_conf))
+    check_before_spark(as_graph(pipeline), bind_sources(as_graph(pipeline), source),
+                       default_file_system(spark, config.master, config.spark_conf))
     origin = clock()
 
     def run_clock() -> float:  # seconds since the run started: the timeline's time axis
         return clock() - origin
 
-    session = spark if spark is not None else run_session(config, sources)
+    session = spark if spark is not None else create_session(config)
     cores = default_parallelism(session)
     initial = canonical_plan(resolve_plan(plan, pipeline, cores, estimates))
     chain = pipeline.operator_stats(estimates)

@@ -13,8 +13,7 @@ from pyspark.sql import SparkSession
 from fissure.program.graph import StreamGraph
 from fissure.program.operators import PipelineError
 from fissure.spark.io.batch_admission import input_records
-from fissure.lifecycle.jvm_compilation import LONG_RUN_RECORDS, JvmCompilation, choose_jvm_compilation
-from fissure.spark.session.create import create_session, is_local
+from fissure.spark.session.create import is_local
 from fissure.spark.io.sources import FileSource
 
 
@@ -105,21 +104,6 @@ def input_records_once(sources: Mapping[str, object], beyond: float | None = Non
         return None
     counts = [input_records(source, beyond=beyond) for source in sources.values()]
     return None if any(count is None for count in counts) else float(sum(counts))
-
-
-def run_compilation(config, sources: Mapping[str, object]) -> JvmCompilation:
-    """How the JVM of the session fissure creates for a run (`config`, a RunnerConfig) compiles:
-    chosen for the run's length (fissure.lifecycle.jvm_compilation); its input is counted only
-    as far as the policy's threshold."""
-    counted = input_records_once(sources, beyond=LONG_RUN_RECORDS) if config.available_now else None
-    return choose_jvm_compilation(reads_once=config.available_now, input_records=counted)
-
-
-def run_session(config, sources: Mapping[str, object]) -> SparkSession:
-    """The run's session: the caller's (`config.spark`), or one fissure creates for the run."""
-    if config.spark is not None:
-        return config.spark
-    return create_session(config, run_compilation(config, sources))
 
 
 def bind_sources(graph: StreamGraph, given) -> dict:

@@ -57,12 +57,12 @@ from fissure.spark.query.observed_metrics import Publication, observe_run
 from fissure.plan.plans import describe_plan, resolve_plan
 from fissure.spark.query.batch_writing import BatchWriting
 from fissure.spark.query.binding import (DetachableBatchFunction, bind_sinks, bind_sources, check_serializable,
-                                         resource_profiles, run_session, ship_operator_modules)
+                                         resource_profiles, ship_operator_modules)
 from fissure.spark.query.report import BatchListeners, BatchTime, GraphBatch, RunReport
 from fissure.spark.query.source_preparation import SourcePreparation
 from fissure.spark.query.progress_feed import ProgressFeed
 from fissure.spark.query.watching import QueryWatching
-from fissure.spark.session.create import QUERY_DEFAULTS, default_parallelism
+from fissure.spark.session.create import QUERY_DEFAULTS, create_session, default_parallelism
 from fissure.spark.io.sinks import DeadLetterLog
 from fissure.spark.io.sources import check_before_spark, default_file_system, open_source
 from fissure.spark.query.stages import WorkerProfiling
@@ -114,7 +114,7 @@ class Runner(SourcePreparation, BatchWriting, QueryWatching):
         # A missing path or field fails now, not after Spark's start.
         check_before_spark(self.graph, self.sources, default_file_system(config.spark, config.master, config.spark_conf))
         self.config = config
-        self.spark = run_session(config, self.sources)
+        self.spark = config.spark if config.spark is not None else create_session(config)
         self.estimates = config.estimates
         self.plan = resolve_plan(plan, self.graph, default_parallelism(self.spark), self.estimates, input_records)
         self.admissions: tuple[SourceAdmission, ...] = ()  # batch sizes chosen at start()

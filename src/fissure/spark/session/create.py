@@ -22,14 +22,12 @@ import traceback
 from pyspark.sql import SparkSession
 
 from fissure.lifecycle.failures import CRASH, restartable_failure
-from fissure.lifecycle.jvm_compilation import JvmCompilation
 from fissure.lifecycle.watchdog import Heartbeat, read_heartbeat
 from fissure.program.operators import PipelineError
 from fissure.config import RunnerConfig
 from fissure.runtime.records.fate import HEARTBEAT_DIR_VARIABLE
 from fissure.spark.session.jvm import SPARK_LOG_TERMINAL, launch_jvm_with_output_to, spark_log_path
 
-JAVA_OPTIONS = "spark.driver.extraJavaOptions"
 # Settings of the session fissure creates (measured on PySpark 4.3: see docs/spark-runner.md).
 SESSION_DEFAULTS = {
     "spark.ui.enabled": "false",
@@ -38,8 +36,7 @@ SESSION_DEFAULTS = {
     "spark.ui.killEnabled": "false",
     "spark.sql.adaptive.enabled": "false",
     "spark.sql.shuffle.partitions": "2",
-    # C1 alone unless the run is a long one (fissure.lifecycle.jvm_compilation).
-    JAVA_OPTIONS: "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
+    "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
     "spark.sql.session.timeZone": "UTC",
     # A Python worker that dies leaves its fault-handler log in the task's error: a Python
     # traceback for a fatal signal, and the operator fissure noted as running (mark_running).
@@ -115,11 +112,8 @@ def read_heartbeats() -> list[Heartbeat]:
     return beats
 
 
-def create_session(config: RunnerConfig = RunnerConfig(), compilation: JvmCompilation | None = None) -> SparkSession:
+def create_session(config: RunnerConfig = RunnerConfig()) -> SparkSession:
     """A SparkSession on `config.master` (local[*] by default) with fissure's settings.
-
-    `compilation`: how the driver's JVM compiles (fissure.lifecycle.jvm_compilation), for a run
-    whose length is known; None: C1 alone, as in SESSION_DEFAULTS.
 
     Spark's output goes to `config.spark_log`, or to `spark.log` in a new temporary directory
     (`spark_log_path()` names it), at log level WARN; with `spark_log="-"` it goes to the
@@ -127,7 +121,7 @@ def create_session(config: RunnerConfig = RunnerConfig(), compilation: JvmCompil
     """
     ensure_worker_python()
     ensure_heartbeat_dir()
-    settings = session_settings(config, compilation)
+    settings = session_settings(config)
     to_terminal = config.spark_log == SPARK_LOG_TERMINAL
     with environment({UI_ADDRESS_VARIABLE: config.spark_ui_address}):
         if not to_terminal:
@@ -147,14 +141,10 @@ def create_session(config: RunnerConfig = RunnerConfig(), compilation: JvmCompil
     return session
 
 
-def session_settings(config: RunnerConfig, compilation: JvmCompilation | None = None) -> dict[str, str]:
-    """The Spark settings of the session fissure creates for `config` (the caller's spark_conf last:
-    Java options given there replace the compilation's)."""
+def session_settings(config: RunnerConfig) -> dict[str, str]:
+    """The Spark settings of the session fissure creates for `config` (the caller's spark_conf last)."""
     local = config.master.startswith("local")
-    defaults = dict(SESSION_DEFAULTS)
-    if compilation is not None:
-        defaults[JAVA_OPTIONS] = compilation.java_options(defaults[JAVA_OPTIONS])
-    return {"spark.master": config.master, "spark.app.name": config.app_name, **defaults,
+    return {"spark.master": config.master, "spark.app.name": config.app_name, **SESSION_DEFAULTS,
             **(LOCAL_MODE_ADDRESSES if local else {}), **({"spark.ui.enabled": "true"} if config.spark_ui else {}),
             **config.spark_conf}
 
