@@ -15,9 +15,7 @@ the Python workers. Plans in an order rotated each repeat after one uncounted ru
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 
@@ -63,11 +61,7 @@ print(json.dumps({{"durations_ms": durations, "batches": report.batches,
 
 
 def one_run(plan: str) -> dict:
-    script = ONE_RUN.format(examples=str(REPOSITORY / "examples"), plan=plan)
-    finished = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
-    if finished.returncode != 0:
-        raise SystemExit(f"run of {plan} failed:\n{finished.stderr[-3000:]}")
-    return json.loads(finished.stdout.strip().splitlines()[-1])
+    return method.run_point_process(ONE_RUN.format(examples=str(REPOSITORY / "examples"), plan=plan), f"run of {plan}")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -21,7 +21,6 @@ Variants in an order rotated each repeat after one uncounted run (benchmarks/met
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
@@ -95,10 +94,7 @@ def example_command() -> dict:
 def one_run(settings: dict) -> dict:
     script = ONE_RUN.format(examples=str(REPOSITORY / "examples"), settings=settings)
     started = time.monotonic()
-    finished = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
-    if finished.returncode != 0:
-        raise SystemExit(f"a run failed:\n{finished.stderr[-3000:]}")
-    result = json.loads(finished.stdout.strip().splitlines()[-1])
+    result = method.run_point_process(script, "a run")
     result["process_s"] = time.monotonic() - started
     return result
 

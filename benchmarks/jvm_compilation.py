@@ -20,9 +20,7 @@ variants alternate, the order rotated each repeat, after one uncounted process
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -64,10 +62,7 @@ print(json.dumps({{"session_s": session_s, "runs": runs}}))
 def one_process(full: bool, input_path: Path, runs: int, files_per_batch: int) -> dict:
     script = ONE_PROCESS.format(examples=str(REPOSITORY / "examples"), benchmarks=str(REPOSITORY / "benchmarks"),
                                 full=full, input=str(input_path), runs=runs, files_per_batch=files_per_batch)
-    finished = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=1800)
-    if finished.returncode != 0:
-        raise SystemExit(f"a process failed:\n{finished.stderr[-3000:]}")
-    return json.loads(finished.stdout.strip().splitlines()[-1])
+    return method.run_point_process(script, "a process", timeout_s=1800)
 
 
 def later_steady(result: dict) -> float:
@@ -103,13 +98,13 @@ def main(argv: list[str] | None = None) -> int:
     rows, figures = [], {}
     for name in VARIANTS:
         results = block.details[name]
+        spans = [later_steady(result) for result in results]
         figures[name] = {
             "first_run_s": statistics.median(result["runs"][0]["seconds"] for result in results),
             "first_run_steady_per_s": statistics.median(result["runs"][0]["steady_per_s"] for result in results),
-            "later_steady_per_s": statistics.median(later_steady(result) for result in results),
+            "later_steady_per_s": statistics.median(spans),
             "session_s": statistics.median(result["session_s"] for result in results),
         }
-        spans = [later_steady(result) for result in results]
         rows.append(f"| {name} | {figures[name]['session_s']:.1f} | {figures[name]['first_run_s']:.1f} | "
                     f"{figures[name]['first_run_steady_per_s']:,.0f} | {figures[name]['later_steady_per_s']:,.0f} "
                     f"({min(spans):,.0f}-{max(spans):,.0f}) |")

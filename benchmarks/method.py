@@ -499,6 +499,15 @@ def measure_block(variants: dict[str, Callable[[], object]], repeats: int, *, qu
 # -- writing results ------------------------------------------------------------------------------
 
 
+def run_point_process(script: str, what: str, timeout_s: float = 600) -> dict:
+    """Run `script` (a benchmark's point, Python source) in a fresh interpreter; its last stdout
+    line is its JSON result. Fails with the process's last error output, naming `what`."""
+    finished = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=timeout_s)
+    if finished.returncode != 0:
+        raise SystemExit(f"{what} failed:\n{finished.stderr[-3000:]}")
+    return json.loads(finished.stdout.strip().splitlines()[-1])
+
+
 def run_in_tree(command: Sequence[str], tree: Path, name: str) -> dict:
     """Run `command` (a benchmark's own point process) with fissure imported from `tree` (a
     revision's checkout or worktree), the workers Spark starts too; its last stdout line is its

@@ -455,3 +455,13 @@ def test_a_revision_is_dirty_when_code_changed_not_when_results_were_written(tmp
     assert not revision(tmp_path).endswith("(dirty)")
     (tmp_path / "code.py").write_text("x = 2\n")
     assert revision(tmp_path).endswith("(dirty)")
+
+
+class TestPointProcess:
+    def test_the_last_stdout_line_is_the_result(self):
+        script = "print('warming up'); import json; print(json.dumps({'rate': 3}))"
+        assert method.run_point_process(script, "a point") == {"rate": 3}
+
+    def test_a_failed_process_names_what_failed_with_its_error(self):
+        with pytest.raises(SystemExit, match="(?s)a point failed:.*ZeroDivisionError"):
+            method.run_point_process("1 / 0", "a point")

@@ -213,12 +213,12 @@ def pack_partials(partials: pa.RecordBatch, text_column: str, spec: PackSpec) ->
     texts = column_values(partials.column(partials.schema.get_field_index(text_column)))
     cache: dict[str, int] = {}
     first_group = spec.groups()[0]  # a partial without key text, or any of an unkeyed operator's
+    keyed, buckets, bucket_value = spec.key_columns is not None, spec.buckets, spec.keys.bucket_value
     keys = np.empty(len(texts), dtype=np.int32)
     for row, text in enumerate(texts):
-        bucket = cache.get(text) if text is not None and spec.key_columns is not None else first_group
+        bucket = cache.get(text) if text is not None and keyed else first_group
         if bucket is None:
-            bucket = cache[text] = spec.keys.bucket_value(zlib.crc32(text.encode("utf-8", "surrogatepass"))
-                                                          % spec.buckets)
+            bucket = cache[text] = bucket_value(zlib.crc32(text.encode("utf-8", "surrogatepass")) % buckets)
         keys[row] = bucket
     order = np.argsort(keys, kind="stable")
     ordered = partials.take(pa.array(order))
