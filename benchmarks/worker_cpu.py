@@ -16,6 +16,10 @@ it: docs/profiling.md, "What a record costs, part by part", measures that.
 
     ./dev python benchmarks/worker_cpu.py [--lines 100000] [--repeats 5] [--variant aggregate|running|hot-items|logwatch]
     ./dev python benchmarks/worker_cpu.py --profile tottime   # one batch under cProfile instead
+
+Results: worker_cpu_VARIANT.md/.json under --out (benchmarks/results/ keeps worker_cpu_logwatch),
+with the direct loop's CPU time over the same lines beside the stages (not for hot items, whose
+stages here stop before its keyed ones).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import argparse
 import pickle
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -34,6 +39,7 @@ sys.path.insert(0, str(REPOSITORY / "benchmarks"))
 import pyarrow as pa  # noqa: E402
 
 import direct_loops  # noqa: E402
+import method  # noqa: E402
 from fissure.runtime.state.grouping_keys import spark_partition  # noqa: E402
 
 ARROW_BATCH_ROWS = 10_000
@@ -212,7 +218,9 @@ def main(argv: list[str] | None = None) -> int:
                              "before the first keyed one: its keyed stages need a micro-batch's clock, which "
                              "the driver hands out on Spark), or LogWatch (examples/logwatch.py, generated lines)")
     parser.add_argument("--profile", metavar="SORT", help="run one batch under cProfile, sorted by SORT")
+    method.add_arguments(parser, repeats=None, quick=False)
     args = parser.parse_args(argv)
+    run = None if args.profile else method.Run("worker_cpu.py", argv, out=args.out)
     if args.variant == "hot-items":
         from generators.nexmark import bid_lines, generate_bids
 
@@ -241,19 +249,40 @@ def main(argv: list[str] | None = None) -> int:
         pstats.Stats(profile).sort_stats(args.profile).print_stats(40)
         return 0
     spent: dict[str, list[float]] = {}
+    direct: list[float] = []
+    family = {"hot-items": None, "logwatch": "logwatch"}.get(args.variant, "wordcount")
+    steady_file = Path(tempfile.mkdtemp(prefix="fissure-worker-cpu-")) / "steady.txt"
+    steady_file.write_text("".join(line.rstrip("\n") + "\n" for line in steady), encoding="utf-8")
     for _ in range(args.repeats):
         stages.run(steady, spent)
+        if family is not None:  # hot items' stages here are not its whole program: no direct loop beside them
+            started_s = time.process_time()
+            direct_loops.DIRECT[family][0]([str(steady_file)])
+            direct.append(time.process_time() - started_s)
     what = {"hot-items": "hot items, the stages before the first keyed one", "logwatch": "LogWatch"}.get(
         args.variant, f"{args.variant} word count")
-    print(f"{what}, a micro-batch of {args.lines:,} lines over {TASKS} tasks; "
-          f"CPU us a line, median of {args.repeats}")
+    per_line = lambda seconds: 1e6 * seconds / args.lines  # noqa: E731
+    lines_out = [f"# The Spark-side Python of {what}, in process", "",
+                 f"A micro-batch of {args.lines:,} lines over {TASKS} tasks, after one that wrote the states; "
+                 f"CPU µs a line (`time.process_time`), median of {args.repeats} repeats (each in the runs column).",
+                 "", "| stage | CPU µs a line | runs |", "| --- | --- | --- |"]
     total = 0.0
     for label, values in spent.items():
         median = statistics.median(values)
         total += median
-        print(f"  {label:40s} {1e6 * median / args.lines:7.2f}   (runs: "
-              + ", ".join(f"{1e6 * value / args.lines:.2f}" for value in values) + ")")
-    print(f"  {'total':40s} {1e6 * total / args.lines:7.2f}")
+        lines_out.append(f"| {label} | {per_line(median):.2f} | "
+                         + ", ".join(f"{per_line(value):.2f}" for value in values) + " |")
+    lines_out.append(f"| total | {per_line(total):.2f} | |")
+    document = {"variant": args.variant, "lines": args.lines, "repeats": args.repeats,
+                "stages_cpu_s": spent, "total_us_per_line": per_line(total)}
+    if direct:
+        loop = statistics.median(direct)
+        lines_out += ["", f"The direct loop (benchmarks/direct_loops.py) over the same lines on one thread, its "
+                          f"state starting empty: {per_line(loop):.2f} µs a line (runs: "
+                          + ", ".join(f"{per_line(value):.2f}" for value in direct) + f"); the stages' total is "
+                          f"{total / loop:.2f}x it."]
+        document.update(direct_cpu_s=direct, direct_us_per_line=per_line(loop), stages_over_direct=total / loop)
+    run.write_results(f"worker_cpu_{args.variant}", "\n".join(lines_out), document)
     return 0
 
 
