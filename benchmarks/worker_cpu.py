@@ -220,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", metavar="SORT", help="run one batch under cProfile, sorted by SORT")
     method.add_arguments(parser, repeats=None, quick=False)
     args = parser.parse_args(argv)
-    run = None if args.profile else method.Run("worker_cpu.py", argv, out=args.out)
+    run = None if args.profile else method.Run("worker_cpu.py", argv, out=args.out, master=None)
     if args.variant == "hot-items":
         from generators.nexmark import bid_lines, generate_bids
 
