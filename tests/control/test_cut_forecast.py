@@ -3,6 +3,8 @@ waiting operators on either side) against the noise a trial must beat, as decisi
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from fissure.control.autopipeline_control import (
@@ -172,6 +174,28 @@ def test_the_screen_halts_a_computing_graph_and_profiles_a_waiting_one():
         "a cut may pay, profiling node by node: pe0/parse,lookup,failures: any cut gains at most +67%")
     assert decide_screen((), frozenset(), batches=2, noise=NoiseEstimate()) == AutopipelineControlDecision(
         ControlAction.PROFILE, "no task timed: profiling node by node", frozenset())
+
+
+def test_after_a_kept_cut_the_screen_bounds_any_further_cut_by_the_piece_no_cut_can_split():
+    # the waiting lookup has its own process: it stays busy 0.91 of the time (its wait and its routing)
+    # whatever is cut above it
+    parse = PieceTiming("pe0/parse,enrich|lookup/p0", True, 0.55,
+                        {"parse": NodeTiming(0.30, 0.31), "enrich": NodeTiming(0.20, 0.21)},
+                        {"enrich": frozenset({"enrich"})})
+    lookup = PieceTiming("pe0/parse,enrich|lookup/p1", False, 0.05, {"lookup": NodeTiming(0.04, 0.90)},
+                         {"lookup": frozenset({"lookup"})}, cuttable=False)
+    after_cut = TaskTiming((parse, lookup), 1.0, 1.0, 2)
+    decision = decide_screen((after_cut,), frozenset(), batches=2, noise=NoiseEstimate())
+    assert decision == AutopipelineControlDecision(
+        ControlAction.HALT,
+        "no cut can pay beyond the noise: pe0/parse,enrich|lookup: any cut gains at most +10%: the task computes for"
+        " 1.03 of its time on one core and has 2 (1 task(s) a batch on 2 core(s)); p1 (lookup) cannot be cut further"
+        " and is busy 0.91 of the time; within the +13.7% band a trial of 2 batch(es) must pass at 90% confidence"
+        " (batch spread 10.0% assumed, none measured yet)", frozenset())
+    # the cores bound alone, had the lookup's piece two operators, would have sent it back to profiling:
+    # 1.03 of one core's time on two cores, +94 %
+    cuttable = TaskTiming((parse, replace(lookup, cuttable=True)), 1.0, 1.0, 2)
+    assert decide_screen((cuttable,), frozenset(), batches=2, noise=NoiseEstimate()).action is ControlAction.PROFILE
 
 
 def test_the_policy_screens_profiles_tries_and_screens_again():

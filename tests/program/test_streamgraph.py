@@ -425,6 +425,13 @@ def test_a_waiting_node_occupies_its_thread_for_its_wall_time_and_the_forecast_s
     assert chunked[0].chunks_per_call == 3.0 * 8  # 2,500-row batches cut into 8 for two processes
     (piece,) = task.pieces
     assert piece.first and piece.below == {"big": {"big", "both"}, "small": {"small", "both"}, "both": {"both"}}
+    assert piece.cuttable  # big, small and both read parsed
+    # counted per fused run under a cut: the id names every operator of a piece, its counts only a run's last
+    cut = {f"example~runs/pe0/parsed,big,small|both/p{number}": [0.3, 1.0, {name: [0, 0, 0.1, 0.1]}, 4]
+           for number, name in ((0, "small"), (1, "both"))}
+    first, union = task_timings(g, piece_measurements(cut), batches=2, cores=2, stage_first_nodes=["parsed"])[0].pieces
+    assert piece_measurements(cut)[0].operators == ("parsed", "big", "small")
+    assert (first.cuttable, union.cuttable) == (True, False)  # both alone: no operator of its piece reads another
     assert piece.nodes["small"].waiting and not piece.nodes["big"].waiting
     # on a machine short of cores every operator shows 2.5 x its CPU time: only small waits beyond that
     stretched = {name: [0, 0, cpu_s, wall_s * (2.5 if name != "small" else 1.0)]

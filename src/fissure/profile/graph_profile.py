@@ -50,6 +50,17 @@ class PieceMeasurement:
         return self.piece_id.split("/", 1)[1] if "/" in self.piece_id else self.piece_id
 
     @property
+    def operators(self) -> tuple[str, ...]:
+        """Every operator the piece runs, from its id (`stage/cut/pN`, the cut's pieces joined by
+        "|", a piece's operators by ","; fissure.compile.pieces.build_pieces); counted per fused
+        run, its counts name only each run's last one. Its counted nodes when the id has no cut."""
+        stage_and_cut, _, number = self.thread_name.rpartition("/")
+        pieces = stage_and_cut.rpartition("/")[2].split("|")
+        if number[:1] == "p" and number[1:].isdigit() and int(number[1:]) < len(pieces):
+            return tuple(pieces[int(number[1:])].split(","))
+        return tuple(self.node_cpu_s)
+
+    @property
     def by_runs(self) -> bool:
         """Counted per fused run (the screening), not node by node."""
         return self.piece_id.split("/", 1)[0].endswith(RUNS_MARK)
@@ -166,9 +177,12 @@ def task_timings(graph: StreamGraph, measurements: Iterable[PieceMeasurement], *
         for piece in pieces:
             members = set(piece.node_cpu_s)
             below = {node: frozenset(_downstream_in_piece(graph, node, members)) for node in sorted(members - no_port)}
+            operators = set(piece.operators) | members
+            cuttable = any(consumer in operators and consumer not in no_port
+                           for name in operators if name in graph.names for consumer in graph.consumers(name))
             timed.append(PieceTiming(piece.thread_name, piece.thread_name.endswith("/p0"), piece.cpu_s,
                                      {node: piece.node_timing(graph, node, stretch) for node in sorted(members)},
-                                     below))
+                                     below, cuttable))
         first = next((piece for piece in pieces if piece.thread_name.endswith("/p0")), pieces[0])
         idle_cores = first.idle_core_s / first.wall_s if math.isfinite(first.idle_core_s) else None
         chunks = None
