@@ -64,32 +64,33 @@ class SparkConstants:
     """The Spark model's machine constants. Seconds per batch, stage or task; microseconds per record."""
 
     # Defaults: the medians of three `fissure calibrate` runs on the 2-core development VM
-    # (`./dev python benchmarks/calibrate_defaults.py`, benchmarks/results/calibrate_defaults.md;
+    # (`./dev python benchmarks/calibrate_defaults.py`, benchmarks/results/calibrate_defaults.md at 0faec71;
     # local[*] = 2 slots, PySpark 4.3, RocksDB state store, keyed state in buckets and sub-buckets of
     # keys, the packed exchange), rounded; a calibration on the deployment replaces them.
-    batch_fixed_s: float = 0.24  # per micro-batch: planning, offset and commit logs, the sink call
-    stage_fixed_s: float = 0.0046  # per Spark stage: scheduling, shuffle bookkeeping
+    batch_fixed_s: float = 0.23  # per micro-batch: planning, offset and commit logs, the sink call
+    stage_fixed_s: float = 0.016  # per Spark stage: scheduling, shuffle bookkeeping
     task_fixed_s: float = 0.005  # per wave of tasks: launch (not fitted: confounded with stage_fixed_s)
-    python_node_fixed_s: float = 0.063  # per Python node (PE, state handler, numbering) and wave: worker hand-over
-    state_operator_batch_s: float = 0.019  # per stateful operator and micro-batch, outside its stages (driver)
-    state_partition_fixed_s: float = 0.054  # per stateful node and task: store load and commit on the task's thread
-    state_partition_jvm_s: float = 0.068  # per stateful node and state partition: CPU of JVM threads beside the task
-    io_record_us: float = 1.2  # per source record: reading it, and the sink's share
-    python_record_us: float = 0.39  # per record moved between the JVM and a Python worker, each way
-    conversion_record_us: float = 3.0  # per record converted between Arrow and Python dicts, each way
+    python_node_fixed_s: float = 0.032  # per Python node (PE, state handler, numbering) and wave: worker hand-over
+    state_operator_batch_s: float = 0.026  # per stateful operator and micro-batch, outside its stages (driver)
+    state_partition_fixed_s: float = 0.069  # per stateful node and task: store load and commit on the task's thread
+    state_partition_jvm_s: float = 0.0  # per stateful node and state partition: CPU of JVM threads beside the task
+    io_record_us: float = 3.0  # per source record: reading it, and the sink's share
+    python_record_us: float = 0.0  # per record moved between the JVM and a Python worker, each way
+    conversion_record_us: float = 1.9  # per record converted between Arrow and Python dicts, each way
     # per record through a shuffle exchange (write plus read): measured here at 0.3-0.6 µs for small rows; the three fits
     # put it at 0 (their exchanges are small), and the adaptive correction's factors need a base above 0
     exchange_record_us: float = 0.5
-    boundary_record_us: float = 0.97  # delta: per record crossing a PE process boundary, each side
-    # per record through a stateful node beyond its function: the three fits put it at 0 since the
-    # packed exchange hands the state handler a few Arrow rows per bucket (it was 4.3 µs before)
-    state_record_us: float = 0.0
-    # per key per micro-batch in a stateful node: its state unpickled and pickled, and its share of
-    # its sub-bucket's state-server requests (380 µs a key when every key was a request of its own)
-    state_key_us: float = 79.0
+    boundary_record_us: float = 0.79  # delta: per record crossing a PE process boundary, each side
+    # per record through a stateful node beyond its function: the packed exchange hands the state
+    # handler a few Arrow rows per bucket (it was 4.3 µs before it)
+    state_record_us: float = 0.66
+    # per key per micro-batch in a stateful node: its state decoded and encoded, and its share of
+    # its sub-bucket's state-server requests (380 µs a key when every key was a request of its own,
+    # 79 µs in sub-buckets before the state codec and 8 buckets of keys)
+    state_key_us: float = 2.6
     # per Spark group per micro-batch in a stateful node: a bucket of a partitioned operator's keys,
     # or an unkeyed operator's one group (a Python call, a pandas frame each way)
-    state_group_us: float = 1590.0
+    state_group_us: float = 1720.0
 
     def __post_init__(self) -> None:
         for item in fields(self):
