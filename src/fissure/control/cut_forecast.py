@@ -107,8 +107,8 @@ class PieceTiming:
     cpu_s: float
     nodes: Mapping[str, NodeTiming]
     below: Mapping[str, frozenset[str]]
-    # whether a new cut could open inside it: one of its operators reads another (False: a single
-    # operator, or only a stage's first node and what reads nothing of the piece)
+    # whether a new cut could open inside it: one of its operators, not a stage's first node, reads
+    # another of them (False: a piece of one operator, for one)
     cuttable: bool = True
 
     @property
