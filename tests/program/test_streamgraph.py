@@ -267,6 +267,21 @@ def test_piece_forwards_only_what_later_nodes_need():
     assert isinstance(first, GraphPiece)
 
 
+def test_a_piece_profile_id_names_the_operators_the_piece_runs():
+    # build_pieces writes the id, graph_profile reads it back: the format has these two homes
+    from fissure.profile.graph_profile import PieceMeasurement
+
+    g = example_graph()
+    layout = g.check()
+    schemas = {name: schema for name, schema in layout.schemas.items() if name not in g.sinks}
+    stages = plan_graph_stages(g)
+    pieces = build_pieces(g, schemas, EnvelopeLayout(schemas), stages, stages[0], ["big", "both"],
+                          profile_prefix="query")
+    ran = [tuple(name for unit in piece.nodes for name in (unit.names or (unit.name,))) for piece in pieces]
+    assert ran == [("parsed", "small"), ("big",), ("both",)]
+    assert [PieceMeasurement(piece.profile_id, 0.0, 0.0, {}, {}).operators for piece in pieces] == ran
+
+
 def test_pieces_give_the_same_rows_as_one_piece():
     g = example_graph()
     layout = g.check()
