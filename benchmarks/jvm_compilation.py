@@ -20,6 +20,7 @@ variants alternate, the order rotated each repeat, after one uncounted process
 from __future__ import annotations
 
 import argparse
+import shutil
 import statistics
 import sys
 import tempfile
@@ -86,15 +87,19 @@ def main(argv: list[str] | None = None) -> int:
     log = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
     import direct_loops
 
-    input_path = Path(tempfile.mkdtemp(prefix="fissure-jvm-compilation-")) / "logwatch"
-    direct_loops.write_input("logwatch", input_path, lines, options.files, options.files_per_batch)
-    variants = {name: (lambda full=full: one_process(full, input_path, options.runs, options.files_per_batch))
-                for name, full in VARIANTS.items()}
-    block = method.measure_block(
-        variants, repeats, quick=options.quick,
-        warm_up=lambda: one_process(False, input_path, 1, options.files_per_batch),
-        warm_up_label="one process with C1 alone and one run, not counted",
-        value=lambda result: result["runs"][0]["seconds"], log=log)
+    work = Path(tempfile.mkdtemp(prefix="fissure-jvm-compilation-"))
+    input_path = work / "logwatch"
+    try:
+        direct_loops.write_input("logwatch", input_path, lines, options.files, options.files_per_batch)
+        variants = {name: (lambda full=full: one_process(full, input_path, options.runs, options.files_per_batch))
+                    for name, full in VARIANTS.items()}
+        block = method.measure_block(
+            variants, repeats, quick=options.quick,
+            warm_up=lambda: one_process(False, input_path, 1, options.files_per_batch),
+            warm_up_label="one process with C1 alone and one run, not counted",
+            value=lambda result: result["runs"][0]["seconds"], log=log)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)  # the generated input (a million lines by default)
     rows, figures = [], {}
     for name in VARIANTS:
         results = block.details[name]

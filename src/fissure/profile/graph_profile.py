@@ -177,7 +177,7 @@ def task_timings(graph: StreamGraph, measurements: Iterable[PieceMeasurement], *
         for piece in pieces:
             members = set(piece.node_cpu_s)
             below = {node: frozenset(_downstream_in_piece(graph, node, members)) for node in sorted(members - no_port)}
-            operators = set(piece.operators) | members
+            operators = set(piece.operators)
             cuttable = any(consumer in operators and consumer not in no_port
                            for name in operators if name in graph.names for consumer in graph.consumers(name))
             timed.append(PieceTiming(piece.thread_name, piece.thread_name.endswith("/p0"), piece.cpu_s,
