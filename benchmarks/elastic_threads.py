@@ -34,14 +34,14 @@ target: within 5 % of the best static thread count, and settled again after the 
 papers' rules as written against the improved policies, the share of the best level they settle at.
 
     ./dev python benchmarks/elastic_threads.py             # full run, about 30 minutes, quiet machine
-    ./dev python benchmarks/elastic_threads.py --repeats 5 # five elastic runs per policy, about 40 minutes
+    ./dev python benchmarks/elastic_threads.py --repeats 5 # five elastic runs per policy, 39-40 minutes (measured)
     ./dev python benchmarks/elastic_threads.py --quick     # smoke test, about a minute (numbers mean nothing)
     ./dev python benchmarks/elastic_threads.py --sim-only  # policies on synthetic curves
 
 The closing blocks add about closing_blocks x candidates x confirm_seconds per phase (6 x up to 8 x
 4 s, three phases) to the run time, less the one last block they replace: two runs with
---repeats 5 and 3 closing blocks at revision 1fdf8d8 took 35 and 36 minutes on the 2-core machine;
-the 3 more closing blocks add up to 5 minutes (the default's 26 is an estimate).
+--repeats 5 and 3 closing blocks at revision 1fdf8d8 took 35 and 36 minutes on the 2-core machine,
+with 6 closing blocks at 3997cc0 40 and 39 minutes (the default's 30 is an estimate).
 
 Results go to --out (default benchmarks/results/; --quick: a temporary folder): elastic_threads.md /
 .json and elastic_sim_policies.md / .json (only these with --sim-only), and with --plots a .png of
