@@ -358,6 +358,39 @@ def test_a_combined_aggregate_sends_partials_through_its_exchange():
     assert combine_selectivity(count, workload, 120_000, 2) == 1.0  # not combined
 
 
+def test_a_combine_is_priced_on_the_keys_its_counted_partials_imply_at_the_folds_that_made_them():
+    """Hot items' bids per auction and window: the partials a run counted, solved for the keys a
+    uniform draw would need at the plan's folds, give back those partials at that plan, and the
+    occupancy's estimate at other folds."""
+    from fissure.model.spark_model import combine_folds, combine_selectivity, combined_partials, uniform_combine_keys
+
+    parse = stateless("parse", 2.0, 1.0)
+    bids = OperatorStats("bids", Kind.PARTITIONED, 1.0, 0.07, key=("auction",), combined=True)
+    replicated, single = plan_of(([["parse", "bids"]], 2)), plan_of(([["parse", "bids"]], 1))
+    workload = SparkWorkload(250_000, source_partitions=2, keys_per_batch={"bids": 9_933})
+    assert combine_folds([parse, bids], replicated, 2, workload) == {"bids": 2}
+    assert combine_folds([parse, bids], single, 2, workload) == {"bids": 2}  # a task per source partition
+    assert combine_folds([parse, bids], single, 2, replace(workload, source_partitions=1)) == {"bids": 1}
+    assert combine_folds([parse, replace(bids, combined=False)], replicated, 2, workload) == {}
+    keys = uniform_combine_keys(250_000, 24_008, 2)
+    assert combined_partials(250_000, keys, 2) == pytest.approx(24_008, rel=1e-5)
+    assert 9_933 < keys < 17_712  # more than the key groups, fewer than the distinct keys and windows
+    measured = replace(workload, combine_keys_per_batch={"bids": keys})
+    assert combine_selectivity(bids, measured, 250_000, 2) * 250_000 == pytest.approx(24_008, rel=1e-5)
+    assert combine_selectivity(bids, workload, 250_000, 2) * 250_000 == pytest.approx(combined_partials(250_000, 9_933, 2))
+    on_keys = evaluate_spark([parse, bids], replicated, 2, SparkConstants(), workload)
+    on_partials = evaluate_spark([parse, bids], replicated, 2, SparkConstants(), measured)
+    keyed = [index for index, stage in enumerate(on_keys.stages) if stage.shape.exchange == "hash"][0]
+    assert on_partials.stages[keyed].records_in == pytest.approx(24_008, rel=1e-5)
+    assert on_partials.batch_time_s > on_keys.batch_time_s  # more partials to merge than the keys said
+    # one fold makes a partial of every key and window the run counted, whatever the uniform draw says
+    counted = replace(measured, combine_groups_per_batch={"bids": 17_712})
+    assert combine_selectivity(bids, counted, 250_000, 1) * 250_000 == pytest.approx(17_712)
+    assert combine_selectivity(bids, counted, 250_000, 2) * 250_000 == pytest.approx(24_008, rel=1e-5)
+    assert uniform_combine_keys(250_000, 250_000, 2) is None  # nothing combined
+    assert uniform_combine_keys(100, 0, 2) == 0.0
+
+
 def test_an_aggregate_after_a_keyed_operator_gets_partials_folded_per_call_of_the_keyed_stage():
     """A per-user operator then a per-region count: the per-user stage folds each call's records
     (a bucket of its keys), so the count's exchange carries about regions x buckets partials."""

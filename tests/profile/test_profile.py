@@ -6,6 +6,7 @@ import json
 import os
 import statistics
 import time
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pyarrow as pa
@@ -223,6 +224,17 @@ def op(name, records_in, records_out, timed_records=None, cpu_s=None, wall_s=Non
     return OperatorCounts(name, calls=1, records_in=records_in, records_out=records_out, timed_calls=1,
                           timed_records_in=timed, timed_cpu_s=cpu, timed_wall_s=cpu if wall_s is None else wall_s,
                           key_groups=key_groups)
+
+
+def test_the_window_gives_a_combined_operators_partials_and_groups_per_batch():
+    batches = [BatchProfile(i, "plan", 1000, 1.0, operators=(replace(op("count", 1000, 40, key_groups=10),
+                                                                      partials=partials, combine_groups=groups),
+                                                              op("words", 100, 1000)))
+               for i, (partials, groups) in enumerate([(80, 40), (90, 45), (5000, 44)])]
+    summary = summarize(batches)
+    count, words = summary.operator("count"), summary.operator("words")
+    assert (count.partials_per_batch, count.combine_groups_per_batch, count.key_groups_per_batch) == (90, 44, 10)
+    assert (words.partials_per_batch, words.combine_groups_per_batch) == (None, None)  # not combined
 
 
 def test_weighted_median_takes_the_weights_into_account():

@@ -78,3 +78,24 @@ def summary_batches(checkpoint):
     from fissure.profile.log import read_profile_log, resolve_profile_log
 
     return read_profile_log(resolve_profile_log(checkpoint))
+
+
+def test_a_combined_aggregates_profile_counts_its_partials_and_the_keys_they_hold(spark, tmp_path, capsys):
+    """Two replicas each fold their share of a batch's four users: 8 partials of 4 keys a batch.
+    (Users come in pairs of records: the round-robin exchange alternates, so each replica sees all.)"""
+    records, files = 3000, 3
+    source = record_files(tmp_path / "in", [{"user": f"u{i // 2 % 4}", "i": i} for i in range(records)], EVENTS,
+                          records_per_file=records // files, max_files_per_trigger=1)
+    pipeline = Pipeline("combined").map("double", double).aggregate("total", key="user", aggregate=fissure.Count())
+    plan = Plan((RegionPlan((("double", "total"),), 2),))
+    report = fissure.run(pipeline, source, fissure.MemorySink(), plan=plan, checkpoint=str(tmp_path / "checkpoint"),
+                         config=fissure.RunnerConfig(spark=spark, progress="off"))
+    total = {item.operator: item for item in report.profile.operators}["total"]
+    assert total.records_in == records
+    assert (total.partials_per_batch, total.combine_groups_per_batch) == (8, 4)
+
+    from fissure.cli import main
+
+    assert main(["profile", str(tmp_path / "checkpoint"), "--json"]) == 0
+    shown = {item["operator"]: item for item in json.loads(capsys.readouterr().out)["operators"]}["total"]
+    assert (shown["partials_per_batch"], shown["combine_groups_per_batch"]) == (8, 4)

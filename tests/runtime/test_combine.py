@@ -388,3 +388,44 @@ def test_the_cyclic_collector_waits_while_a_task_makes_its_partials(monkeypatch)
     monkeypatch.setattr(StateCodec, "dumps", lambda *args: seen.append(gc.isenabled()) or dumps(*args))
     assert combiner.partials().num_rows == 2
     assert seen == [False, False] and gc.isenabled()
+
+
+def test_the_profile_counts_a_combined_operators_partials_and_the_keys_and_windows_they_hold():
+    """Two tasks, each seeing user a in two 10-second windows and user b in one: six partials of
+    three groups, standing for the six records."""
+    from fissure.runtime.profiling.profiler import (COMBINE_GROUPS, PARTIALS, RECORDS_IN, ProfiledKeyFunction,
+                                                    ProfileTally)
+
+    class Accumulator:
+        def __init__(self):
+            self.value = ProfileTally(adopt=True)
+
+        def add(self, other):
+            pass
+
+    operator = operator_of("tumbling", Count())
+    rows = [({"user": user, "ts": ts, "v": 1}, seq)
+            for seq, (user, ts) in enumerate([("a", 1.0), ("a", 2.0), ("a", 11.0), ("a", 12.0), ("b", 3.0), ("b", 4.0)])]
+    time = Watermark(3.0).begin_batch()
+    plan = CombinePlan.of(operator, SCHEMA, "ts")
+    partials = []
+    for task_rows in (rows[0::2], rows[1::2]):
+        combiner = Combiner(plan, time)
+        combiner.add(carried(task_rows))
+        partials.append(combiner.partials())
+    batch = pa.Table.from_batches(partials, schema=PARTIAL_SCHEMA).combine_chunks().to_batches()[0]
+    decoded = partial_inputs(batch, StateCodec("agg"))
+    fn = ProfiledKeyFunction(combined_key_function(operator, "ts"), "agg", Accumulator())
+    for places in decoded.grouped.values():
+        fn({}, [decoded.inputs[p] for p in places], [decoded.seqs[p] for p in places], time)
+    values = fn.live_counts()
+    assert (values[PARTIALS], values[COMBINE_GROUPS], values[RECORDS_IN]) == (6, 3, 6)
+    assert batch.num_rows == 6
+
+
+def test_an_aggregates_partials_are_one_group_per_key_and_failed_ones_none():
+    partial = {"has_acc": True, "start": None}
+    assert combine.CombinedKeys.groups_of([partial, dict(partial)]) == 1
+    assert combine.CombinedKeys.groups_of([{"has_acc": False, "start": None}]) == 0
+    assert combine.CombinedKeys.groups_of([{"has_acc": True, "start": 0.0}, {"has_acc": True, "start": 10.0},
+                                           {"has_acc": True, "start": 0.0}]) == 2

@@ -125,6 +125,13 @@ class SparkWorkload:
     # distinct keys per micro-batch, per stateful operator (default: DEFAULT_KEYS_PER_BATCH for a
     # partitioned operator, one for an unkeyed one; never more than the records it gets)
     keys_per_batch: Mapping[str, float] = field(default_factory=dict)
+    # per combined operator, the keys per micro-batch that, drawn uniformly (combined_partials),
+    # give the partials its profile counted at the folds of the plan then in force
+    # (uniform_combine_keys); default: its keys_per_batch
+    combine_keys_per_batch: Mapping[str, float] = field(default_factory=dict)
+    # per combined operator, the distinct keys (and windows) its partials held, as counted: any
+    # plan's folds make at least one partial of each
+    combine_groups_per_batch: Mapping[str, float] = field(default_factory=dict)
     default_state_partitions: int = 1  # state partitions of a plan without a replicated keyed region
     # buckets of a partitioned operator's keys (None: a new checkpoint's on the cores evaluated)
     state_buckets: int | None = None
@@ -198,10 +205,44 @@ def combined_partials(records: float, keys: float, tasks: float) -> float:
 
 
 def combine_selectivity(operator: OperatorStats, workload: SparkWorkload, records_in: float, tasks: float) -> float:
-    """Partials out per record in of `operator`'s combine (1.0: not combined)."""
+    """Partials out per record in of `operator`'s combine (1.0: not combined), over the keys the
+    run's partials imply (combine_keys_per_batch), else its keys per batch; never fewer than the
+    distinct keys and windows the run counted (combine_groups_per_batch)."""
     if not operator.combined or records_in <= 0:
         return 1.0
-    return combined_partials(records_in, _keys_per_batch(operator, workload, records_in), tasks) / records_in
+    keys = workload.combine_keys_per_batch.get(operator.name)
+    keys = min(keys, records_in) if keys is not None else _keys_per_batch(operator, workload, records_in)
+    groups = min(workload.combine_groups_per_batch.get(operator.name, 0.0), records_in)
+    return max(groups, combined_partials(records_in, keys, tasks)) / records_in
+
+
+def uniform_combine_keys(records: float, partials: float, folds: float) -> float | None:
+    """The keys that, drawn uniformly, make `folds` folds of `records` records give `partials`
+    partials (combined_partials solved for its keys); None when the partials are the records
+    (nothing combined: every record its own key).
+
+    Why not the distinct keys and windows the partials hold: their records are skewed. Hot items'
+    bids per auction and 10-second window (250,000 bids a batch, 2 folds) held 17,712 groups in
+    24,008 partials, where a uniform draw over 17,712 gives 35,393 and one over the 9,933 key
+    groups 19,866 (one run of examples/hot_items.py's program, 1,000,000 bids in 20 files, 5 a
+    micro-batch). These keys (12,004) give back the 24,008 at 2 folds; at one fold they would give
+    12,004, below the 17,712 groups one fold must make, which combine_selectivity takes instead."""
+    if records <= 0 or partials <= 0:
+        return 0.0
+    if partials >= records:
+        return None
+    low, high = partials / max(1.0, folds), records  # partials at `low` keys <= partials, at `high` > them
+    while combined_partials(records, high, folds) < partials:
+        high *= 2
+    for _ in range(100):
+        middle = (low + high) / 2
+        if combined_partials(records, middle, folds) < partials:
+            low = middle
+        else:
+            high = middle
+        if high - low <= 1e-6 * high:
+            break
+    return (low + high) / 2
 
 
 def _fold_calls(shape: StageShape, operators: Sequence[OperatorStats], chain: _Chain,
@@ -220,26 +261,44 @@ def _fold_calls(shape: StageShape, operators: Sequence[OperatorStats], chain: _C
     return min(_keys_per_batch(operator, workload, chain.records[index]), workload.state_buckets)
 
 
-def _combined_inputs(shapes: Sequence[StageShape], operators: Sequence[OperatorStats], chain: _Chain,
-                     workload: SparkWorkload) -> dict[int, float]:
-    """Per combined operator (index): the partials its exchange and keyed stage get. Combined where
-    fissure.spark.query.compile_graph combines: a keyed stage right after a pe stage, the source's
-    envelopes or another keyed stage."""
-    partials = {}
+def _combine_points(shapes: Sequence[StageShape]) -> list[tuple[int, int]]:
+    """(stage number, combined operator index) of every keyed stage whose stage before can fold
+    for it: where fissure.spark.query.compile_graph combines (after a pe stage, the source's
+    envelopes or another keyed stage)."""
+    points = []
     for number, shape in enumerate(shapes):
         before = shapes[number - 1] if number else None
-        if before is None or not before.nodes or not shape.nodes:
+        if before is None or not before.nodes or not shape.nodes or shape.nodes[0].kind != "state":
             continue
-        first = shape.nodes[0]
-        if first.kind != "state":
-            continue
-        (index,), = first.pipelines
+        (index,), = shape.nodes[0].pipelines
+        points.append((number, index))
+    return points
+
+
+def _combined_inputs(shapes: Sequence[StageShape], operators: Sequence[OperatorStats], chain: _Chain,
+                     workload: SparkWorkload) -> dict[int, float]:
+    """Per combined operator (index): the partials its exchange and keyed stage get."""
+    partials = {}
+    for number, index in _combine_points(shapes):
         records_in = chain.records[index]
-        folds = _fold_calls(before, operators, chain, workload)
+        folds = _fold_calls(shapes[number - 1], operators, chain, workload)
         selectivity = combine_selectivity(operators[index], workload, records_in, folds)
         if selectivity < 1.0:
             partials[index] = records_in * selectivity
     return partials
+
+
+def combine_folds(operators: Sequence[OperatorStats], plan: Plan, cores: int,
+                  workload: SparkWorkload = SparkWorkload()) -> dict[str, float]:
+    """Per combined operator of `plan`, the folds that make its partials in a micro-batch: the
+    tasks of the pe stage before it, or the calls of the keyed stage before it."""
+    validate_plan(operators, plan)
+    if workload.state_buckets is None:
+        workload = replace(workload, state_buckets=new_checkpoint_buckets(cores))
+    chain = _Chain(operators, workload.batch_records)
+    shapes = spark_stages(operators, plan, workload.source_partitions, workload.default_state_partitions)
+    return {operators[index].name: _fold_calls(shapes[number - 1], operators, chain, workload)
+            for number, index in _combine_points(shapes) if operators[index].combined}
 
 
 def _node_work(node: NodeShape, chain: _Chain, operators: Sequence[OperatorStats], constants: SparkConstants,

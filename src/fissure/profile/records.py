@@ -60,6 +60,10 @@ class OperatorCounts(_Additive):
     timed_cpu_s: float = 0.0  # thread CPU time of the timed calls
     timed_wall_s: float = 0.0
     key_groups: int = 0  # stateful operators: key groups (one per key, task and micro-batch)
+    # combined operators (fissure.runtime.operators.combine): the partials the keyed stage merged
+    # (one per key, window and folding task) and the distinct keys and windows they were of
+    partials: int = 0
+    combine_groups: int = 0
 
 
 @dataclass(frozen=True)

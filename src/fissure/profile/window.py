@@ -78,6 +78,10 @@ class OperatorProfileEstimate:
     timed_batches: int  # micro-batches with timed records
     timed_records: int
     key_groups_per_batch: float | None = None  # stateful operators: keys a micro-batch holds
+    # combined operators: the partials a micro-batch's keyed stage merged, and the distinct keys
+    # and windows they were of (what the Spark model's combine needs; fissure.model.spark_model)
+    partials_per_batch: float | None = None
+    combine_groups_per_batch: float | None = None
     utilization: float | None = None  # per-port utilization mu(o, t) of fused operators, 0..1
     # The profile shows it waiting (wall time per record >= WAIT_RATIO x its CPU time over enough
     # timed records): its cost is its wall time whatever the basis, so the planner can replicate it.
@@ -220,6 +224,7 @@ def _operator_estimate(name: str, counts: list[OperatorCounts], settings: Profil
     use_wall = settings.cost_basis != "cpu" or waits
     cost_us, dispersion = (wall_us, dispersion_wall) if use_wall else (cpu_us, dispersion_cpu)
     groups = [item.key_groups for item in counts if item.key_groups > 0]
+    combined = [item for item in counts if item.partials > 0]
     return OperatorProfileEstimate(
         operator=name,
         batches=len(counts),
@@ -234,6 +239,10 @@ def _operator_estimate(name: str, counts: list[OperatorCounts], settings: Profil
         timed_batches=len(timed),
         timed_records=timed_records,
         key_groups_per_batch=weighted_median(groups, [1.0] * len(groups)) if groups else None,
+        partials_per_batch=weighted_median([item.partials for item in combined], [1.0] * len(combined))
+        if combined else None,
+        combine_groups_per_batch=weighted_median([item.combine_groups for item in combined], [1.0] * len(combined))
+        if combined else None,
         utilization=utilization,
         waits=waits,
     )

@@ -297,8 +297,45 @@ def test_spark_model_search_prices_plans_for_the_batches_the_run_measures():
         search.observe_batch(100_000, {"count": 20.0})
     assert search.current_settings().workload.batch_records == 100_000
     assert search.current_settings().workload.keys_per_batch["count"] == 20.0
+    assert search.current_settings().workload.combine_keys_per_batch == {}
     # Fixed costs per batch weigh less in bigger batches: the same plan is predicted faster.
     assert search.predict_per_s(chain, SEQUENTIAL, machine) > small
+
+
+def test_spark_model_search_takes_a_combined_operators_keys_from_the_partials_counted_at_the_plan_in_force():
+    from fissure.control.adaptive.spark_model_search import CombinedBatch
+    from fissure.model.spark_model import combine_folds, combined_partials
+    from fissure.model.types import Kind, OperatorStats
+
+    words = OperatorStats("words", Kind.STATELESS, 2.0, 12.0)
+    count = OperatorStats("count", Kind.PARTITIONED, 1.0, 0.01, key=("word",), combined=True)
+    chain, search = [words, count], SparkModelSearch()
+    plan = Plan((RegionPlan((("words", "count"),), 2),))
+    search.observe_batch(10_000, {"count": 1_000.0},
+                         CombinedBatch({"count": (120_000, 1_500.0, 1_000.0)}, chain, plan, 2))
+    workload = search.current_settings().workload
+    assert combine_folds(chain, plan, 2, workload) == {"count": 2}
+    assert combined_partials(120_000, workload.combine_keys_per_batch["count"], 2) == pytest.approx(1_500, rel=1e-5)
+    assert workload.combine_groups_per_batch == {"count": 1_000.0}
+    search.observe_batch(10_000, {"count": 1_000.0}, CombinedBatch({"words": (10_000, 9_000.0, 10.0)}, chain, plan, 2))
+    assert set(search.current_settings().workload.combine_keys_per_batch) == {"count"}  # not a combined operator
+
+
+def test_operator_profiles_hand_the_search_a_combined_operators_records_and_partials():
+    from types import SimpleNamespace
+
+    from fissure.profile.records import OperatorCounts
+    from fissure.profile.window import BatchProfile
+
+    chain = keyed_pipeline().operator_stats()
+    name = chain[-1].name
+    counts = OperatorCounts(name, calls=4, records_in=1_000, records_out=4, timed_calls=1, timed_records_in=250,
+                            timed_cpu_s=0.001, timed_wall_s=0.001, key_groups=4, partials=8, combine_groups=4)
+    runner = SimpleNamespace(profiler=SimpleNamespace(on_progress=lambda updates: None),
+                             batch_profiles=[BatchProfile(7, "plan", 1_000, 1.0, operators=(counts,))])
+    profiles = OperatorProfiles(chain)
+    profiles.for_batch(runner, {"batchId": 7}, 1_000)
+    assert profiles.last_partials == {name: (1_000, 8, 4)} and profiles.last_keys_per_batch == {name: 4}
 
 
 def test_the_timeline_records_the_model_correction_the_loop_learned(tmp_path):

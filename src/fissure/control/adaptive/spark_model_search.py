@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from fissure.control.adaptive.search import ScoredPlan
 from fissure.control.model_correction import OPERATORS_TERM, scale_operators
 from fissure.control.plan_change import plan_fingerprint
-from fissure.model.spark_model import SparkConstants, evaluate_spark
+from fissure.model.spark_model import SparkConstants, combine_folds, evaluate_spark, uniform_combine_keys
 from fissure.model.types import Machine, OperatorStats, Plan
 from fissure.plan.exhaustive import SearchTooLarge
 from fissure.plan.planners import default_max_threads, plan_chain
@@ -22,6 +22,18 @@ from fissure.plan.spark_chain import SparkModelSettings
 from fissure.plan.stored_calibration import stored_spark_model
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class CombinedBatch:
+    """What a micro-batch's profile counted of its combined operators: per operator, (records
+    in, partials its keyed stage merged, distinct keys and windows they held), and the plan in
+    force with its chain and cores (the partials depend on how many folds made them)."""
+
+    partials: Mapping[str, tuple[float, float, float]]
+    operators: Sequence[OperatorStats]
+    plan: Plan
+    cores: int
 
 
 class SparkModelSearch:
@@ -46,14 +58,25 @@ class SparkModelSearch:
         self.method, self.max_threads, self.alternatives = method, max_threads, alternatives
         self._records: list[int] = []
         self._keys: dict[str, list[float]] = {}
+        self._combine_keys: dict[str, list[float]] = {}
+        self._combine_groups: dict[str, list[float]] = {}
         self._window = window_batches
 
-    def observe_batch(self, records_in: int, keys_per_batch: Mapping[str, float]) -> None:
-        """One batch's size and the key groups its stateful operators saw (window of the latest)."""
+    def observe_batch(self, records_in: int, keys_per_batch: Mapping[str, float],
+                      combined: CombinedBatch | None = None) -> None:
+        """One batch's size, the key groups its stateful operators saw and, for its combined
+        operators, the keys their partials imply at the plan in force (window of the latest)."""
         if records_in > 0:
             self._records = (self._records + [records_in])[-self._window:]
         for name, keys in keys_per_batch.items():
             self._keys[name] = (self._keys.get(name, []) + [keys])[-self._window:]
+        if combined is not None and combined.partials:
+            folds = combine_folds(combined.operators, combined.plan, combined.cores, self.current_settings().workload)
+            for name, (records, partials, groups) in combined.partials.items():
+                keys = uniform_combine_keys(records, partials, folds[name]) if name in folds else None
+                if keys is not None:
+                    self._combine_keys[name] = (self._combine_keys.get(name, []) + [keys])[-self._window:]
+                    self._combine_groups[name] = (self._combine_groups.get(name, []) + [groups])[-self._window:]
 
     def current_settings(self, factors: Mapping[str, float] | None = None) -> SparkModelSettings:
         """The settings for the batches seen so far; with `factors`, its constants scaled by them."""
@@ -63,6 +86,11 @@ class SparkModelSearch:
         if self._keys:
             workload = replace(workload, keys_per_batch={**workload.keys_per_batch,
                                                          **{name: _median(values) for name, values in self._keys.items()}})
+        if self._combine_keys:
+            keys = {name: _median(values) for name, values in self._combine_keys.items()}
+            groups = {name: _median(values) for name, values in self._combine_groups.items()}
+            workload = replace(workload, combine_keys_per_batch={**workload.combine_keys_per_batch, **keys},
+                               combine_groups_per_batch={**workload.combine_groups_per_batch, **groups})
         constants = self.settings.constants
         if factors:
             constants = constants.with_values(**{name: getattr(constants, name) * factors[name]

@@ -367,6 +367,12 @@ class CombinedKeys(TimedKeyFunction):
         return sum(partial["dead"] for partial in partials)
 
     @staticmethod
+    def groups_of(partials: list[dict]) -> int:
+        """The distinct windows the key's partials hold (an aggregate's: one): what the tasks'
+        folds would have made of the key's records had one task seen them all."""
+        return len({partial["start"] for partial in partials if partial["has_acc"]})
+
+    @staticmethod
     def fold_cpu_of(partials: list[dict]) -> float:
         """The tasks' thread-CPU seconds folding those records."""
         return sum(partial["fold_cpu_s"] for partial in partials)

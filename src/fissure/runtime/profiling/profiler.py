@@ -38,15 +38,15 @@ from fissure.runtime.records.fate import normalize_emitted
 
 # Field order of the mutable per-operator and per-pipeline tallies (hot path: plain lists).
 OPERATOR_FIELDS = ("calls", "records_in", "records_out", "dead_letters", "timed_calls", "timed_records_in",
-                   "timed_cpu_s", "timed_wall_s", "key_groups")
+                   "timed_cpu_s", "timed_wall_s", "key_groups", "partials", "combine_groups")
 PIPELINE_FIELDS = ("batches", "records_in", "timed_batches", "timed_records_in", "timed_wall_s",
                    "timed_overhead_wall_s")
 (CALLS, RECORDS_IN, RECORDS_OUT, DEAD_LETTERS, TIMED_CALLS, TIMED_RECORDS_IN, TIMED_CPU_S,
- TIMED_WALL_S, KEY_GROUPS) = range(len(OPERATOR_FIELDS))
+ TIMED_WALL_S, KEY_GROUPS, PARTIALS, COMBINE_GROUPS) = range(len(OPERATOR_FIELDS))
 (P_BATCHES, P_RECORDS_IN, P_TIMED_BATCHES, P_TIMED_RECORDS_IN, P_TIMED_WALL_S,
  P_TIMED_OVERHEAD_WALL_S) = range(len(PIPELINE_FIELDS))
 _INTEGER_OPERATOR_FIELDS = {"calls", "records_in", "records_out", "dead_letters", "timed_calls", "timed_records_in",
-                            "key_groups"}
+                            "key_groups", "partials", "combine_groups"}
 _INTEGER_PIPELINE_FIELDS = {"batches", "records_in", "timed_batches", "timed_records_in"}
 
 wall_clock = time.perf_counter
@@ -372,7 +372,12 @@ class ProfiledKeyFunction(ProfiledUpdate):
         values[CALLS] += 1
         values[KEY_GROUPS] += 1
         # a combined operator's partials stand for the records the tasks folded (fissure.runtime.operators.combine)
-        records_in = self.fn.records_of(records) if hasattr(self.fn, "records_of") else len(records)
+        if hasattr(self.fn, "records_of"):
+            records_in = self.fn.records_of(records)
+            values[PARTIALS] += len(records)
+            values[COMBINE_GROUPS] += self.fn.groups_of(records)
+        else:
+            records_in = len(records)
         values[RECORDS_IN] += records_in
         if hasattr(self.fn, "dead_of"):
             values[DEAD_LETTERS] += self.fn.dead_of(records)

@@ -24,7 +24,7 @@ from fissure.spark.adaptive.queries import LiveQuery, QueryManager
 from fissure.spark.adaptive.batch_gate import POLL_S
 from fissure.spark.query.report import BatchTime
 from fissure.spark.query.runner import Runner
-from fissure.control.adaptive.spark_model_search import SparkModelSearch
+from fissure.control.adaptive.spark_model_search import CombinedBatch, SparkModelSearch
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +38,8 @@ class OperatorProfiles:
         self.settings = settings
         self._warned = False
         self.last_keys_per_batch: dict[str, float] = {}  # stateful operators' key groups, last batch
+        # combined operators' records in, partials merged and the keys (and windows) they held, last batch
+        self.last_partials: dict[str, tuple[float, float, float]] = {}
 
     def declared(self, records_in: int) -> tuple[OperatorProfile, ...]:
         return tuple(OperatorProfile(stats, max(0, records_in)) for stats in self.chain)
@@ -47,7 +49,7 @@ class OperatorProfiles:
         return tuple(measured.get(stats.name) or OperatorProfile(stats, max(0, records_in)) for stats in self.chain)
 
     def _measured(self, runner: Runner, update) -> dict[str, OperatorProfile]:
-        self.last_keys_per_batch = {}
+        self.last_keys_per_batch, self.last_partials = {}, {}
         profiler = getattr(runner, "profiler", None)
         if profiler is None:
             return {}
@@ -68,6 +70,9 @@ class OperatorProfiles:
             estimate = summary.operator(stats.name)
             if estimate is not None and estimate.key_groups_per_batch:
                 self.last_keys_per_batch[stats.name] = estimate.key_groups_per_batch
+            if estimate is not None and estimate.partials_per_batch:
+                self.last_partials[stats.name] = (estimate.records_in, estimate.partials_per_batch,
+                                                  estimate.combine_groups_per_batch or 0.0)
             if estimate is None or estimate.cost_us is None or estimate.selectivity is None:
                 continue
             # The tuples it processed: its cost rests on a timed sample of them (the profiler's choice).
@@ -148,7 +153,9 @@ class SparkObservations:
         self.times.append(BatchTime(batch_id, records, duration_s))
         operators = self.profiles.for_batch(live.runner, update, records)
         if self.search is not None:
-            self.search.observe_batch(records, self.profiles.last_keys_per_batch)
+            combined = CombinedBatch(self.profiles.last_partials, self.profiles.chain, live.plan, self.cores) \
+                if self.profiles.last_partials else None
+            self.search.observe_batch(records, self.profiles.last_keys_per_batch, combined)
         return BatchObservation(
             batch_id=batch_id, now_s=self.clock(), records_in=records, duration_s=duration_s,
             throughput_per_s=throughput, operators=operators,
