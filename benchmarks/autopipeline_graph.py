@@ -126,23 +126,27 @@ def main(argv=None) -> int:
     if args.warmup < 1 and not args.quick:
         parser.error("--warmup: at least one uncounted run unless --quick")
     run = method.Run("autopipeline_graph.py", argv, quick=args.quick, out=args.out, master=args.master)
-    work = tempfile.mkdtemp(prefix="fissure-bench-graph-")
-    source_dir = os.path.join(work, "input")
-    split_into_files(list(generate(args.lines)), source_dir, args.files)
-    from fissure.spark.session.create import create_session
+    with method.scratch_folder("autopipeline_graph.py") as scratch:
+        work = str(scratch)
+        source_dir = os.path.join(work, "input")
+        split_into_files(list(generate(args.lines)), source_dir, args.files)
+        from fissure.spark.session.create import create_session
 
-    spark = create_session(fissure.RunnerConfig(master=args.master))
-    hand = [name for name in args.hand.split(",") if name]
-    log = lambda line: print(line, file=sys.stderr)  # noqa: E731
-    document, lines = {"master": args.master, "quick": args.quick}, ["# Autopipelining on stream graphs (Spark)\n"]
-    if "logwatch" in graphs:
-        logwatch_document, lines = measure_logwatch(args, spark, source_dir, hand, work, log)  # its own title
-        document.update(logwatch_document)
-    if "waiting" in graphs:
-        waiting_document, waiting_lines = measure_waiting(args, spark, work, log)
-        document["waiting_graph"] = waiting_document
-        lines += waiting_lines
-    method.end_spark(spark)
+        spark = create_session(fissure.RunnerConfig(master=args.master))
+        try:
+            hand = [name for name in args.hand.split(",") if name]
+            log = lambda line: print(line, file=sys.stderr)  # noqa: E731
+            document = {"master": args.master, "quick": args.quick}
+            lines = ["# Autopipelining on stream graphs (Spark)\n"]
+            if "logwatch" in graphs:
+                logwatch_document, lines = measure_logwatch(args, spark, source_dir, hand, work, log)  # its own title
+                document.update(logwatch_document)
+            if "waiting" in graphs:
+                waiting_document, waiting_lines = measure_waiting(args, spark, work, log)
+                document["waiting_graph"] = waiting_document
+                lines += waiting_lines
+        finally:
+            method.end_spark(spark)
     run.write_results("autopipeline_graph", "\n".join(lines) + "\n", document)
     return 0
 

@@ -36,10 +36,10 @@ FILES = 200  # small files: Spark admits whole files, so sizes are met to a file
 FIXED_KIB = (2048, 8192, 32768)
 
 
-def drain(spark, pipeline, plan, source, config: RunnerConfig) -> dict:
+def drain(spark, pipeline, plan, source, config: RunnerConfig, scratch: Path) -> dict:
     runner = fissure.Runner(pipeline, source, fissure.NoopSink(), plan=plan,
                             config=replace(config, spark=spark, progress="off"),
-                            checkpoint=tempfile.mkdtemp(prefix="fissure-batch-size-"))
+                            checkpoint=tempfile.mkdtemp(dir=scratch))
     runner.start(available_now=True)
     try:
         runner.await_termination()
@@ -101,41 +101,46 @@ def main(argv: list[str] | None = None) -> int:
 
     from fissure.spark.session.create import create_session
 
-    spark = create_session(RunnerConfig(master="local[2]"))
-    work = Path(tempfile.mkdtemp(prefix="fissure-batch-size-"))
-    split_into_files(list(generate(args.lines)), work / "input", FILES)
-    input_kib = sum(item.stat().st_size for item in (work / "input").iterdir()) // 1024
-    pipeline = build_pipeline()
-    plan = planner_plan(pipeline, 2)
-    base = fissure.FileSource(str(work / "input"), format="text")
-    variants = {f"{kib:,} KiB": (replace(base, max_bytes_per_trigger=kib * 1024), RunnerConfig(master="local[2]"))
-                for kib in FIXED_KIB}
-    variants["all files"] = (base, RunnerConfig(master="local[2]", batch_size="all"))
-    variants["auto"] = (base, RunnerConfig(master="local[2]"))
-    split_into_files(list(generate(5_000)), work / "warm-up", 2)  # starts the Python workers, not counted
-    drain(spark, pipeline, plan, fissure.FileSource(str(work / "warm-up"), format="text", max_files_per_trigger=1),
-          RunnerConfig())
-    runs: dict[str, list[dict]] = {name: [] for name in variants}
-    names = list(variants)
-    for round_number in range(args.rounds):
-        for name in method.run_order(names, round_number):
-            source, config = variants[name]
-            runs[name].append(drain(spark, pipeline, plan, source, config))
-        print(f"round {round_number + 1}: " + ", ".join(f"{name} {items[-1]['rate']:,.0f}"
-                                                        for name, items in runs.items()), flush=True)
-    medians = {name: {key: statistics.median(item[key] for item in items)
-                      for key in ("rate", "batches", "longest_batch_s")} for name, items in runs.items()}
-    fixed = [name for name in names if name != "auto"]
-    auto_over_best = statistics.median(
-        runs["auto"][index]["rate"] / max(runs[name][index]["rate"] for name in fixed) for index in range(args.rounds))
-    from fissure.plan.stored_calibration import stored_spark_model
+    with method.scratch_folder("batch_size.py") as work:
+        spark = create_session(RunnerConfig(master="local[2]"))
+        try:
+            split_into_files(list(generate(args.lines)), work / "input", FILES)
+            input_kib = sum(item.stat().st_size for item in (work / "input").iterdir()) // 1024
+            pipeline = build_pipeline()
+            plan = planner_plan(pipeline, 2)
+            base = fissure.FileSource(str(work / "input"), format="text")
+            variants = {f"{kib:,} KiB": (replace(base, max_bytes_per_trigger=kib * 1024),
+                                         RunnerConfig(master="local[2]")) for kib in FIXED_KIB}
+            variants["all files"] = (base, RunnerConfig(master="local[2]", batch_size="all"))
+            variants["auto"] = (base, RunnerConfig(master="local[2]"))
+            split_into_files(list(generate(5_000)), work / "warm-up", 2)  # starts the Python workers, not counted
+            drain(spark, pipeline, plan,
+                  fissure.FileSource(str(work / "warm-up"), format="text", max_files_per_trigger=1), RunnerConfig(),
+                  work)
+            runs: dict[str, list[dict]] = {name: [] for name in variants}
+            names = list(variants)
+            for round_number in range(args.rounds):
+                for name in method.run_order(names, round_number):
+                    source, config = variants[name]
+                    runs[name].append(drain(spark, pipeline, plan, source, config, work))
+                print(f"round {round_number + 1}: " + ", ".join(f"{name} {items[-1]['rate']:,.0f}"
+                                                                for name, items in runs.items()), flush=True)
+            medians = {name: {key: statistics.median(item[key] for item in items)
+                              for key in ("rate", "batches", "longest_batch_s")} for name, items in runs.items()}
+            fixed = [name for name in names if name != "auto"]
+            auto_over_best = statistics.median(
+                runs["auto"][index]["rate"] / max(runs[name][index]["rate"] for name in fixed)
+                for index in range(args.rounds))
+            from fissure.plan.stored_calibration import stored_spark_model
 
-    _, model_source = stored_spark_model()
-    document = {"lines": args.lines, "input_kib": input_kib, "rounds": args.rounds,
-                "plan": describe_plan(plan, pipeline), "model": model_source, "runs": runs, "medians": medians,
-                "auto_over_best": auto_over_best, "auto_reason": runs["auto"][-1]["admission"]}
-    document["fixed_s"], document["per_line_us"] = fixed_cost_fit(runs)
-    method.end_spark(spark)
+            _, model_source = stored_spark_model()
+            document = {"lines": args.lines, "input_kib": input_kib, "rounds": args.rounds,
+                        "plan": describe_plan(plan, pipeline), "model": model_source, "runs": runs,
+                        "medians": medians, "auto_over_best": auto_over_best,
+                        "auto_reason": runs["auto"][-1]["admission"]}
+            document["fixed_s"], document["per_line_us"] = fixed_cost_fit(runs)
+        finally:
+            method.end_spark(spark)
     run.write_results("batch_size", report_text(document), document)
     return 0
 

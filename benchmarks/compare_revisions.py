@@ -133,8 +133,9 @@ def sessions_program(fissure):
                          schema={"user": str, "start": float, "end": float, "clicks": int, "pages": int}))
 
 
-def point(tree: str, inputs: str, workloads: Sequence[str] = tuple(WORKLOADS)) -> dict:
-    """In a process importing fissure from `tree`: warm up, then every workload under every plan."""
+def point(tree: str, inputs: str, checkpoints: str, workloads: Sequence[str] = tuple(WORKLOADS)) -> dict:
+    """In a process importing fissure from `tree`: warm up, then every workload under every plan,
+    each run's checkpoint in a folder of its own under `checkpoints`."""
     sys.path[:0] = [os.path.join(tree, "src"), os.path.join(tree, "examples"), os.path.join(tree, "benchmarks")]
     import fissure
     from spark_chain import cpu_pipeline, measure_fissure
@@ -162,7 +163,7 @@ def point(tree: str, inputs: str, workloads: Sequence[str] = tuple(WORKLOADS)) -
         programs["sessions"], sources["sessions"] = sessions_program(fissure), text_source("sessions")
 
     def measure(workload: str, plan) -> float:
-        return measure_fissure(spark, programs[workload], sources[workload], plan, tempfile.mkdtemp())
+        return measure_fissure(spark, programs[workload], sources[workload], plan, tempfile.mkdtemp(dir=checkpoints))
 
     measure("cpu", sequential_plan(programs["cpu"]))  # warm-up, not counted
     rates = {}
@@ -210,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="the results files' name (NAME.md and NAME.json), to keep comparisons against "
                              "different bases apart")
     method.add_arguments(parser, repeats=None)
-    parser.add_argument("--point", nargs=2, metavar=("TREE", "INPUTS"), help=argparse.SUPPRESS)
+    parser.add_argument("--point", nargs=3, metavar=("TREE", "INPUTS", "CHECKPOINTS"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.point:
         print(json.dumps(point(*args.point, workloads=args.workloads)))
@@ -220,32 +221,37 @@ def main(argv: list[str] | None = None) -> int:
     workloads = [name for name in WORKLOADS if name in args.workloads]
     method.check_repeats(args.rounds, args.quick)
     run = method.Run("compare_revisions.py", argv, quick=args.quick, out=args.out)
-    work = Path(tempfile.mkdtemp(prefix="fissure-compare-"))
-    base_tree = work / "base"
-    subprocess.run(["git", "worktree", "add", "--detach", str(base_tree), args.base], cwd=REPOSITORY, check=True,
-                   capture_output=True)
-    try:
-        write_inputs(work / "inputs", workloads, args.records, args.lines, args.word_lines, args.users, args.files)
-        trees = {"base": base_tree, "this": REPOSITORY}
-        rates: dict[str, dict[str, list[float]]] = {name: {} for name in trees}
-        for round_number in range(args.rounds):
-            for name in method.run_order(list(trees), round_number):
-                result = method.run_in_tree([sys.executable, __file__, "--base", args.base, "--workloads", *workloads,
-                                             "--point", str(trees[name]), str(work / "inputs")], trees[name], name)
-                for key, rate in result["rates"].items():
-                    rates[name].setdefault(key, []).append(rate)
-                print(f"round {round_number + 1} {name}: " + ", ".join(f"{key} {rate:,.0f}"
-                                                                       for key, rate in result["rates"].items()),
-                      flush=True)
-        document = {
-            "base": revision(base_tree), "this": run.revision,
-            "workloads": {name: WORKLOADS[name] for name in workloads}, "rates": rates,
-            "this_over_base": {key: method.paired_ratio({"this": rates["this"][key], "base": rates["base"][key]},
-                                                        "this", "base")
-                               for key in rates["this"]},
-        }
-    finally:
-        subprocess.run(["git", "worktree", "remove", "--force", str(base_tree)], cwd=REPOSITORY, capture_output=True)
+    with method.scratch_folder("compare_revisions.py") as work:  # the base's worktree, the inputs, checkpoints
+        base_tree = work / "base"
+        subprocess.run(["git", "worktree", "add", "--detach", str(base_tree), args.base], cwd=REPOSITORY, check=True,
+                       capture_output=True)
+        try:
+            write_inputs(work / "inputs", workloads, args.records, args.lines, args.word_lines, args.users,
+                         args.files)
+            checkpoints = work / "checkpoints"
+            checkpoints.mkdir()
+            trees = {"base": base_tree, "this": REPOSITORY}
+            rates: dict[str, dict[str, list[float]]] = {name: {} for name in trees}
+            for round_number in range(args.rounds):
+                for name in method.run_order(list(trees), round_number):
+                    result = method.run_in_tree([sys.executable, __file__, "--base", args.base,
+                                                 "--workloads", *workloads, "--point", str(trees[name]),
+                                                 str(work / "inputs"), str(checkpoints)], trees[name], name)
+                    for key, rate in result["rates"].items():
+                        rates[name].setdefault(key, []).append(rate)
+                    print(f"round {round_number + 1} {name}: " + ", ".join(f"{key} {rate:,.0f}"
+                                                                           for key, rate in result["rates"].items()),
+                          flush=True)
+            document = {
+                "base": revision(base_tree), "this": run.revision,
+                "workloads": {name: WORKLOADS[name] for name in workloads}, "rates": rates,
+                "this_over_base": {key: method.paired_ratio({"this": rates["this"][key], "base": rates["base"][key]},
+                                                            "this", "base")
+                                   for key in rates["this"]},
+            }
+        finally:
+            subprocess.run(["git", "worktree", "remove", "--force", str(base_tree)], cwd=REPOSITORY,
+                           capture_output=True)
     run.write_results(args.name, report(document), document)
     return 0
 

@@ -26,7 +26,6 @@ import argparse
 import gc
 import statistics
 import sys
-import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -99,23 +98,25 @@ def main(argv=None) -> int:
     model_accuracy.LOOPS_PER_US = model_accuracy.busy_loops_per_us()
     from fissure.spark.session.create import create_session
 
-    spark = create_session(fissure.RunnerConfig(master=args.master))
-    work = Path(tempfile.mkdtemp(prefix="fissure-driver-heap-"))
     records, files = 3000, 4
-    source = model_accuracy.synthetic_source(work / "in", records, files)
-    variants = {}
-    detach = runner_module.DetachableBatchFunction.detach
-    for name in ("detached", "kept"):
-        print(f"{name}:", flush=True)
-        if name == "kept":
-            runner_module.DetachableBatchFunction.detach = lambda self: None
+    with method.scratch_folder("driver_heap.py") as work:
+        spark = create_session(fissure.RunnerConfig(master=args.master))
         try:
-            points = heap_over_queries(spark, source, work, args.queries, args.every)
+            source = model_accuracy.synthetic_source(work / "in", records, files)
+            variants = {}
+            detach = runner_module.DetachableBatchFunction.detach
+            for name in ("detached", "kept"):
+                print(f"{name}:", flush=True)
+                if name == "kept":
+                    runner_module.DetachableBatchFunction.detach = lambda self: None
+                try:
+                    points = heap_over_queries(spark, source, work, args.queries, args.every)
+                finally:
+                    runner_module.DetachableBatchFunction.detach = detach
+                variants[name] = {"points": points, "growth_mib_per_query": round(growth_per_query(points), 3)}
+            max_heap = spark._jvm.java.lang.Runtime.getRuntime().maxMemory() / MIB
         finally:
-            runner_module.DetachableBatchFunction.detach = detach
-        variants[name] = {"points": points, "growth_mib_per_query": round(growth_per_query(points), 3)}
-    max_heap = spark._jvm.java.lang.Runtime.getRuntime().maxMemory() / MIB
-    spark.stop()
+            spark.stop()
     document = {"records": records, "files": files, "queries": args.queries, "max_heap_mib": max_heap,
                 "variants": variants}
     run.write_results("driver_heap_quick" if args.quick else "driver_heap", report(document), document)

@@ -74,33 +74,36 @@ def main(argv=None) -> int:
     from fissure.spark.session.create import create_session
     from logwatch import build_pipeline as logwatch_pipeline
 
-    spark = create_session(fissure.RunnerConfig(master=args.master, spark_conf=STAGE_LOG_CONF))
-    log = StageLog(spark)
-    work = Path(tempfile.mkdtemp(prefix="fissure-driver-part-"))
-    # the model-accuracy benchmark's micro-batch sizes: 20,000 records and 30,000 lines in 4 files
-    workloads = {
-        "stateless": (stateless_pipeline(), synthetic_source(work / "stateless", 5_000 * args.files, args.files)),
-        "mixed": (mixed_pipeline(), synthetic_source(work / "mixed", 5_000 * args.files, args.files)),
-        "logwatch": (logwatch_pipeline(), logwatch_source(work / "logs", 7_500 * args.files, args.files)),
-    }
-    runs: dict[str, list[dict[int, tuple[float, float]]]] = {name: [] for name in workloads}
-    warm_pipeline = stateless_pipeline()  # starts the Python workers: not counted
-    run_query(spark, log, warm_pipeline, synthetic_source(work / "warm-up", 2_000, 2), work)
-    for repeat in range(args.repeats):  # the workloads' order rotated each repeat
-        for name in method.run_order(list(workloads), repeat):
-            pipeline, source = workloads[name]
-            print(f"repeat {repeat + 1}/{args.repeats}: {name}", flush=True)
-            runs[name].append(run_query(spark, log, pipeline, source, work))
-    pipeline, short_source = stateless_pipeline(), synthetic_source(work / "short", 20_000, 4)
-    session = []
-    for number in range(args.session_queries):
-        print(f"session query {number + 1}/{args.session_queries}", flush=True)
-        batches = run_query(spark, log, pipeline, short_source, work)
-        steady = [value for batch, value in batches.items() if batch > 0]
-        session.append({"query": number,
-                        "rest_s": statistics.median(rest for rest, _ in steady),
-                        "stages_s": statistics.median(in_stages for _, in_stages in steady)})
-    method.end_spark(spark)
+    with method.scratch_folder("driver_part.py") as work:
+        spark = create_session(fissure.RunnerConfig(master=args.master, spark_conf=STAGE_LOG_CONF))
+        try:
+            log = StageLog(spark)
+            # the model-accuracy benchmark's micro-batch sizes: 20,000 records and 30,000 lines in 4 files
+            workloads = {
+                "stateless": (stateless_pipeline(),
+                              synthetic_source(work / "stateless", 5_000 * args.files, args.files)),
+                "mixed": (mixed_pipeline(), synthetic_source(work / "mixed", 5_000 * args.files, args.files)),
+                "logwatch": (logwatch_pipeline(), logwatch_source(work / "logs", 7_500 * args.files, args.files)),
+            }
+            runs: dict[str, list[dict[int, tuple[float, float]]]] = {name: [] for name in workloads}
+            warm_pipeline = stateless_pipeline()  # starts the Python workers: not counted
+            run_query(spark, log, warm_pipeline, synthetic_source(work / "warm-up", 2_000, 2), work)
+            for repeat in range(args.repeats):  # the workloads' order rotated each repeat
+                for name in method.run_order(list(workloads), repeat):
+                    pipeline, source = workloads[name]
+                    print(f"repeat {repeat + 1}/{args.repeats}: {name}", flush=True)
+                    runs[name].append(run_query(spark, log, pipeline, source, work))
+            pipeline, short_source = stateless_pipeline(), synthetic_source(work / "short", 20_000, 4)
+            session = []
+            for number in range(args.session_queries):
+                print(f"session query {number + 1}/{args.session_queries}", flush=True)
+                batches = run_query(spark, log, pipeline, short_source, work)
+                steady = [value for batch, value in batches.items() if batch > 0]
+                session.append({"query": number,
+                                "rest_s": statistics.median(rest for rest, _ in steady),
+                                "stages_s": statistics.median(in_stages for _, in_stages in steady)})
+        finally:
+            method.end_spark(spark)
     results = {}
     for name, per_run in runs.items():
         positions = sorted(set().union(*per_run))

@@ -44,7 +44,7 @@ class FirstBatch(StreamingQueryListener):
         if event.progress.batchId == 0:
             durations.update(event.progress.durationMs)
 
-work = tempfile.mkdtemp()
+work = tempfile.mkdtemp(dir={scratch!r})
 config = fissure.RunnerConfig(spark_log=work + "/spark.log")
 spark = create_session(config)
 spark.streams.addListener(FirstBatch())
@@ -60,8 +60,9 @@ print(json.dumps({{"durations_ms": durations, "batches": report.batches,
 """
 
 
-def one_run(plan: str) -> dict:
-    return method.run_point_process(ONE_RUN.format(examples=str(REPOSITORY / "examples"), plan=plan), f"run of {plan}")
+def one_run(plan: str, scratch: Path) -> dict:
+    script = ONE_RUN.format(examples=str(REPOSITORY / "examples"), plan=plan, scratch=str(scratch))
+    return method.run_point_process(script, f"run of {plan}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -70,11 +71,12 @@ def main(argv: list[str] | None = None) -> int:
     options = parser.parse_args(argv)
     run = method.Run("first_batch.py", argv, quick=options.quick, out=options.out)
     repeats = 1 if options.quick else options.repeats
-    block = method.measure_block(
-        {plan: (lambda plan=plan: one_run(plan)) for plan in PLANS}, repeats, quick=options.quick,
-        warm_up=lambda: one_run("sequential"), warm_up_label="one sequential run, not counted",
-        value=lambda result: result["durations_ms"].get("triggerExecution", 0),
-        log=lambda line: print(line, file=sys.stderr, flush=True))
+    with method.scratch_folder("first_batch.py") as scratch:  # each run's input, checkpoint and Spark's log
+        block = method.measure_block(
+            {plan: (lambda plan=plan: one_run(plan, scratch)) for plan in PLANS}, repeats, quick=options.quick,
+            warm_up=lambda: one_run("sequential", scratch), warm_up_label="one sequential run, not counted",
+            value=lambda result: result["durations_ms"].get("triggerExecution", 0),
+            log=lambda line: print(line, file=sys.stderr, flush=True))
     medians = {plan: {part: statistics.median(result["durations_ms"].get(part, 0) for result in block.details[plan])
                       for part in PARTS} for plan in PLANS}
     lines = [

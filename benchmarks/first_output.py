@@ -61,7 +61,7 @@ def timed_write(self, frame, batch_id):
     original_write(self, frame, batch_id)
     marks.setdefault("first batch", time.monotonic())
 runner.Runner._write_batch = timed_write
-work = tempfile.mkdtemp()
+work = tempfile.mkdtemp(dir={scratch!r})
 config = fissure.RunnerConfig(spark_log=work + "/spark.log", **{settings!r})
 spark = create_session(config)
 marks["session"] = time.monotonic()
@@ -75,9 +75,10 @@ print(json.dumps({{"marks_s": {{name: at - started for name, at in marks.items()
 """
 
 
-def example_command() -> dict:
-    """`./dev example`, timed from the command to its first line of results."""
-    environment = {**os.environ, "PYTHONUNBUFFERED": "1"}
+def example_command(scratch: Path) -> dict:
+    """`./dev example`, timed from the command to its first line of results. Its run directory
+    (input, checkpoint, Spark's log), kept for people after a run, goes under `scratch` (TMPDIR)."""
+    environment = {**os.environ, "PYTHONUNBUFFERED": "1", "TMPDIR": str(scratch)}
     started = time.monotonic()
     process = subprocess.Popen(["./dev", "example"], cwd=REPOSITORY, stdout=subprocess.PIPE,
                                stderr=subprocess.DEVNULL, text=True, env=environment)
@@ -91,8 +92,8 @@ def example_command() -> dict:
     return {"first_output_s": first_output_s, "exit_s": time.monotonic() - started}
 
 
-def one_run(settings: dict) -> dict:
-    script = ONE_RUN.format(examples=str(REPOSITORY / "examples"), settings=settings)
+def one_run(settings: dict, scratch: Path) -> dict:
+    script = ONE_RUN.format(examples=str(REPOSITORY / "examples"), settings=settings, scratch=str(scratch))
     started = time.monotonic()
     result = method.run_point_process(script, "a run")
     result["process_s"] = time.monotonic() - started
@@ -115,11 +116,14 @@ def main(argv: list[str] | None = None) -> int:
     run = method.Run("first_output.py", argv, quick=options.quick, out=options.out)
     repeats = 1 if options.quick else options.repeats
     log = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
-    variants = {"./dev example": example_command}
-    variants.update({name: (lambda settings=settings: one_run(settings)) for name, settings in VARIANTS.items()})
-    block = method.measure_block(
-        variants, repeats, quick=options.quick, warm_up=example_command, warm_up_label="one ./dev example, not counted",
-        value=lambda result: result.get("first_output_s") or result["marks_s"]["to output"], log=log)
+    with method.scratch_folder("first_output.py") as scratch:  # each run's input, checkpoint and Spark's log
+        variants = {"./dev example": lambda: example_command(scratch)}
+        variants.update({name: (lambda settings=settings: one_run(settings, scratch))
+                         for name, settings in VARIANTS.items()})
+        block = method.measure_block(
+            variants, repeats, quick=options.quick, warm_up=lambda: example_command(scratch),
+            warm_up_label="one ./dev example, not counted",
+            value=lambda result: result.get("first_output_s") or result["marks_s"]["to output"], log=log)
     command = statistics.median(result["first_output_s"] for result in block.details["./dev example"])
     lines = [
         "# From the command to the LogWatch example's first output",

@@ -46,10 +46,10 @@ SCHEMES = {"plain": PLAIN_KEYS, "balanced": BALANCED_KEYS}
 CHECK_RECORDS = {"hot-items": 3_000, "logwatch": 12_000, "wordcount": 2_000}
 
 
-def checkpoint_under(keys: GroupingKeys) -> str:
-    """A new checkpoint whose record names `keys`' scheme and bucket count: the plain scheme as an
-    earlier fissure's checkpoint keeps it, any other as if the checkpoint had chosen it."""
-    checkpoint = Path(tempfile.mkdtemp(prefix="fissure-keys-"))
+def checkpoint_under(keys: GroupingKeys, parent: Path) -> str:
+    """A new checkpoint in `parent` whose record names `keys`' scheme and bucket count: the plain
+    scheme as an earlier fissure's checkpoint keeps it, any other as if the checkpoint had chosen it."""
+    checkpoint = Path(tempfile.mkdtemp(prefix="keys-", dir=parent))
     (checkpoint / STATE_LAYOUT_RECORD).parent.mkdir(parents=True)
     (checkpoint / STATE_LAYOUT_RECORD).write_text(json.dumps({"grouping_keys": keys.scheme,
                                                               "buckets": keys.buckets}) + "\n")
@@ -72,9 +72,10 @@ def keyed_tasks(stages: list[dict]) -> dict[str, float]:
     return {"slower_ms": slower, "faster_ms": faster, "stages": keyed}
 
 
-def run_once(spark, program, source, plan, keys: GroupingKeys, sink=None, log=None) -> dict:
-    """One run on a new checkpoint under `keys`: its steady rate, and with `log` its keyed stages' tasks."""
-    checkpoint = checkpoint_under(keys)
+def run_once(spark, program, source, plan, keys: GroupingKeys, work: Path, sink=None, log=None) -> dict:
+    """One run on a new checkpoint (in `work`) under `keys`: its steady rate, and with `log` its keyed
+    stages' tasks."""
+    checkpoint = checkpoint_under(keys, work)
     if log is not None:
         log.new_stages()  # earlier runs' stages are not this one's
     report = fissure.run(program, source, sink if sink is not None else fissure.NoopSink(), plan=plan,
@@ -136,12 +137,13 @@ def measure_layouts(spark, log, name: str, work: Path, shape: tuple[int, int, in
     answer = getattr(direct_loops, f"{family.replace('-', '_')}_answer")
     for layout, keys in layouts.items():
         sink = fissure.MemorySink()
-        run_once(spark, program, check_source, plan, keys, sink)
+        run_once(spark, program, check_source, plan, keys, work, sink)
         if answer(sink.records()) != expected:
             raise SystemExit(f"{name}: the answer under {layout} differs from the direct loop's")
-    block = method.measure_block({layout: (lambda keys=keys: run_once(spark, program, source, plan, keys, log=log))
-                                  for layout, keys in layouts.items()}, repeats, quick=quick,
-                                 warm_up=lambda: run_once(spark, program, check_source, plan, warm_up),
+    variants = {layout: (lambda keys=keys: run_once(spark, program, source, plan, keys, work, log=log))
+                for layout, keys in layouts.items()}
+    block = method.measure_block(variants, repeats, quick=quick,
+                                 warm_up=lambda: run_once(spark, program, check_source, plan, warm_up, work),
                                  value=lambda result: result["records_per_s"],
                                  log=lambda line: print(f"{name}: {line}", flush=True))
     tasks = {layout: {"slower_ms": sum(run["slower_ms"] for run in runs),
@@ -157,17 +159,20 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     shape = goal_shape(args)
     run = method.Run("grouping_keys.py", argv, quick=args.quick, out=args.out)
-    spark, log = stage_logged_session()
-    work = Path(tempfile.mkdtemp(prefix="fissure-grouping-keys-"))
     document = {"records": shape[0], "files": shape[1], "files_per_batch": shape[2], "splits": splits(),
                 "workloads": {}}
-    for name in args.only or WORKLOADS:
-        measured = measure_layouts(spark, log, name, work, shape, SCHEMES, BALANCED_KEYS, args.repeats, args.quick)
-        block = measured["block"]
-        document["workloads"][name] = {"plan": measured["plan"], **block.to_dict(),
-                                       "balanced_over_plain": block.paired_ratio("balanced", "plain"),
-                                       "keyed_tasks": measured["keyed_tasks"]}
-    method.end_spark(spark)
+    with method.scratch_folder("grouping_keys.py") as work:
+        spark, log = stage_logged_session()
+        try:
+            for name in args.only or WORKLOADS:
+                measured = measure_layouts(spark, log, name, work, shape, SCHEMES, BALANCED_KEYS, args.repeats,
+                                           args.quick)
+                block = measured["block"]
+                document["workloads"][name] = {"plan": measured["plan"], **block.to_dict(),
+                                               "balanced_over_plain": block.paired_ratio("balanced", "plain"),
+                                               "keyed_tasks": measured["keyed_tasks"]}
+        finally:
+            method.end_spark(spark)
     run.write_results("grouping_keys_quick" if args.quick else "grouping_keys", report(document), document)
     return 0
 

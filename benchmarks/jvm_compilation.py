@@ -20,10 +20,8 @@ variants alternate, the order rotated each repeat, after one uncounted process
 from __future__ import annotations
 
 import argparse
-import shutil
 import statistics
 import sys
-import tempfile
 from pathlib import Path
 
 REPOSITORY = Path(__file__).resolve().parents[1]
@@ -53,16 +51,18 @@ source = fissure.FileSource({input!r}, format="text", max_files_per_trigger={fil
 runs = []
 for _ in range({runs}):
     began = time.monotonic()
-    report = fissure.run(program, source, fissure.NoopSink(), plan=plan, checkpoint=tempfile.mkdtemp(),
-                         config=fissure.RunnerConfig(spark=spark))
+    report = fissure.run(program, source, fissure.NoopSink(), plan=plan,
+                         checkpoint=tempfile.mkdtemp(dir={scratch!r}), config=fissure.RunnerConfig(spark=spark))
     runs.append({{"seconds": time.monotonic() - began, "steady_per_s": report.summary()["steady_records_per_s"]}})
 print(json.dumps({{"session_s": session_s, "runs": runs}}))
 """
 
 
-def one_process(full: bool, input_path: Path, runs: int, files_per_batch: int) -> dict:
+def one_process(full: bool, input_path: Path, runs: int, files_per_batch: int, scratch: Path) -> dict:
+    """One process's runs, their checkpoints in new folders under `scratch`."""
     script = ONE_PROCESS.format(examples=str(REPOSITORY / "examples"), benchmarks=str(REPOSITORY / "benchmarks"),
-                                full=full, input=str(input_path), runs=runs, files_per_batch=files_per_batch)
+                                full=full, input=str(input_path), runs=runs, files_per_batch=files_per_batch,
+                                scratch=str(scratch))
     return method.run_point_process(script, "a process", timeout_s=1800)
 
 
@@ -87,19 +87,16 @@ def main(argv: list[str] | None = None) -> int:
     log = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
     import direct_loops
 
-    work = Path(tempfile.mkdtemp(prefix="fissure-jvm-compilation-"))
-    input_path = work / "logwatch"
-    try:
+    with method.scratch_folder("jvm_compilation.py") as work:  # the input (a million lines by default), checkpoints
+        input_path = work / "logwatch"
         direct_loops.write_input("logwatch", input_path, lines, options.files, options.files_per_batch)
-        variants = {name: (lambda full=full: one_process(full, input_path, options.runs, options.files_per_batch))
-                    for name, full in VARIANTS.items()}
+        variants = {name: (lambda full=full: one_process(full, input_path, options.runs, options.files_per_batch,
+                                                         work)) for name, full in VARIANTS.items()}
         block = method.measure_block(
             variants, repeats, quick=options.quick,
-            warm_up=lambda: one_process(False, input_path, 1, options.files_per_batch),
+            warm_up=lambda: one_process(False, input_path, 1, options.files_per_batch, work),
             warm_up_label="one process with C1 alone and one run, not counted",
             value=lambda result: result["runs"][0]["seconds"], log=log)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)  # the generated input (a million lines by default)
     rows, figures = [], {}
     for name in VARIANTS:
         results = block.details[name]

@@ -522,38 +522,41 @@ def main(argv=None) -> int:
     method.check_repeats(args.repeats, args.quick)
     run = method.Run("model_accuracy.py", argv, quick=args.quick, out=args.out, master=args.master)
     stem = "model_accuracy" + ("_calibrated" if args.calibrate else "") + ("_quick" if args.quick else "")
-    if args.calibrate:  # before this script's session: calibrate runs one of its own
-        CALIBRATION_FILE = Path(tempfile.mkdtemp(prefix="fissure-accuracy-calibration-")) / "calibration.json"
-        command = [sys.executable, "-m", "fissure", "calibrate", "--master", args.master,
-                   "--output", str(CALIBRATION_FILE)] + (["--quick"] if args.quick else [])
-        print("calibrating: " + " ".join(command[1:]), flush=True)
-        subprocess.run(command, check=True)
-    LOOPS_PER_US = busy_loops_per_us()
-    work = Path(tempfile.mkdtemp(prefix="fissure-accuracy-"))
-    from fissure.spark.session.create import create_session, default_parallelism
-    from fissure.spark.session.stage_log import STAGE_LOG_CONF, StageLog
+    with method.scratch_folder("model_accuracy.py") as work:
+        if args.calibrate:  # before this script's session: calibrate runs one of its own
+            CALIBRATION_FILE = work / "calibration.json"
+            command = [sys.executable, "-m", "fissure", "calibrate", "--master", args.master,
+                       "--output", str(CALIBRATION_FILE)] + (["--quick"] if args.quick else [])
+            print("calibrating: " + " ".join(command[1:]), flush=True)
+            subprocess.run(command, check=True)
+        LOOPS_PER_US = busy_loops_per_us()
+        from fissure.spark.session.create import create_session, default_parallelism
+        from fissure.spark.session.stage_log import STAGE_LOG_CONF, StageLog
 
-    spark = create_session(fissure.RunnerConfig(master=args.master, spark_conf=STAGE_LOG_CONF))
-    stage_log = StageLog(spark)
-    cores = default_parallelism(spark)
-    settings, constants_from = stored_spark_model(CALIBRATION_FILE)
-    if CALIBRATION_FILE is not None:
-        constants_from = f"`fissure calibrate` run just before this run (under \"calibration\" in the JSON), {constants_from}"
-    from logwatch import build_pipeline as logwatch_pipeline
+        spark = create_session(fissure.RunnerConfig(master=args.master, spark_conf=STAGE_LOG_CONF))
+        try:
+            stage_log = StageLog(spark)
+            cores = default_parallelism(spark)
+            settings, constants_from = stored_spark_model(CALIBRATION_FILE)
+            if CALIBRATION_FILE is not None:
+                constants_from = (f"`fissure calibrate` run just before this run (under \"calibration\" in the JSON), "
+                                  f"{constants_from}")
+            from logwatch import build_pipeline as logwatch_pipeline
 
-    workloads = {
-        "logwatch": (logwatch_pipeline(), logwatch_source(work / "logs", args.lines, args.files)),
-        "mixed": (mixed_pipeline(), synthetic_source(work / "mixed", args.records, args.files)),
-        "stateless": (stateless_pipeline(), synthetic_source(work / "stateless", args.records, args.files)),
-    }
-    results = {name: run_workload(name, spark, pipeline, source, args, work, cores, settings, stage_log)
-               for name, (pipeline, source) in workloads.items()}
-    method.end_spark(spark)
-    document = {"master": args.master, "quick": args.quick, "cores": cores, "spark_constants_from": constants_from,
-                "spark_constants": settings.constants.to_dict(), "loops_per_us": LOOPS_PER_US,
-                "results": results, "summary": summary(results)}
-    if CALIBRATION_FILE is not None:
-        document["calibration"] = json.loads(CALIBRATION_FILE.read_text())
+            workloads = {
+                "logwatch": (logwatch_pipeline(), logwatch_source(work / "logs", args.lines, args.files)),
+                "mixed": (mixed_pipeline(), synthetic_source(work / "mixed", args.records, args.files)),
+                "stateless": (stateless_pipeline(), synthetic_source(work / "stateless", args.records, args.files)),
+            }
+            results = {name: run_workload(name, spark, pipeline, source, args, work, cores, settings, stage_log)
+                       for name, (pipeline, source) in workloads.items()}
+        finally:
+            method.end_spark(spark)
+        document = {"master": args.master, "quick": args.quick, "cores": cores, "spark_constants_from": constants_from,
+                    "spark_constants": settings.constants.to_dict(), "loops_per_us": LOOPS_PER_US,
+                    "results": results, "summary": summary(results)}
+        if CALIBRATION_FILE is not None:
+            document["calibration"] = json.loads(CALIBRATION_FILE.read_text())
     run.write_results(stem, report(document, stem, args.plots), document)
     if args.plots:
         plot(document, run.path(f"{stem}.png"))

@@ -42,7 +42,6 @@ import argparse
 import multiprocessing
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -352,18 +351,20 @@ def main(argv=None) -> int:
     run = method.Run("profiling_overhead.py", argv, quick=args.quick, out=args.out, master=args.master)
     shared.LOOPS_PER_US = shared.busy_loops_per_us()
     document = {"master": args.master, "quick": args.quick}
-    work = Path(tempfile.mkdtemp(prefix="fissure-profiling-"))
     import fissure
     from fissure.spark.session.create import create_session
 
-    spark = create_session(fissure.RunnerConfig(master=args.master))
-    document["in_process"] = in_process_cpu_overhead(rounds=9 if args.quick else 41)
-    source = shared.synthetic_source(work / "input", args.records, args.files)
-    document["overhead"] = {"light": overhead(spark, "light", light_pipeline(), source, args, work),
-                            "mixed": overhead(spark, "mixed", shared.mixed_pipeline(), source, args, work)}
-    known_source = shared.synthetic_source(work / "known-input", args.accuracy_records, args.files)
-    document["accuracy"] = accuracy(spark, known_source, args, work)
-    method.end_spark(spark)
+    with method.scratch_folder("profiling_overhead.py") as work:
+        spark = create_session(fissure.RunnerConfig(master=args.master))
+        try:
+            document["in_process"] = in_process_cpu_overhead(rounds=9 if args.quick else 41)
+            source = shared.synthetic_source(work / "input", args.records, args.files)
+            document["overhead"] = {"light": overhead(spark, "light", light_pipeline(), source, args, work),
+                                    "mixed": overhead(spark, "mixed", shared.mixed_pipeline(), source, args, work)}
+            known_source = shared.synthetic_source(work / "known-input", args.accuracy_records, args.files)
+            document["accuracy"] = accuracy(spark, known_source, args, work)
+        finally:
+            method.end_spark(spark)
     stem = "profiling_overhead_quick" if args.quick else "profiling_overhead"
     run.write_results(stem, report(document, stem, args.plots), document)
     if args.plots:

@@ -59,7 +59,6 @@ import gc
 import os
 import shutil
 import sys
-import tempfile
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -538,38 +537,39 @@ def main(argv: list[str] | None = None) -> int:
     from fissure.spark.session.create import create_session
     from spark_chain import cpu_pipeline, cpu_source, measure_fissure
 
-    spark = create_session(fissure.RunnerConfig(master="local[2]"))
-    cores = spark.sparkContext.defaultParallelism
-    work = Path(tempfile.mkdtemp(prefix="fissure-breakdown-"))
-    counter = [0]
+    with method.scratch_folder("record_breakdown.py") as work:
+        spark = create_session(fissure.RunnerConfig(master="local[2]"))
+        try:
+            cores = spark.sparkContext.defaultParallelism
+            counter = [0]
 
-    def fresh() -> str:
-        counter[0] += 1
-        return str(work / f"checkpoint-{counter[0]}")
+            def fresh() -> str:
+                counter[0] += 1
+                return str(work / f"checkpoint-{counter[0]}")
 
-    warm = cpu_pipeline(4)  # small: starts the Python workers, whatever the workloads' size
-    document = {"cores": cores, "files_per_batch": args.files_per_batch, "families": {}, "blocks": {},
-                "workloads": {}}
-    for family in FAMILIES:
-        if args.only and family != args.only:
-            continue
-        variants, info = family_variants(spark, family, work, args, fresh)
-        block = method.measure_block(
-            variants, args.repeats, quick=args.quick,
-            warm_up=lambda: measure_fissure(spark, warm, cpu_source(work / f"warm-{family}", 2_000, 2),
-                                            sequential_plan(warm), fresh()),
-            warm_up_label="the CPU chain's sequential plan over 2,000 records",
-            log=lambda line, family=family: print(f"[{family}] {line}", file=sys.stderr, flush=True))
-        medians = block.medians()
-        document["families"][family] = info
-        document["blocks"][family] = block.to_dict()
-        for name, workload in info["workloads"].items():
-            own = medians_of(medians, workload["suffix"])
-            parts = breakdown(own, cores, workload["crossing"])
-            document["workloads"][name] = {"medians": own, "breakdown": parts, "ceiling": ceiling(parts, cores)}
-    method.end_spark(spark)
+            warm = cpu_pipeline(4)  # small: starts the Python workers, whatever the workloads' size
+            document = {"cores": cores, "files_per_batch": args.files_per_batch, "families": {}, "blocks": {},
+                        "workloads": {}}
+            for family in FAMILIES:
+                if args.only and family != args.only:
+                    continue
+                variants, info = family_variants(spark, family, work, args, fresh)
+                block = method.measure_block(
+                    variants, args.repeats, quick=args.quick,
+                    warm_up=lambda: measure_fissure(spark, warm, cpu_source(work / f"warm-{family}", 2_000, 2),
+                                                    sequential_plan(warm), fresh()),
+                    warm_up_label="the CPU chain's sequential plan over 2,000 records",
+                    log=lambda line, family=family: print(f"[{family}] {line}", file=sys.stderr, flush=True))
+                medians = block.medians()
+                document["families"][family] = info
+                document["blocks"][family] = block.to_dict()
+                for name, workload in info["workloads"].items():
+                    own = medians_of(medians, workload["suffix"])
+                    parts = breakdown(own, cores, workload["crossing"])
+                    document["workloads"][name] = {"medians": own, "breakdown": parts, "ceiling": ceiling(parts, cores)}
+        finally:
+            method.end_spark(spark)
     run.write_results("record_breakdown", report(document), document)
-    shutil.rmtree(work, ignore_errors=True)
     return 0
 
 

@@ -45,7 +45,6 @@ import argparse
 import json
 import os
 import sys
-import tempfile
 from itertools import combinations
 from pathlib import Path
 
@@ -345,28 +344,27 @@ def main(argv=None) -> int:
         args.records, args.lines, args.files, args.repeats, args.finalists = 400, 2000, 3, 1, 1
     method.check_repeats(args.repeats, args.quick)
     run = method.Run("spark_chain.py", argv, quick=args.quick, out=args.out, master=args.master)
-    work = tempfile.mkdtemp(prefix="fissure-bench-")
     from fissure.spark.session.create import create_session
-
-    spark = create_session(fissure.RunnerConfig(master=args.master))
     from logwatch import build_pipeline as logwatch_pipeline
 
     screen = max(0.01, args.screen_share)
     args.earlier = json.loads(Path(args.screen_from).read_text())["results"] if args.screen_from else None
     results = {}
-    if args.only != "logwatch":
-        results["cpu"] = run_workload("cpu", spark, cpu_pipeline(CPU_OPERATORS),
-                            cpu_source(Path(work) / "cpu", args.records, args.files),
-                            cpu_source(Path(work) / "cpu-screen", max(1, int(args.records * screen)), args.files),
-                            True, args, work)
-    args.shortlist = args.logwatch_shortlist
-    if args.only != "cpu":
-        results["logwatch"] = run_workload(
-            "logwatch", spark, logwatch_pipeline(),
-            logwatch_source(Path(work) / "logs", args.lines, args.files),
-            logwatch_source(Path(work) / "logs-screen", max(1, int(args.lines * screen)), args.files),
-            False, args, work)
-    method.end_spark(spark)
+    with method.scratch_folder("spark_chain.py") as work:
+        spark = create_session(fissure.RunnerConfig(master=args.master))
+        try:
+            if args.only != "logwatch":
+                results["cpu"] = run_workload(
+                    "cpu", spark, cpu_pipeline(CPU_OPERATORS), cpu_source(work / "cpu", args.records, args.files),
+                    cpu_source(work / "cpu-screen", max(1, int(args.records * screen)), args.files), True, args, work)
+            args.shortlist = args.logwatch_shortlist
+            if args.only != "cpu":
+                results["logwatch"] = run_workload(
+                    "logwatch", spark, logwatch_pipeline(), logwatch_source(work / "logs", args.lines, args.files),
+                    logwatch_source(work / "logs-screen", max(1, int(args.lines * screen)), args.files), False,
+                    args, work)
+        finally:
+            method.end_spark(spark)
     stem = "spark_chain" + (f"_{args.only}" if args.only else "")
     run.write_results(stem, report(args, results), {"master": args.master, "results": results})
     return 0

@@ -29,7 +29,6 @@ import argparse
 import os
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -157,33 +156,37 @@ def main(argv=None) -> int:
     document = {"master": args.master, "quick": args.quick}
     from fissure.spark.session.create import create_session
 
-    spark = create_session(fissure.RunnerConfig(master=args.master, spark_conf=STAGE_LOG_CONF))
-    log = TaskLog(spark)
-    work = Path(tempfile.mkdtemp(prefix="fissure-stages-"))
-    keyed_source = synthetic_source(work / "keyed", records[0], 4, keys=10)
-    mixed_source = synthetic_source(work / "mixed", records[1], 4)
-    mixed = mixed_pipeline()
-    cases = []
-    for label, update in (("trivial update", count_per_key), ("busy update 60 us", BusyUpdate(60))):
-        for partitions in (1, 2):
-            pipeline = Pipeline(f"keyed{partitions}").partitioned("s", update, key="k")
-            cases.append((f"keyed, {label}", pipeline, Plan((RegionPlan((("s",),), partitions),)), keyed_source))
-    cases.append(("mixed", mixed, sequential_plan(mixed), mixed_source))
-    cases.append(("mixed", mixed, Plan((RegionPlan((("m20", "f10"),), 1), RegionPlan((("p15", "m30"),), 2),
-                                        RegionPlan((("s5",),), 1))), mixed_source))
-    results = {f"{label}: {describe_plan(plan)}": {"runs": []} for label, _, plan, _ in cases}
-    measure_run(spark, mixed, synthetic_source(work / "warm-up", 2_000, 2), sequential_plan(mixed), work)  # warm-up
-    log.new_stages()  # the warm-up's stages are not any case's
-    for repeat in range(args.repeats):  # the cases' order rotated each repeat
-        for label, pipeline, plan, source in method.run_order(cases, repeat):
-            key = f"{label}: {describe_plan(plan)}"
-            print(f"repeat {repeat + 1}/{args.repeats}: {key}", flush=True)
-            run = run_case(spark, log, pipeline, plan, source, work)
-            results[key]["runs"].append({"records_per_s": run["records_per_s"], "wall_s": run["wall_s"],
-                                         "cpu_s": run["cpu_s"], "batch_ms": run["batch_ms"],
-                                         "stages_ms": run["stages_ms"], "stages": summarize(run["positions"]),
-                                         "phases_ms": run["phases_ms"], "state_ms": run["state_ms"]})
-    method.end_spark(spark)
+    with method.scratch_folder("spark_stage_times.py") as work:
+        spark = create_session(fissure.RunnerConfig(master=args.master, spark_conf=STAGE_LOG_CONF))
+        try:
+            log = TaskLog(spark)
+            keyed_source = synthetic_source(work / "keyed", records[0], 4, keys=10)
+            mixed_source = synthetic_source(work / "mixed", records[1], 4)
+            mixed = mixed_pipeline()
+            cases = []
+            for label, update in (("trivial update", count_per_key), ("busy update 60 us", BusyUpdate(60))):
+                for partitions in (1, 2):
+                    pipeline = Pipeline(f"keyed{partitions}").partitioned("s", update, key="k")
+                    plan = Plan((RegionPlan((("s",),), partitions),))
+                    cases.append((f"keyed, {label}", pipeline, plan, keyed_source))
+            cases.append(("mixed", mixed, sequential_plan(mixed), mixed_source))
+            cases.append(("mixed", mixed, Plan((RegionPlan((("m20", "f10"),), 1), RegionPlan((("p15", "m30"),), 2),
+                                                RegionPlan((("s5",),), 1))), mixed_source))
+            results = {f"{label}: {describe_plan(plan)}": {"runs": []} for label, _, plan, _ in cases}
+            warm_up_source = synthetic_source(work / "warm-up", 2_000, 2)
+            measure_run(spark, mixed, warm_up_source, sequential_plan(mixed), work)  # warm-up
+            log.new_stages()  # the warm-up's stages are not any case's
+            for repeat in range(args.repeats):  # the cases' order rotated each repeat
+                for label, pipeline, plan, source in method.run_order(cases, repeat):
+                    key = f"{label}: {describe_plan(plan)}"
+                    print(f"repeat {repeat + 1}/{args.repeats}: {key}", flush=True)
+                    run = run_case(spark, log, pipeline, plan, source, work)
+                    results[key]["runs"].append({"records_per_s": run["records_per_s"], "wall_s": run["wall_s"],
+                                                 "cpu_s": run["cpu_s"], "batch_ms": run["batch_ms"],
+                                                 "stages_ms": run["stages_ms"], "stages": summarize(run["positions"]),
+                                                 "phases_ms": run["phases_ms"], "state_ms": run["state_ms"]})
+        finally:
+            method.end_spark(spark)
     document["results"] = results
     bench_run.write_results("spark_stage_times_quick" if args.quick else "spark_stage_times", report(document), document)
     return 0

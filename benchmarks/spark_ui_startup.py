@@ -32,13 +32,14 @@ REPOSITORY = Path(__file__).resolve().parent.parent
 MEASURES = ("session_s", "first_batch_s", "to_first_result_s")
 
 
-def measure(ui: bool, records: int, master: str) -> dict:
-    """One process's figures (run in a fresh process: see the module docstring)."""
+def measure(ui: bool, records: int, master: str, scratch: Path) -> dict:
+    """One process's figures (run in a fresh process: see the module docstring), its input in a
+    new folder under `scratch`."""
     import fissure
     from fissure.spark.session.create import create_session
     from fissure.testing import record_files
 
-    work = Path(tempfile.mkdtemp(prefix="fissure-ui-startup-"))
+    work = Path(tempfile.mkdtemp(dir=scratch))
     source = record_files(work / "in", [{"i": i} for i in range(records)], {"i": int}, records_per_file=records)
     started = time.perf_counter()
     spark = create_session(fissure.RunnerConfig(master=master, spark_ui=ui))
@@ -53,9 +54,10 @@ def measure(ui: bool, records: int, master: str) -> dict:
             "to_first_result_s": to_first_result_s}
 
 
-def run_child(ui: bool, records: int, master: str) -> dict:
+def run_child(ui: bool, records: int, master: str, scratch: Path) -> dict:
     finished = subprocess.run([sys.executable, __file__, "--measure", "on" if ui else "off", "--records", str(records),
-                               "--master", master], capture_output=True, text=True, check=True)
+                               "--master", master, "--scratch", str(scratch)], capture_output=True, text=True,
+                              check=True)
     return json.loads(finished.stdout.strip().splitlines()[-1])
 
 
@@ -65,18 +67,20 @@ def main(argv=None) -> int:
     parser.add_argument("--records", type=int, default=10_000)
     parser.add_argument("--master", default="local[2]")
     parser.add_argument("--measure", choices=("off", "on"), help=argparse.SUPPRESS)  # one child process
+    parser.add_argument("--scratch", type=Path, help=argparse.SUPPRESS)  # the child's parent folder for its input
     args = parser.parse_args(argv)
     if args.measure is not None:
-        print(json.dumps(measure(args.measure == "on", args.records, args.master)))
+        print(json.dumps(measure(args.measure == "on", args.records, args.master, args.scratch)))
         return 0
     run = method.Run("spark_ui_startup.py", argv, quick=args.quick, out=args.out, master=args.master)
     repeats = 1 if args.quick else args.repeats
-    block = method.measure_block(
-        {"off": lambda: run_child(False, args.records, args.master),
-         "on": lambda: run_child(True, args.records, args.master)},
-        repeats, quick=args.quick, warm_up=lambda: run_child(False, args.records, args.master),
-        warm_up_label="one process with the UI off, not counted", value=lambda result: result["to_first_result_s"],
-        log=lambda line: print(line, file=sys.stderr, flush=True))
+    with method.scratch_folder("spark_ui_startup.py") as scratch:
+        block = method.measure_block(
+            {"off": lambda: run_child(False, args.records, args.master, scratch),
+             "on": lambda: run_child(True, args.records, args.master, scratch)},
+            repeats, quick=args.quick, warm_up=lambda: run_child(False, args.records, args.master, scratch),
+            warm_up_label="one process with the UI off, not counted", value=lambda result: result["to_first_result_s"],
+            log=lambda line: print(line, file=sys.stderr, flush=True))
     medians = {setting: {name: statistics.median(result[name] for result in block.details[setting])
                          for name in MEASURES} for setting in ("off", "on")}
     lines = ["# Spark's web UI: start-up cost", "",

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import tempfile
 from pathlib import Path
 
 REPOSITORY = Path(__file__).resolve().parents[1]
@@ -62,20 +61,23 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     shape = goal_shape(args)
     run = method.Run("state_buckets.py", argv, quick=args.quick, out=args.out)
-    spark, log = stage_logged_session()
-    work = Path(tempfile.mkdtemp(prefix="fissure-state-buckets-"))
     layouts = {label(count): balanced_keys(count) for count in args.counts}
     base = label(LEGACY_STATE_BUCKETS)
     document = {"records": shape[0], "files": shape[1], "files_per_batch": shape[2], "counts": list(args.counts),
                 "new_checkpoint_buckets": new_checkpoint_buckets(2), "workloads": {}}
-    for name in args.only or WORKLOADS:
-        measured = measure_layouts(spark, log, name, work, shape, layouts, layouts[base], args.repeats, args.quick)
-        block = measured["block"]
-        document["workloads"][name] = {"plan": measured["plan"], **block.to_dict(),
-                                       "over_64": {layout: block.paired_ratio(layout, base) for layout in layouts
-                                                   if layout != base},
-                                       "keyed_tasks": measured["keyed_tasks"]}
-    method.end_spark(spark)
+    with method.scratch_folder("state_buckets.py") as work:
+        spark, log = stage_logged_session()
+        try:
+            for name in args.only or WORKLOADS:
+                measured = measure_layouts(spark, log, name, work, shape, layouts, layouts[base], args.repeats,
+                                           args.quick)
+                block = measured["block"]
+                document["workloads"][name] = {"plan": measured["plan"], **block.to_dict(),
+                                               "over_64": {layout: block.paired_ratio(layout, base)
+                                                           for layout in layouts if layout != base},
+                                               "keyed_tasks": measured["keyed_tasks"]}
+        finally:
+            method.end_spark(spark)
     run.write_results("state_buckets_quick" if args.quick else "state_buckets", report(document), document)
     return 0
 

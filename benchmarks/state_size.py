@@ -27,7 +27,6 @@ import argparse
 import random
 import statistics
 import sys
-import tempfile
 from pathlib import Path
 
 REPOSITORY = Path(__file__).resolve().parents[1]
@@ -98,32 +97,36 @@ def main(argv: list[str] | None = None) -> int:
     from fissure.config import RunnerConfig
     from fissure.spark.session.create import create_session
 
-    spark = create_session(RunnerConfig(master="local[2]"))
-    work = Path(tempfile.mkdtemp(prefix="fissure-state-size-"))
-    draw = random.Random(7)
-    held_keys = [f"key-{number}" for number in range(args.keys)]
-    touched = args.keys // 100
-    touches = [draw.sample(held_keys, touched) for _ in range(TOUCHES)]
-    batch_seconds(spark, [["warm-up"] * 10, ["warm-up"] * 10], work / "warm-up")  # not counted
-    queries = {"held": lambda repeat: batch_seconds(spark, [held_keys, *touches], work / f"held-{repeat}"),
-               "empty": lambda repeat: batch_seconds(
-                   spark, [["warm-up"] * 10, *[[f"new-{repeat}-{number}-{key}" for key in range(touched)]
-                                               for number in range(TOUCHES)]], work / f"empty-{repeat}")}
-    runs: dict[str, list[list[float]]] = {"held": [], "empty": []}
-    orders = []
-    for repeat in range(args.repeats):  # the two queries' order rotated each repeat
-        orders.append(method.run_order(list(queries), repeat))
-        for name in orders[-1]:
-            runs[name].append(queries[name](repeat))
-            print(f"repeat {repeat + 1} {name}: " + ", ".join(f"{value:.2f}" for value in runs[name][-1]), flush=True)
-    # batch b commits state version b + 1; the held query's first batch loads every key, its second
-    # switches the layout, the rest touch 1 % each
-    # the state's size: the changelog of the batch that wrote every key in the final layout
-    buckets = new_checkpoint_buckets(2)  # a new checkpoint's on local[2]
-    whole = 1 if args.keys / buckets >= FINE_MIN_KEYS else 0
-    held_bytes = [{f"batch {batch}": files.get(f"changelog {batch + 1}", 0) for batch in range(TOUCHES + 1)}
-                  | {"snapshots": files["snapshots"], "all": files["all"]}
-                  for files in (state_files(work / f"held-{repeat}" / "checkpoint") for repeat in range(args.repeats))]
+    with method.scratch_folder("state_size.py") as work:
+        spark = create_session(RunnerConfig(master="local[2]"))
+        try:
+            draw = random.Random(7)
+            held_keys = [f"key-{number}" for number in range(args.keys)]
+            touched = args.keys // 100
+            touches = [draw.sample(held_keys, touched) for _ in range(TOUCHES)]
+            batch_seconds(spark, [["warm-up"] * 10, ["warm-up"] * 10], work / "warm-up")  # not counted
+            queries = {"held": lambda repeat: batch_seconds(spark, [held_keys, *touches], work / f"held-{repeat}"),
+                       "empty": lambda repeat: batch_seconds(
+                           spark, [["warm-up"] * 10, *[[f"new-{repeat}-{number}-{key}" for key in range(touched)]
+                                                       for number in range(TOUCHES)]], work / f"empty-{repeat}")}
+            runs: dict[str, list[list[float]]] = {"held": [], "empty": []}
+            orders = []
+            for repeat in range(args.repeats):  # the two queries' order rotated each repeat
+                orders.append(method.run_order(list(queries), repeat))
+                for name in orders[-1]:
+                    runs[name].append(queries[name](repeat))
+                    print(f"repeat {repeat + 1} {name}: " + ", ".join(f"{value:.2f}" for value in runs[name][-1]),
+                          flush=True)
+            # batch b commits state version b + 1; the held query's first batch loads every key, its second
+            # switches the layout, the rest touch 1 % each
+            # the state's size: the changelog of the batch that wrote every key in the final layout
+            buckets = new_checkpoint_buckets(2)  # a new checkpoint's on local[2]
+            whole = 1 if args.keys / buckets >= FINE_MIN_KEYS else 0
+            held_files = [state_files(work / f"held-{repeat}" / "checkpoint") for repeat in range(args.repeats)]
+            held_bytes = [{f"batch {batch}": files.get(f"changelog {batch + 1}", 0) for batch in range(TOUCHES + 1)}
+                          | {"snapshots": files["snapshots"], "all": files["all"]} for files in held_files]
+        finally:
+            method.end_spark(spark)
     steady = [statistics.median([sizes[f"batch {batch}"] for batch in range(2, TOUCHES + 1)]) for sizes in held_bytes]
     state_size = [sizes[f"batch {whole}"] for sizes in held_bytes]
     medians = {name: [statistics.median(batches[1:]) for batches in items] for name, items in runs.items()}
@@ -160,7 +163,6 @@ def main(argv: list[str] | None = None) -> int:
         "sub-buckets of about 128 (fewer bytes a key than an entry each).  ",
         f"Snapshots Spark wrote (zips and SST files, last repeat): {held_bytes[-1]['snapshots']:,} B; the state folder "
         f"at the end: {held_bytes[-1]['all']:,} B."])
-    method.end_spark(spark)
     run.write_results("state_size", text, document)
     return 0
 

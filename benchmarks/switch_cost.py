@@ -188,15 +188,16 @@ def classified_examples() -> list[dict]:
     return examples
 
 
-def point(tree: str, size: Size, cores: int, warm_up: bool) -> dict:
-    """In a process importing fissure from `tree`: an uncounted warm-up round, then the counted one."""
+def point(tree: str, size: Size, cores: int, warm_up: bool, scratch: Path) -> dict:
+    """In a process importing fissure from `tree`: an uncounted warm-up round, then the counted one,
+    their inputs and checkpoints in a new folder under `scratch`."""
     sys.path[:0] = [os.path.join(tree, "src")]
     import fissure
     from fissure.config import RunnerConfig
     from fissure.spark.session.create import create_session
 
     spark = create_session(RunnerConfig(master=f"local[{cores}]", app_name="fissure-switch-cost"))
-    work = Path(tempfile.mkdtemp(prefix="fissure-switch-cost-"))
+    work = Path(tempfile.mkdtemp(dir=scratch))
     try:
         if warm_up:
             run_script(spark, work, size, WARM_UP, "warm-up")
@@ -239,12 +240,12 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"rounds per revision, one process each (at least {method.MIN_REPEATS} unless --quick)")
     parser.add_argument("--cores", type=int, default=2, help="Spark task slots, local[N] (default 2)")
     method.add_arguments(parser, repeats=None)
-    parser.add_argument("--point", nargs=2, metavar=("TREE", "SIZE"), help=argparse.SUPPRESS)
+    parser.add_argument("--point", nargs=3, metavar=("TREE", "SIZE", "SCRATCH"), help=argparse.SUPPRESS)
     parser.add_argument("--warm-up", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.point:
         size = Size(**json.loads(args.point[1]))
-        print(json.dumps(point(args.point[0], size, args.cores, args.warm_up)))
+        print(json.dumps(point(args.point[0], size, args.cores, args.warm_up, Path(args.point[2]))))
         return 0
     if args.quick:
         args.rounds = 1
@@ -252,32 +253,33 @@ def main(argv: list[str] | None = None) -> int:
     size = QUICK if args.quick else FULL
     run = method.Run("switch_cost.py", argv, quick=args.quick, out=args.out, master=f"local[{args.cores}]")
     trees = {"this": REPOSITORY}
-    work = Path(tempfile.mkdtemp(prefix="fissure-switch-cost-"))
-    if args.revision is not None:
-        trees["base"] = work / "base"
-        subprocess.run(["git", "worktree", "add", "--detach", str(trees["base"]), args.revision], cwd=REPOSITORY,
-                       check=True, capture_output=True)
-    rounds: dict[str, list[dict]] = {name: [] for name in trees}
-    try:
-        for round_number in range(args.rounds):
-            for name in method.run_order(list(trees), round_number):
-                command = [sys.executable, __file__, "--cores", str(args.cores),
-                           "--point", str(trees[name]), json.dumps(asdict(size))]
-                result = method.run_in_tree(command + ([] if args.quick else ["--warm-up"]), trees[name], name)
-                rounds[name].append(result)
-                print(f"round {round_number + 1} {name}: " + ", ".join(
-                    f"{switch['applied_as']} {switch['total_s']:.2f} s" for switch in result["switches"]), flush=True)
-        document = {
-            "this": run.revision, "base": revision(trees["base"]) if "base" in trees else None,
-            "cores": args.cores, "rounds": args.rounds, "size": asdict(size),
-            "script": [{"plan_after": text, "meant": meant} for text, meant in SCRIPT],
-            "by_kind": {name: medians_by_kind(results) for name, results in rounds.items()},
-            "runs": rounds,
-        }
-    finally:
-        if "base" in trees:
-            subprocess.run(["git", "worktree", "remove", "--force", str(trees["base"])], cwd=REPOSITORY,
-                           capture_output=True)
+    with method.scratch_folder("switch_cost.py") as work:  # the earlier revision's worktree, inputs, checkpoints
+        if args.revision is not None:
+            trees["base"] = work / "base"
+            subprocess.run(["git", "worktree", "add", "--detach", str(trees["base"]), args.revision], cwd=REPOSITORY,
+                           check=True, capture_output=True)
+        rounds: dict[str, list[dict]] = {name: [] for name in trees}
+        try:
+            for round_number in range(args.rounds):
+                for name in method.run_order(list(trees), round_number):
+                    command = [sys.executable, __file__, "--cores", str(args.cores),
+                               "--point", str(trees[name]), json.dumps(asdict(size)), str(work)]
+                    result = method.run_in_tree(command + ([] if args.quick else ["--warm-up"]), trees[name], name)
+                    rounds[name].append(result)
+                    print(f"round {round_number + 1} {name}: " + ", ".join(
+                        f"{switch['applied_as']} {switch['total_s']:.2f} s" for switch in result["switches"]),
+                        flush=True)
+            document = {
+                "this": run.revision, "base": revision(trees["base"]) if "base" in trees else None,
+                "cores": args.cores, "rounds": args.rounds, "size": asdict(size),
+                "script": [{"plan_after": text, "meant": meant} for text, meant in SCRIPT],
+                "by_kind": {name: medians_by_kind(results) for name, results in rounds.items()},
+                "runs": rounds,
+            }
+        finally:
+            if "base" in trees:
+                subprocess.run(["git", "worktree", "remove", "--force", str(trees["base"])], cwd=REPOSITORY,
+                               capture_output=True)
     run.write_results("switch_cost_quick" if args.quick else "switch_cost", report(document), document)
     return 0
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -370,6 +371,23 @@ class TestBusyVerdict:
 
         method.end_spark(Session())
         assert events == ["session stopped"]
+
+    def test_a_scratch_folder_is_there_inside_its_block_and_gone_after_it(self, monkeypatch, tmp_path):
+        monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+        with method.scratch_folder("benchmarks/state_size.py") as scratch:
+            assert scratch.is_dir() and scratch.parent == tmp_path
+            assert scratch.name.startswith("fissure-state_size-")
+            (scratch / "input").mkdir()
+            (scratch / "input" / "part-0.txt").write_text("a line\n")
+        assert not scratch.exists()
+
+    def test_a_scratch_folder_is_removed_when_its_block_raises(self, monkeypatch, tmp_path):
+        monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+        with pytest.raises(RuntimeError, match="the run failed"):
+            with method.scratch_folder("state_size.py") as scratch:
+                (scratch / "checkpoint").mkdir()
+                raise RuntimeError("the run failed")
+        assert not scratch.exists()
 
     def test_a_process_that_ends_between_two_reads_is_not_counted(self, monkeypatch):
         import builtins

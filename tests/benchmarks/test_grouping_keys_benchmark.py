@@ -23,10 +23,11 @@ def test_the_reported_splits_are_sparks_for_both_schemes():
                                       "balanced over 2": [32, 32], "balanced over 3": [21, 22, 21]}
 
 
-def test_each_runs_new_checkpoint_keeps_the_scheme_and_count_it_was_made_for():
+def test_each_runs_new_checkpoint_keeps_the_scheme_and_count_it_was_made_for(tmp_path):
     # a new checkpoint on 2 cores would get 8 balanced buckets: the record keeps each run on its 64
     for keys in (PLAIN_KEYS, BALANCED_KEYS, balanced_keys(8)):
-        checkpoint = grouping_keys.checkpoint_under(keys)
+        checkpoint = grouping_keys.checkpoint_under(keys, tmp_path)
+        assert Path(checkpoint).parent == tmp_path
         assert checkpoint_grouping_keys(LocalStore(checkpoint), fresh=True, new_buckets=16) is keys
         assert [path.name for path in Path(checkpoint).rglob("*") if path.is_file()] == ["state_layout.json"]
 
