@@ -50,7 +50,6 @@ bytewax is the optional extra `bench` (`.venv/bin/python -m pip install -e ".[be
 from __future__ import annotations
 
 import argparse
-import shutil
 import statistics
 import sys
 import tempfile
@@ -308,12 +307,11 @@ def main(argv: list[str] | None = None) -> int:
     from fissure.spark.session.create import create_session
 
     spark = create_session(RunnerConfig(master="local[2]"))
-    work = Path(tempfile.mkdtemp(prefix="fissure-cost-"))  # inputs and checkpoints: about 300 MB at --goal
-    try:
-        document = measure_workloads(spark, args, work, names, records, files, files_per_batch, plan_names)
-    finally:
-        method.end_spark(spark)
-        shutil.rmtree(work, ignore_errors=True)
+    with method.scratch_folder("cost.py") as work:  # inputs and checkpoints: about 300 MB at --goal
+        try:
+            document = measure_workloads(spark, args, work, names, records, files, files_per_batch, plan_names)
+        finally:
+            method.end_spark(spark)
     stem = "cost_1m" if args.goal else "cost"
     if args.only:
         stem += "_" + "_".join(name.replace("-", "_") for name in names)
