@@ -44,10 +44,8 @@ repeat) is an end-to-end check only.
 from __future__ import annotations
 
 import argparse
-import shutil
 import statistics
 import sys
-import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -569,24 +567,23 @@ def main(argv=None) -> int:
     stem = "adaptive_spark_quick" if args.quick else "adaptive_spark"
     run.out.mkdir(parents=True, exist_ok=True)
     spark = create_session(RunnerConfig(master=f"local[{args.cores}]", app_name="fissure-adaptive-bench"))
-    work = Path(tempfile.mkdtemp(prefix="fissure-adaptive-bench-"))
-    try:
-        reach = change_result = bad = costs = None
-        if "reach-best" in parts:
-            print("(a) reach-best", file=sys.stderr)
-            reach = reach_best(spark, work, size, args.quick, stem, args.repeats)
-        if "cost-change" in parts:
-            print("(b) cost-change", file=sys.stderr)
-            change_result = cost_change(spark, work, change, args.quick, stem, args.repeats)
-        if "bad-injection" in parts:
-            print("(c) bad-injection", file=sys.stderr)
-            bad = bad_injection(spark, work, size, args.quick, stem, args.inject_at)
-        if "switch-costs" in parts:
-            print("switch costs", file=sys.stderr)
-            costs = switch_costs(spark, work, size)
-    finally:
-        method.end_spark(spark)
-        shutil.rmtree(work, ignore_errors=True)
+    with method.scratch_folder("adaptive_spark.py") as work:
+        try:
+            reach = change_result = bad = costs = None
+            if "reach-best" in parts:
+                print("(a) reach-best", file=sys.stderr)
+                reach = reach_best(spark, work, size, args.quick, stem, args.repeats)
+            if "cost-change" in parts:
+                print("(b) cost-change", file=sys.stderr)
+                change_result = cost_change(spark, work, change, args.quick, stem, args.repeats)
+            if "bad-injection" in parts:
+                print("(c) bad-injection", file=sys.stderr)
+                bad = bad_injection(spark, work, size, args.quick, stem, args.inject_at)
+            if "switch-costs" in parts:
+                print("switch costs", file=sys.stderr)
+                costs = switch_costs(spark, work, size)
+        finally:
+            method.end_spark(spark)
     document = {
         "cores": args.cores, "quick": args.quick, "repeats": args.repeats, "size": asdict(size), "cost_change_input": asdict(change), "stem": stem, "plots": args.plots, "reach_best": reach,
         "cost_change": change_result, "bad_injection": bad, "switch_costs": costs,

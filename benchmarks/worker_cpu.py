@@ -26,10 +26,8 @@ from __future__ import annotations
 
 import argparse
 import pickle
-import shutil
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -252,9 +250,8 @@ def main(argv: list[str] | None = None) -> int:
     spent: dict[str, list[float]] = {}
     direct: list[float] = []
     family = {"hot-items": None, "logwatch": "logwatch"}.get(args.variant, "wordcount")
-    work = Path(tempfile.mkdtemp(prefix="fissure-worker-cpu-"))
-    steady_file = work / "steady.txt"
-    try:
+    with method.scratch_folder("worker_cpu.py") as work:
+        steady_file = work / "steady.txt"
         steady_file.write_text("".join(line.rstrip("\n") + "\n" for line in steady), encoding="utf-8")
         for _ in range(args.repeats):
             stages.run(steady, spent)
@@ -262,8 +259,6 @@ def main(argv: list[str] | None = None) -> int:
                 started_s = time.process_time()
                 direct_loops.DIRECT[family][0]([str(steady_file)])
                 direct.append(time.process_time() - started_s)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
     what = {"hot-items": "hot items, the stages before the first keyed one", "logwatch": "LogWatch"}.get(
         args.variant, f"{args.variant} word count")
     per_line = lambda seconds: 1e6 * seconds / args.lines  # noqa: E731

@@ -292,13 +292,22 @@ def combine_folds(operators: Sequence[OperatorStats], plan: Plan, cores: int,
                   workload: SparkWorkload = SparkWorkload()) -> dict[str, float]:
     """Per combined operator of `plan`, the folds that make its partials in a micro-batch: the
     tasks of the pe stage before it, or the calls of the keyed stage before it."""
+    workload, chain, shapes = _stages_of(operators, plan, cores, workload)
+    return {operators[index].name: _fold_calls(shapes[number - 1], operators, chain, workload)
+            for number, index in _combine_points(shapes) if operators[index].combined}
+
+
+def _stages_of(operators: Sequence[OperatorStats], plan: Plan, cores: int,
+               workload: SparkWorkload) -> tuple[SparkWorkload, _Chain, tuple[StageShape, ...]]:
+    """The plan checked, the workload with its bucket count (a new checkpoint's on `cores` when
+    unset), the records entering each operator and the plan's Spark stages."""
     validate_plan(operators, plan)
+    if cores < 1:
+        raise ValueError(f"cores must be >= 1, got {cores}")
     if workload.state_buckets is None:
         workload = replace(workload, state_buckets=new_checkpoint_buckets(cores))
     chain = _Chain(operators, workload.batch_records)
-    shapes = spark_stages(operators, plan, workload.source_partitions, workload.default_state_partitions)
-    return {operators[index].name: _fold_calls(shapes[number - 1], operators, chain, workload)
-            for number, index in _combine_points(shapes) if operators[index].combined}
+    return workload, chain, spark_stages(operators, plan, workload.source_partitions, workload.default_state_partitions)
 
 
 def _node_work(node: NodeShape, chain: _Chain, operators: Sequence[OperatorStats], constants: SparkConstants,
@@ -344,13 +353,7 @@ def evaluate_spark(operators: Sequence[OperatorStats], plan: Plan, cores: int,
                    constants: SparkConstants = SparkConstants(),
                    workload: SparkWorkload = SparkWorkload()) -> SparkEvaluation:
     """Predicted micro-batch time and throughput of `plan` for the chain `operators` on `cores` task slots."""
-    validate_plan(operators, plan)
-    if cores < 1:
-        raise ValueError(f"cores must be >= 1, got {cores}")
-    if workload.state_buckets is None:
-        workload = replace(workload, state_buckets=new_checkpoint_buckets(cores))
-    chain = _Chain(operators, workload.batch_records)
-    shapes = spark_stages(operators, plan, workload.source_partitions, workload.default_state_partitions)
+    workload, chain, shapes = _stages_of(operators, plan, cores, workload)
     critical = [0.0] * len(shapes)
     total = [0.0] * len(shapes)
     combined = _combined_inputs(shapes, operators, chain, workload)
