@@ -49,11 +49,11 @@ PLANS = [
 ]
 
 
-def modelled_steps(operators, plan):
+def modelled_steps(operators, plan, scan_spreads=False):
     """The model's Python nodes in order, as (kind, pipelines, exchange before, partitions)."""
     names = [operator.name for operator in operators]
     steps = []
-    for number, stage in enumerate(spark_stages(operators, plan)):
+    for number, stage in enumerate(spark_stages(operators, plan, scan_spreads=scan_spreads)):
         for position, node in enumerate(stage.nodes):
             first = position == 0 and number > 0
             steps.append((node.kind, tuple(tuple(names[i] for i in pipeline) for pipeline in node.pipelines),
@@ -71,9 +71,10 @@ def test_the_models_spark_stages_are_the_compilers(spark, tmp_path):
                 .partitioned("c", lambda state, r: r, key="user").map("d", lambda r: r)
                 .stateful("e", lambda state, r: r))
     for plan in PLANS:
-        compiled = compile_graph(as_graph(pipeline), {"source": source}, plan=plan)
-        assert modelled_steps(CHAIN, plan) == [
-            (step.kind, step.pipelines, step.exchange, step.partitions) for step in compiled.steps], plan
+        for scan_spreads in (False, True):
+            compiled = compile_graph(as_graph(pipeline), {"source": source}, plan=plan, scan_spreads=scan_spreads)
+            assert modelled_steps(CHAIN, plan, scan_spreads) == [
+                (step.kind, step.pipelines, step.exchange, step.partitions) for step in compiled.steps], plan
 
 
 def test_batch_time_is_fixed_costs_plus_stage_times_and_throughput_is_records_over_it():

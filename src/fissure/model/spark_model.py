@@ -133,6 +133,9 @@ class SparkWorkload:
     # plan's folds make at least one partial of each
     combine_groups_per_batch: Mapping[str, float] = field(default_factory=dict)
     default_state_partitions: int = 1  # state partitions of a plan without a replicated keyed region
+    # the source's scan splits a micro-batch over the cores (a file source: fissure.spark.io.scan_split),
+    # so a replicated first region runs on its tasks (fissure.model.spark_stages)
+    scan_spreads: bool = True
     # buckets of a partitioned operator's keys (None: a new checkpoint's on the cores evaluated)
     state_buckets: int | None = None
 
@@ -307,7 +310,8 @@ def _stages_of(operators: Sequence[OperatorStats], plan: Plan, cores: int,
     if workload.state_buckets is None:
         workload = replace(workload, state_buckets=new_checkpoint_buckets(cores))
     chain = _Chain(operators, workload.batch_records)
-    return workload, chain, spark_stages(operators, plan, workload.source_partitions, workload.default_state_partitions)
+    return workload, chain, spark_stages(operators, plan, workload.source_partitions, workload.default_state_partitions,
+                                         workload.scan_spreads)
 
 
 def _node_work(node: NodeShape, chain: _Chain, operators: Sequence[OperatorStats], constants: SparkConstants,

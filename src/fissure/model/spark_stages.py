@@ -106,8 +106,11 @@ def bucket_balance(keys: float, partitions: int, buckets: int) -> float:
 
 
 def spark_stages(operators: Sequence[OperatorStats], plan: Plan, source_partitions: int = 1,
-                 default_state_partitions: int = 1) -> tuple[StageShape, ...]:
-    """The Spark stages of one micro-batch under `plan`, as fissure.spark.query.compile_graph builds them."""
+                 default_state_partitions: int = 1, scan_spreads: bool = False) -> tuple[StageShape, ...]:
+    """The Spark stages of one micro-batch under `plan`, as fissure.spark.query.compile_graph builds them.
+    `scan_spreads`: the source's scan splits a micro-batch over the cores (a file source), so a
+    replicated first region's stateless head runs on the scan's tasks, as many ways as its
+    replicas, with no numbering node and no round-robin exchange."""
     index = {operator.name: i for i, operator in enumerate(operators)}
     has_state = any(operator.kind is not Kind.STATELESS for operator in operators)
     keyed = [region.replicas for region in plan.regions
@@ -136,7 +139,10 @@ def spark_stages(operators: Sequence[OperatorStats], plan: Plan, source_partitio
         pipelines = [tuple(index[name] for name in pipeline) for pipeline in region.pipelines]
         segments = _segments(operators, pipelines)
         replicas = region.replicas
-        if segments[0][0] == "pe" and not (replicas == 1 and partitions in (None, 1)):
+        if segments[0][0] == "pe" and scan_spreads and replicas > 1 and not stages and not current["nodes"]:
+            current["partitions"] = current["split"] = replicas  # the scan's tasks spread it
+            partitions = replicas
+        elif segments[0][0] == "pe" and not (replicas == 1 and partitions in (None, 1)):
             if not carried and has_state:
                 sequence_node(members[0])
             # Round-robin whatever the region holds: its stateless prefix runs spread evenly, and

@@ -12,7 +12,7 @@ import fissure
 from fissure import Pipeline, PipelineError
 from fissure.model.types import Plan, RegionPlan
 from fissure.spark.io.sinks import FileSink, MemorySink
-from fissure.testing import record_files
+from fissure.testing import TestingSource, record_files
 
 pytestmark = pytest.mark.spark
 
@@ -91,15 +91,16 @@ def test_fission_pipelining_and_keyed_regions_give_the_sequential_results(spark,
                  RegionPlan((("total",),), replicas=1)))
     runner, report, records = run_chain(spark, tmp_path, plan)
     stages = runner.compiled.steps
+    # a file source: the scan's tasks spread the first region, which numbers the records itself
     assert [(s.kind, s.exchange, s.partitions, s.pipelines) for s in stages] == [
-        ("sequence", "none", None, ()),
-        ("pe", "round-robin", 2, (("scale",), ("even",))),
+        ("pe", "none", None, (("scale",), ("even",))),
         ("state", "hash", 2, (("order",),)),
         ("state", "single", 2, (("total",),)),
     ]
+    assert runner.compiled.spread_by_scan
     assert sorted(record["i"] for record in records) == expected_results(40)
-    # Round-robin fission reorders records between the regions; sequence numbers restore the
-    # source order for every key.
+    # Fission reorders records between the regions; sequence numbers restore the source order
+    # for every key.
     assert all(record["in_order"] for record in records)
     per_user = {}
     for record in sorted(records, key=lambda r: r["i"]):
@@ -110,18 +111,25 @@ def test_fission_pipelining_and_keyed_regions_give_the_sequential_results(spark,
     assert "thirteen is unlucky" in dead[0].error
 
 
-def test_partitioned_region_spreads_its_stateless_prefix_and_hashes_on_the_key(spark, tmp_path):
+@pytest.mark.parametrize("source_kind", ["files", "testing"])
+def test_partitioned_region_spreads_its_stateless_prefix_and_hashes_on_the_key(spark, tmp_path, source_kind):
     pipeline = (Pipeline("prefix").map("scale", scale)
                 .partitioned("order", remember_order, key="user", schema=ORDERED))
     plan = Plan((RegionPlan((("scale", "order"),), replicas=2),))
-    source = record_files(tmp_path / "in", events(30), EVENTS)
+    if source_kind == "files":
+        source = record_files(tmp_path / "in", events(30), EVENTS, records_per_file=10)
+    else:
+        source = TestingSource(events(30), schema=EVENTS)
     sink = MemorySink()
     runner = fissure.Runner(pipeline, source, sink, plan=plan, config=fissure.RunnerConfig(spark=spark, progress="off"))
     runner.start(available_now=True)
     runner.await_termination(120)
     runner.stop()
-    assert [(s.kind, s.exchange, s.key) for s in runner.compiled.steps] == [
-        ("sequence", "none", None), ("pe", "round-robin", None), ("state", "hash", ("user",))]
+    # A file source's scan splits each micro-batch over the cores and spreads the prefix; any
+    # other source's rows are numbered first, then spread round-robin.
+    assert [(s.kind, s.exchange, s.key) for s in runner.compiled.steps] == (
+        [("pe", "none", None), ("state", "hash", ("user",))] if source_kind == "files" else
+        [("sequence", "none", None), ("pe", "round-robin", None), ("state", "hash", ("user",))])
     counts = {}
     for record in sink.records():
         counts[record["user"]] = max(counts.get(record["user"], 0), record["seen"])

@@ -43,7 +43,7 @@ from fissure.spark.checkpoint.files import open_store
 from fissure.spark.checkpoint.lock import CheckpointLock
 from fissure.config import RunnerConfig
 from fissure.spark.query.observed_metrics import Publication
-from fissure.plan.plans import describe_plan, resolve_plan
+from fissure.plan.plans import describe_plan, resolve_plan, spark_model_for
 from fissure.lifecycle.progress_output import ProgressOutput
 from fissure.spark.query.run_end import check_input_read
 from fissure.spark.query.report import RunReport
@@ -170,7 +170,8 @@ def run_adaptive_on_spark(
     initial = canonical_plan(resolve_plan(plan, pipeline, cores, estimates))
     chain = pipeline.operator_stats(estimates)
     settings = config.adaptation
-    search = SparkModelSearch(method=settings.planning_method, max_threads=settings.max_threads)
+    search = SparkModelSearch(spark_model_for(pipeline), method=settings.planning_method,
+                              max_threads=settings.max_threads)
     controller = AdaptiveController(chain, Machine(cores=cores), initial, settings, switch_costs, search)
     owned_checkpoint = checkpoint is None
     checkpoint = checkpoint or tempfile.mkdtemp(prefix="fissure-checkpoint-")

@@ -2,12 +2,15 @@
 
 - every source becomes envelopes (route = the source's stream number, a sequence number
   `source index << 56 | partition << 40 | row`, its fields in its schema's columns), and the
-  sources are unioned; a single source read by a first pe stage becomes envelopes inside it;
+  sources are unioned; a single source read by a first pe stage becomes envelopes inside it,
+  and when that stage is replicated over a file source, it runs on the scan's own tasks, which
+  split each micro-batch over the cores (fissure.spark.io.scan_split), instead of behind a
+  numbering stage and a round-robin exchange;
 - between two stages an envelope carries the columns of the streams still read later only
   (fissure.compile.stages.stream_lifetimes);
 - the plan (fissure.model.types.Plan over the graph's execution order; sequential by default)
   cuts the graph into stages (fissure.compile.stages.plan_graph_stages); a pe stage that starts
-  a replicated region is spread round-robin over its replicas;
+  a replicated region is spread round-robin over its replicas (but the first, on a spreading scan);
 - every pe stage is one mapInArrow running a graph processing element (its pieces as a chain of
   processes when pipeline boundaries cut it);
 - every keyed node is one transformWithStateInPandas behind a hash exchange on a grouping key.
@@ -97,6 +100,7 @@ class CompiledGraph:
     state_partitions: int
     steps: tuple[CompiledStep, ...] = ()
     time: TimeLayout = TimeLayout()  # the program's time-aware operators, lateness and horizon
+    spread_by_scan: bool = False  # the first stage runs replicated on the scan's tasks (scan_split's settings)
 
 
 def _source_envelopes(name: str, index: int, frame: DataFrame, layout: EnvelopeLayout,
@@ -170,7 +174,7 @@ def compile_graph(graph: StreamGraph, source_frames: Mapping[str, DataFrame], *,
                   line_formats: Mapping[str, LineFormat] | None = None,
                   state_access: StateAccess = StateAccess(), control_frame: DataFrame | None = None,
                   time_tally=None, combine: bool = True,
-                  grouping_keys: GroupingKeys = BALANCED_KEYS) -> CompiledGraph:
+                  grouping_keys: GroupingKeys = BALANCED_KEYS, scan_spreads: bool = False) -> CompiledGraph:
     """The query of `graph` under `plan` (default: sequential) over the streaming DataFrames of its
     sources (by source name).
 
@@ -191,7 +195,9 @@ def compile_graph(graph: StreamGraph, source_frames: Mapping[str, DataFrame], *,
     merge into partials before their exchange (fissure.runtime.operators.combine); False ships every record.
     `grouping_keys`: the values a keyed stage's buckets and spread keys travel as, the checkpoint's
     scheme and bucket count (fissure.runtime.state.grouping_keys; the runner gives a new checkpoint the
-    balanced scheme of the count chosen for its cores, fissure.model.state_buckets)."""
+    balanced scheme of the count chosen for its cores, fissure.model.state_buckets). `scan_spreads`:
+    the single source's scan splits each micro-batch over the cores (a file source under
+    fissure.spark.io.scan_split's settings), so a replicated first pe stage runs on the scan's tasks."""
     line_formats = line_formats or {}
     threads = threads or WorkerThreads()
     for operator in graph.operators:
@@ -222,10 +228,13 @@ def compile_graph(graph: StreamGraph, source_frames: Mapping[str, DataFrame], *,
     layouts = [every_stream.restricted(live) for live in stream_lifetimes(graph, stages)]  # between stages
     # One source read by a first pe stage: its records become envelopes inside that stage's PE, not
     # in a Python stage of their own (one Arrow round trip less), unless sequence numbers must be
-    # drawn before the stage spreads its input over replicas (a keyed node later orders by them).
+    # drawn before a round-robin spreads the stage's input over replicas (a keyed node later orders
+    # by them). A spreading scan needs no round-robin: the stage runs on the scan's tasks.
     first = stages[0]
+    spread_by_scan = len(graph.sources) == 1 and first.kind == "pe" and control_frame is None and scan_spreads
     enveloped_in_first_stage = (len(graph.sources) == 1 and first.kind == "pe" and control_frame is None
-                                and ((first.replicas or 1) == 1 or all(stage.kind == "pe" for stage in stages)))
+                                and ((first.replicas or 1) == 1 or spread_by_scan
+                                     or all(stage.kind == "pe" for stage in stages)))
     # A keyed stage's input comes packed by the stage before it (fissure.runtime.operators.packing).
     # A time-aware stage runs every bucket in every batch: its keys due without records fire.
     time_aware = checked.time.fields
@@ -273,7 +282,9 @@ def compile_graph(graph: StreamGraph, source_frames: Mapping[str, DataFrame], *,
         done |= set(stage.nodes)
         if stage.kind == "pe":
             exchange, spread = "none", None
-            if stage.replicas is not None and (stage.replicas > 1 or partitions not in (None, 1)):
+            if stage.position == 0 and spread_by_scan and (stage.replicas or 1) > 1:
+                partitions = stage.replicas  # the scan's tasks, about one a core, spread the replicas' work
+            elif stage.replicas is not None and (stage.replicas > 1 or partitions not in (None, 1)):
                 frame = frame.repartition(stage.replicas)  # round-robin: the replicas share the records
                 exchange, spread = "round-robin", stage.replicas
                 partitions = stage.replicas
@@ -325,7 +336,7 @@ def compile_graph(graph: StreamGraph, source_frames: Mapping[str, DataFrame], *,
                                   tuple(node.key) if partitioned else None,
                                   combined=node.name in combined))
     return CompiledGraph(frame, layouts[-1], stages, schemas, checked.order, plan, state_partitions, tuple(steps),
-                         checked.time)
+                         checked.time, spread_by_scan and (first.replicas or 1) > 1)
 
 
 def sink_frame(compiled: CompiledGraph, graph: StreamGraph, sink: str, frame: DataFrame) -> DataFrame:

@@ -64,7 +64,8 @@ from fissure.spark.query.progress_feed import ProgressFeed
 from fissure.spark.query.watching import QueryWatching
 from fissure.spark.session.create import QUERY_DEFAULTS, create_session, default_parallelism
 from fissure.spark.io.sinks import DeadLetterLog
-from fissure.spark.io.sources import check_before_spark, default_file_system, open_source
+from fissure.spark.io.scan_split import apply_scan_split
+from fissure.spark.io.sources import FileSource, check_before_spark, default_file_system, open_source
 from fissure.spark.query.stages import WorkerProfiling
 from fissure.spark.state.repartition import RepartitionRecovery, delete_checkpoint, recover_unfinished_repartition
 from fissure.spark.query.time_log import TimeLog, end_of_input_folder, prepare_end_of_input_folder, write_end_of_input_marker
@@ -284,6 +285,9 @@ class Runner(SourcePreparation, BatchWriting, QueryWatching):
             sources, self.admissions = self._sized_sources(self.lock.store, available_now)
         sources = self._staged_sources(sources, fresh, available_now)
         frames = {name: open_source(sources[name], self.spark) for name in self.graph.sources if name in sources}
+        # one file source: its scan splits each micro-batch over the cores (fissure.spark.io.scan_split)
+        scan_spreads = (len(self.graph.sources) == 1
+                        and isinstance(sources.get(self.graph.sources[0]), FileSource))
         self.time_tally = self.spark.sparkContext.accumulator(TimeTally(), TimeTallyParam())
         control_frame = None
         if self.time_aware:
@@ -299,7 +303,8 @@ class Runner(SourcePreparation, BatchWriting, QueryWatching):
                                       profiling=profiling, resource_profile_for=resource_profiles(self.spark),
                                       line_formats=line_formats, state_access=self.config.state_access(),
                                       control_frame=control_frame, time_tally=self.time_tally,
-                                      combine=self.config.combine_aggregates, grouping_keys=self.grouping_keys)
+                                      combine=self.config.combine_aggregates, grouping_keys=self.grouping_keys,
+                                      scan_spreads=scan_spreads)
         frame = observe_run(self.compiled.frame, [operator.name for operator in self.graph.operators],
                             counted=self.profile_settings is not None)
         writer = self._write_batch
@@ -314,6 +319,7 @@ class Runner(SourcePreparation, BatchWriting, QueryWatching):
     def _launch(self, available_now: bool, guard: StartGuard):
         """The built query started: the session's query settings, the program checked against the
         checkpoint's record, an unfinished state repartition finished, then Spark's start."""
+        apply_scan_split(self.spark.conf, self.cores, self.compiled.spread_by_scan)
         for name, value in {**QUERY_DEFAULTS,
                             "spark.sql.streaming.stateStore.providerClass": self.config.state_store_provider,
                             # Read only when the checkpoint is new: a checkpoint keeps its own value.

@@ -10,7 +10,7 @@ import sys
 from collections.abc import Mapping
 
 from fissure.plan.batch_size import BatchCost, SampleDecision, choose_batch_records, model_batch_cost, sample_needed
-from fissure.plan.stored_calibration import stored_spark_model
+from fissure.plan.plans import spark_model_for
 from fissure.program.operators import OperatorEstimate
 from fissure.spark.io.batch_admission import (SAMPLE_RECORD, SourceAdmission, admit_file_sources, first_file,
                                            input_records, needs_size, recorded_sample, sample_record, sample_rows)
@@ -64,7 +64,7 @@ class SourcePreparation:
         `available_now`: the run reads only what the sources hold now."""
         if not any(needs_size(source) for source in self.sources.values()):
             return self.sources, ()  # no model to evaluate, no calibration file to read
-        settings, _ = stored_spark_model()
+        settings = spark_model_for(self.graph)
         cores = default_parallelism(self.spark)
         declared = model_batch_cost(self.graph.operator_stats(self.estimates), self.plan, cores, settings)
         estimates, costs = self._sampled_estimates(store, self._sample_decision(declared, available_now))
