@@ -10,11 +10,13 @@ is cut into pieces of that length; the pieces, longest first, fill one task afte
 `max_split`, each counted `openCostInBytes` longer than it is. With Spark's defaults (4 MB of
 opening cost, minPartitionNum = the cores) the scan's tasks follow the files, not the cores: a
 batch of one 5.35 MB file splits 89 % / 11 % of its lines on 2 cores, five such files make tasks
-of 2, 2 and 1 files (both checked on Spark 4.3's batch read, local[2]). `SCAN_SPLIT` sets no
-opening cost and `SPLITS_PER_CORE` tasks per core: one or a few files are cut into even pieces,
-many small files pack evenly, and a batch whose files are each about a task's share still makes
-whole-file tasks (five equal files: five tasks on two cores, the third wave on one core).
-`scan_tasks` computes the split as Spark does, for tests and the docs.
+of 2, 2 and 1 files (both checked on Spark 4.3's batch read, local[2]). `scan_split_settings`
+sets no opening cost and `SPLITS_PER_CORE` tasks per core: one or two files are cut into even
+pieces, many small files pack evenly, and a batch whose files are each about a task's share
+still makes whole-file tasks (five equal files on two cores: 2, 2 and 1 files, the last wave on
+one core). Splitting finer would even those too, at a task's fixed cost each: 10 tasks a batch
+ran LogWatch at 94,798 lines/s against 110,488 with 3 (docs/profiling.md). `scan_tasks`
+computes the split as Spark does, for tests and the docs.
 
 Spark mechanism with no pyspark import: the settings are set on the session before the query
 starts (`apply_scan_split`, with the runner's query settings); a streaming query keeps the ones
@@ -23,7 +25,7 @@ it started with.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 MAX_PARTITION_BYTES = 128 << 20  # Spark's spark.sql.files.maxPartitionBytes (left as it is)
 SPARK_OPEN_COST_BYTES = 4 << 20  # Spark's default spark.sql.files.openCostInBytes
