@@ -64,8 +64,7 @@ def spreading_scan(program: Program) -> bool:
     taken to be a file source, and no time-aware operator (those keep the numbering stage and the
     round-robin: their first stage must read each micro-batch's clock)."""
     graph = as_graph(program)
-    return len(graph.sources) == 1 and not any(getattr(operator.time, "time_aware", False)
-                                               for operator in graph.operators)
+    return len(graph.sources) == 1 and not graph.time_aware
 
 
 def spark_model_for(program: Program):

@@ -340,6 +340,11 @@ class StreamGraph:
         """The user's operators (not unions or joins), in execution order."""
         return tuple(self._nodes[name].operator for name in self.names if self._nodes[name].operator is not None)
 
+    @property
+    def time_aware(self) -> bool:
+        """Whether an operator of the graph is time-aware (a window, an expiring state, ...)."""
+        return any(getattr(operator.time, "time_aware", False) for operator in self.operators)
+
     def chain_operators(self) -> tuple[Operator, ...] | None:
         """The operators in order when the graph is a chain (one source, one sink, operators one
         after the other, no union or join), else None (`fissure.Pipeline.from_graph`)."""

@@ -3,14 +3,25 @@ computed as Spark computes it, and Spark's own split of the same files under the
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import pytest
 
-from fissure.spark.io.scan_split import (
-    SPARK_OPEN_COST_BYTES, apply_scan_split, scan_split_settings, scan_tasks, split_waves,
-)
+from fissure.spark.io.scan_split import SPARK_OPEN_COST_BYTES, apply_scan_split, scan_split_settings, scan_tasks
 
 MB = 1 << 20
 FILE = 5 * MB + 350 * 1024  # LogWatch's benchmark files: 50,000 lines each
+
+
+def split_waves(tasks: Sequence[int], cores: int) -> float:
+    """How evenly `tasks` (their bytes) keep `cores` busy: the batch's bytes over cores times the
+    busiest core's, tasks taken in order by the first free core (1.0: even)."""
+    if not tasks:
+        return 1.0
+    loads = [0] * cores
+    for task in tasks:
+        loads[loads.index(min(loads))] += task
+    return sum(tasks) / (cores * max(loads))
 
 
 def test_spark_defaults_split_by_the_files_and_the_settings_by_the_cores():

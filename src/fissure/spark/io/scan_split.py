@@ -72,17 +72,6 @@ def scan_tasks(file_sizes: Sequence[int], min_partitions: int, open_cost: int = 
     return tasks
 
 
-def split_waves(tasks: Sequence[int], cores: int) -> float:
-    """How evenly `tasks` (their bytes) keep `cores` busy: the batch's bytes over cores times the
-    busiest core's, tasks taken in order by the first free core (1.0: even)."""
-    if not tasks:
-        return 1.0
-    loads = [0] * cores
-    for task in tasks:
-        loads[loads.index(min(loads))] += task
-    return sum(tasks) / (cores * max(loads))
-
-
 def apply_scan_split(conf, cores: int, spread: bool) -> None:
     """Set `scan_split_settings` on a session's conf (Spark's RuntimeConfig) before a query whose
     first stage the scan spreads; before any other query, take back the ones an earlier query

@@ -231,10 +231,10 @@ def compile_graph(graph: StreamGraph, source_frames: Mapping[str, DataFrame], *,
     # drawn before a round-robin spreads the stage's input over replicas (a keyed node later orders
     # by them). A spreading scan needs no round-robin: the stage runs on the scan's tasks.
     first = stages[0]
-    spread_by_scan = len(graph.sources) == 1 and first.kind == "pe" and control_frame is None and scan_spreads
-    enveloped_in_first_stage = (len(graph.sources) == 1 and first.kind == "pe" and control_frame is None
-                                and ((first.replicas or 1) == 1 or spread_by_scan
-                                     or all(stage.kind == "pe" for stage in stages)))
+    source_into_first_pe = len(graph.sources) == 1 and first.kind == "pe" and control_frame is None
+    spread_by_scan = source_into_first_pe and scan_spreads and (first.replicas or 1) > 1
+    enveloped_in_first_stage = source_into_first_pe and ((first.replicas or 1) == 1 or spread_by_scan
+                                                         or all(stage.kind == "pe" for stage in stages))
     # A keyed stage's input comes packed by the stage before it (fissure.runtime.operators.packing).
     # A time-aware stage runs every bucket in every batch: its keys due without records fire.
     time_aware = checked.time.fields
@@ -282,7 +282,7 @@ def compile_graph(graph: StreamGraph, source_frames: Mapping[str, DataFrame], *,
         done |= set(stage.nodes)
         if stage.kind == "pe":
             exchange, spread = "none", None
-            if stage.position == 0 and spread_by_scan and (stage.replicas or 1) > 1:
+            if stage.position == 0 and spread_by_scan:
                 partitions = stage.replicas  # the scan's tasks, about one a core, spread the replicas' work
             elif stage.replicas is not None and (stage.replicas > 1 or partitions not in (None, 1)):
                 frame = frame.repartition(stage.replicas)  # round-robin: the replicas share the records
@@ -336,7 +336,7 @@ def compile_graph(graph: StreamGraph, source_frames: Mapping[str, DataFrame], *,
                                   tuple(node.key) if partitioned else None,
                                   combined=node.name in combined))
     return CompiledGraph(frame, layouts[-1], stages, schemas, checked.order, plan, state_partitions, tuple(steps),
-                         checked.time, spread_by_scan and (first.replicas or 1) > 1)
+                         checked.time, spread_by_scan)
 
 
 def sink_frame(compiled: CompiledGraph, graph: StreamGraph, sink: str, frame: DataFrame) -> DataFrame:

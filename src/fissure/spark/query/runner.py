@@ -173,7 +173,7 @@ class Runner(SourcePreparation, BatchWriting, QueryWatching):
         self._stall_text = ""
         # Time (fissure.spark.query.time_log): whether the program has time-aware operators, the
         # accumulator the stages report into, the batch clocks in the checkpoint.
-        self.time_aware = any(getattr(operator.time, "time_aware", False) for operator in self.graph.operators)
+        self.time_aware = self.graph.time_aware
         self.time_tally = None
         self.time_log: TimeLog | None = None
         self._end_of_input_next = False  # the next batch without a clock is the end of input
@@ -285,9 +285,8 @@ class Runner(SourcePreparation, BatchWriting, QueryWatching):
             sources, self.admissions = self._sized_sources(self.lock.store, available_now)
         sources = self._staged_sources(sources, fresh, available_now)
         frames = {name: open_source(sources[name], self.spark) for name in self.graph.sources if name in sources}
-        # one file source: its scan splits each micro-batch over the cores (fissure.spark.io.scan_split)
-        scan_spreads = (len(self.graph.sources) == 1
-                        and isinstance(sources.get(self.graph.sources[0]), FileSource))
+        # a file source: its scan splits each micro-batch over the cores (fissure.spark.io.scan_split)
+        scan_spreads = isinstance(sources.get(self.graph.sources[0]), FileSource)
         self.time_tally = self.spark.sparkContext.accumulator(TimeTally(), TimeTallyParam())
         control_frame = None
         if self.time_aware:
