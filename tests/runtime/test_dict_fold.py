@@ -146,6 +146,19 @@ def test_a_batch_with_a_record_only_arrow_judges_goes_through_arrow(word):
 
 
 @pytest.mark.parametrize("aggregate", [Count(), Sum("n"), Longest()], ids=["count", "sum", "own"])
+def test_a_chunk_only_arrow_judges_sends_it_and_the_batchs_later_chunks_through_arrow(aggregate, monkeypatch):
+    """A batch's per-record run goes in chunks of rows: the chunks before the one the fold
+    refuses are folded from dicts, that one and the later ones go through Arrow, and the combiner
+    still sees the records in order (`Longest` keeps the last record's sequence number)."""
+    monkeypatch.setattr(fused, "RECORD_CHUNK_ROWS", 2)
+    lines = [[("a b", 2), ("c a", 3), ("d wholefloat", 4), ("b e", 5), ("a a", 6)], [("a d", 9)]]
+    (arrow_rows, arrow_partials), (dict_rows, dict_partials), fold = both_paths(aggregate, lines)
+    assert dict_partials == arrow_partials and dict_rows == arrow_rows
+    assert (fold.batches_taken, fold.batches_refused) == (2, 1)  # chunk 1 of batch 1, batch 2; chunk 2 refused
+    assert fold.folded == 4 + 2
+
+
+@pytest.mark.parametrize("aggregate", [Count(), Sum("n"), Longest()], ids=["count", "sum", "own"])
 def test_plain_records_are_judged_and_folded_from_their_columns_alike(aggregate, monkeypatch):
     judged = []
     fitting = dict_fold.fitting_records

@@ -93,6 +93,39 @@ def test_each_action_keeps_sequence_numbers_around_records_that_raise(action, fn
         (seq, '{"n": 0}') for seq in (0, 2, 3, 6)]
 
 
+def test_a_batch_runs_its_per_record_steps_in_chunks_with_the_whole_batchs_result(monkeypatch):
+    """Chunks of input rows (cache-sized on a real batch) give the records, sequence numbers, dead
+    letters and profile counts one pass over the whole batch gives."""
+    from uuid import uuid4
+
+    from fissure.runtime.operators import fused
+    from fissure.runtime.profiling.profiler import ProfileTally
+
+    def steps():
+        return [Step("inverse", "map", inverse, NUMBERS),
+                Step("odd", "filter", lambda r: r["n"] % 2 == 1, NUMBERS),
+                Step("words", "flat_map", lambda r: [{"word": "x" * i, "n": r["n"]} for i in range(r["n"] % 3)],
+                     WORDS)]
+
+    batch = carried([{"n": n} for n in (4, 0, 1, 20, 0, 3, 7, 9, 0, 33, 5)], first_seq=100)
+
+    def run(chunk_rows: int):
+        monkeypatch.setattr(fused, "RECORD_CHUNK_ROWS", chunk_rows)
+        stage = FusedStage(steps(), NUMBERS, profile_id=f"chunks-{uuid4().hex[:8]}")
+        out = stage(batch)
+        tally = ProfileTally()
+        stage.bind_profile().report(tally)
+        counts = {counts.operator: (counts.records_in, counts.records_out, counts.dead_letters)
+                  for counts in tally.operator_counts()}
+        return out.to_pylist(), counts
+
+    whole, whole_counts = run(1_000)
+    for chunk_rows in (1, 3, 4):
+        assert run(chunk_rows) == (whole, whole_counts)
+    assert [row[SEQ] for row in whole if row[DEAD_OPERATOR] == "inverse"] == [101, 104, 108]
+    assert whole_counts["inverse"] == (11, 8, 3) and whole_counts["odd"][:2] == (8, 5)
+
+
 def test_dead_letters_pass_through_later_stages():
     first = FusedStage([Step("inverse", "map", inverse, NUMBERS)], NUMBERS)
     second = FusedStage([Step("words", "map", lambda r: {"word": str(r["n"]), "n": r["n"]}, WORDS)], NUMBERS)
