@@ -126,6 +126,41 @@ def test_a_batch_runs_its_per_record_steps_in_chunks_with_the_whole_batchs_resul
     assert whole_counts["inverse"] == (11, 8, 3) and whole_counts["odd"][:2] == (8, 5)
 
 
+def test_a_run_with_an_operator_on_elastic_threads_takes_the_whole_batch(monkeypatch):
+    """Its threads would drain at every chunk: the waiting operator gets the batch's records in one call."""
+    from dataclasses import replace
+
+    from fissure.runtime.operators import fused
+    from fissure.runtime.operators.fused import run_record_steps
+
+    class Waiting:
+        def __init__(self):
+            self.calls = []
+
+        def engaged(self):
+            return True
+
+        def run(self, step, records, seqs, dead):
+            self.calls.append(len(records))
+            return run_record_steps((replace(step, waiting=None),), records, seqs, dead)
+
+    monkeypatch.setattr(fused, "RECORD_CHUNK_ROWS", 2)
+    rows_made_dicts = []
+    batch_records = fused.batch_records
+    monkeypatch.setattr(fused, "batch_records",
+                        lambda data: rows_made_dicts.append(data.num_rows) or batch_records(data))
+    waiting = Waiting()
+    stage = FusedStage([Step("inverse", "map", inverse, NUMBERS),
+                        Step("fetch", "map", lambda r: {"n": r["n"] + 1}, NUMBERS, waiting=waiting)], NUMBERS)
+    out = stage(carried([{"n": n} for n in (1, 2, 0, 4, 5)]))
+    assert rows_made_dicts == [5] and waiting.calls == [4]  # the 4 records `inverse` kept, in one call
+    assert out.select(["n", SEQ]).to_pylist()[:4] == [{"n": 101, SEQ: 0}, {"n": 51, SEQ: 1},
+                                                      {"n": 26, SEQ: 3}, {"n": 21, SEQ: 4}]
+    rows_made_dicts.clear()
+    FusedStage([Step("inverse", "map", inverse, NUMBERS)], NUMBERS)(carried([{"n": n} for n in (1, 2, 4, 5, 10)]))
+    assert rows_made_dicts == [2, 2, 1]  # without one: chunks of RECORD_CHUNK_ROWS rows
+
+
 def test_dead_letters_pass_through_later_stages():
     first = FusedStage([Step("inverse", "map", inverse, NUMBERS)], NUMBERS)
     second = FusedStage([Step("words", "map", lambda r: {"word": str(r["n"]), "n": r["n"]}, WORDS)], NUMBERS)

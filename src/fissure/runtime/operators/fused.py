@@ -40,7 +40,8 @@ BATCH_ACTIONS = ("map_batches", "filter_batches")
 # (the next step, the checks before Arrow, the fold) misses. In process
 # (benchmarks/worker_cpu.py, CPU a line): the word count's pe stage (12 words a line) 8.4 us over
 # whole batches, 6.3 over chunks of 1,000 lines (6.6 of 300, 6.7 of 2,000); LogWatch's first pe
-# stage 4.2 against 3.9 (3.8 of 2,000).
+# stage 4.2 against 3.9 (3.8 of 2,000). On Spark the aggregate word count ran 1.11-1.16x its rate
+# over whole batches (docs/profiling.md, "Where records stay columnar").
 RECORD_CHUNK_ROWS = 1_000
 
 
