@@ -33,7 +33,7 @@ def test_spark_defaults_split_by_the_files_and_the_settings_by_the_cores():
     assert split_waves(scan_tasks([FILE], 2), 2) == pytest.approx(1.0, abs=1e-6)
     assert scan_tasks([FILE] * 2, 2) == [FILE, FILE]
     assert split_waves(scan_tasks([1000] * 40, 2), 2) == 1.0
-    # files each about a task's share stay whole: five equal files, five tasks, the last wave on one core
+    # files each about a task's share stay whole: five equal files, three tasks, the last wave on one core
     assert scan_tasks([FILE] * 5, 2) == [2 * FILE, 2 * FILE, FILE]
     assert split_waves([2 * FILE, 2 * FILE, FILE], 2) == pytest.approx(5 / 6)
     # a file that cannot be split (gzip) is one task whatever its size

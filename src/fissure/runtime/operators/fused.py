@@ -379,5 +379,5 @@ class FusedStage:
                 outputs.append(batch)
                 output_seqs.extend(batch_seqs)
         if not outputs:
-            return pa.RecordBatch.from_pylist([], schema=self.output_schema), []
+            return pa.RecordBatch.from_pylist([], schema=schema), []
         return (outputs[0] if len(outputs) == 1 else pa.concat_batches(outputs)), output_seqs
